@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# gpu_check.sh - the one GPU script: on a GPU host, build for sm_90a (plus the portable sm_80
+# path), run every GPU test, run them again under compute-sanitizer (memcheck, racecheck), run
+# build/bench_kernels, and print a short summary table last.
+#   scripts/gpu_check.sh [--no-sanitizer] [--no-bench] [--quick-bench] [--only-tests REGEX]
+# Environment: KDT_PREBUILT=DIR uses binaries built elsewhere (e.g. carried build dir) instead of
+# building; OUT=DIR receives logs and bench/RESULTS-style markdown (default /tmp/kdt_gpu_check).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LOG=${OUT:-/tmp/kdt_gpu_check}
+mkdir -p "$LOG"
+SAN=1; BENCH=1; BENCH_FLAGS=""; ONLY=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-sanitizer) SAN=0 ;;
+    --no-bench) BENCH=0 ;;
+    --quick-bench) BENCH_FLAGS="--quick" ;;
+    --only-tests) ONLY="$2"; shift ;;
+    *) echo "usage: $0 [--no-sanitizer] [--no-bench] [--quick-bench] [--only-tests REGEX]" >&2; exit 2 ;;
+  esac
+  shift
+done
+export PATH="$PATH:/usr/local/cuda/bin"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.limit --format=csv,noheader | tee "$LOG/gpu.txt"
+
+t0=$(date +%s)
+if [ -n "${KDT_PREBUILT:-}" ]; then
+  BUILD=$KDT_PREBUILT
+  echo "using prebuilt binaries in $BUILD"
+else
+  BUILD=build-gpu
+  if command -v cmake >/dev/null 2>&1; then
+    cmake -S . -B $BUILD -DCMAKE_BUILD_TYPE=Release -DKDT_CUDA_ARCHS="90a;80" >"$LOG/build.log" 2>&1 &&
+      cmake --build $BUILD -j "$(nproc)" >>"$LOG/build.log" 2>&1 || { tail -40 "$LOG/build.log"; echo "BUILD FAILED"; exit 1; }
+  else
+    scripts/build_nvcc.sh --out $BUILD --archs "90a 80" >"$LOG/build.log" 2>&1 || { tail -40 "$LOG/build.log"; echo "BUILD FAILED"; exit 1; }
+  fi
+fi
+echo "build: $(( $(date +%s) - t0 )) s"
+
+mapfile -t TESTS < <(ls "$BUILD"/gpu_test_* 2>/dev/null | grep -E "${ONLY:-.}" | sort)
+[ ${#TESTS[@]} -gt 0 ] || { echo "no GPU tests found in $BUILD"; exit 1; }
+declare -A RES MEM RACE SECS
+fail=0
+for t in "${TESTS[@]}"; do
+  n=$(basename "$t")
+  s=$(date +%s)
+  if "$t" >"$LOG/$n.log" 2>&1; then RES[$n]=pass; else RES[$n]=FAIL; fail=1; fi
+  SECS[$n]=$(( $(date +%s) - s ))
+  echo "--- $n: ${RES[$n]} (${SECS[$n]} s): $(tail -1 "$LOG/$n.log")"
+  [ "${RES[$n]}" = pass ] || tail -30 "$LOG/$n.log"
+done
+if [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
+  for t in "${TESTS[@]}"; do
+    n=$(basename "$t")
+    for tool in memcheck racecheck; do
+      if KDT_TEST_QUICK=1 timeout 300 compute-sanitizer --tool $tool --error-exitcode 86 "$t" >"$LOG/$n.$tool.log" 2>&1; then r=clean; else r=ERRORS; fail=1; fi
+      [ $tool = memcheck ] && MEM[$n]=$r || RACE[$n]=$r
+      [ $r = clean ] || tail -30 "$LOG/$n.$tool.log"
+    done
+  done
+fi
+if [ $BENCH = 1 ] && [ -x "$BUILD/bench_kernels" ]; then
+  s=$(date +%s)
+  "$BUILD/bench_kernels" $BENCH_FLAGS --md "$LOG/bench.md" 2>&1 | tee "$LOG/bench.log" || fail=1
+  echo "bench_kernels: $(( $(date +%s) - s )) s"
+fi
+
+echo
+echo "== gpu_check summary ($(head -1 "$LOG/gpu.txt")) =="
+printf '%-36s %-6s %-9s %-9s %6s\n' test result memcheck racecheck secs
+for t in "${TESTS[@]}"; do
+  n=$(basename "$t")
+  printf '%-36s %-6s %-9s %-9s %6s\n' "$n" "${RES[$n]}" "${MEM[$n]:--}" "${RACE[$n]:--}" "${SECS[$n]}"
+done
+[ -f "$LOG/bench.log" ] && grep -E '^TARGET' "$LOG/bench.log"
+exit $fail

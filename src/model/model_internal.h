@@ -1,0 +1,152 @@
+/* model_internal.h - what the model subsystem's files share: the safetensors reader, the weight
+ * view (dtype tag + pointer + shape, converted to fp32 in one place), the per-layer weight
+ * structs, the model and KV-cache structs. Not part of the public API. */
+#ifndef KDT_MODEL_INTERNAL_H
+#define KDT_MODEL_INTERNAL_H
+
+#include "kdtree/model.h"
+#include "common.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- tensor dtypes as safetensors names them ------------------------------------------------ */
+typedef enum kdt_wtype {
+    KDT_W_F32 = 0,
+    KDT_W_BF16,
+    KDT_W_F16,
+    KDT_W_F8_E4M3,   /* FP8 block-quantized weights (DeepSeek-V3, K2-Instruct): not computed yet */
+    KDT_W_I32,       /* INT4 pack-quantized weight_packed (K2-Thinking/K2.5/K2.6): not computed yet */
+    KDT_W_I64,
+    KDT_W_OTHER,     /* any other dtype string: valid file, never a usable weight */
+} kdt_wtype;
+
+/* bytes per element, 0 for KDT_W_OTHER */
+size_t kdt_wtype_size(kdt_wtype t);
+const char *kdt_wtype_name(kdt_wtype t);
+
+#define KDT_MAX_DIMS 4
+
+/* One tensor of a safetensors file: a view into the mmap'ed data. */
+typedef struct kdt_st_tensor {
+    char *name;
+    kdt_wtype dtype;
+    char dtype_name[16];
+    int32_t ndim;
+    int64_t shape[KDT_MAX_DIMS];
+    const void *data;       /* aligned to the element size (else an owned copy) */
+    size_t nbytes;
+    int32_t file;           /* index into kdt_st_set.files */
+} kdt_st_tensor;
+
+typedef struct kdt_st_file {
+    char *path;
+    void *map;              /* whole-file mapping */
+    size_t map_size;
+} kdt_st_file;
+
+/* All tensors of a checkpoint (one file or the shards of an index), with a name hash. */
+typedef struct kdt_st_set {
+    kdt_st_file *files;
+    int32_t n_files;
+    kdt_st_tensor *tensors;
+    int64_t n_tensors, cap_tensors;
+    int64_t *hash;          /* [hash_cap] tensor index or -1 */
+    int64_t hash_cap;
+    void **owned;           /* aligned copies of misaligned tensors */
+    int64_t n_owned;
+} kdt_st_set;
+
+/* Opens DIR's checkpoint (index + shards, or model.safetensors). */
+kdt_status kdt_st_open_dir(const char *dir, int progress, kdt_st_set *out);
+void kdt_st_close(kdt_st_set *s);
+const kdt_st_tensor *kdt_st_find(const kdt_st_set *s, const char *name);
+
+/* ---- weights ------------------------------------------------------------------------------- */
+/* A 2-D (or 1-D) weight used by the forward: dtype tag + pointer + shape. Rows are output
+ * features, columns input features ([out][in], as nn.Linear stores them). Quantized formats keep
+ * their scales here when they are added (FP8: weight_scale_inv [ceil(out/128)][ceil(in/128)];
+ * INT4: weight_packed [out][in/8] + weight_scale [out][in/32]). */
+typedef struct kdt_weight {
+    kdt_wtype dtype;
+    const void *data;
+    int64_t rows, cols;     /* 1-D tensors: rows = 1, cols = n */
+    const char *name;       /* the tensor's name in the checkpoint (owned by the st_set) */
+} kdt_weight;
+
+/* y[r] = sum_c W[r][c] * x[c] for r in [r0, r1), sequential over c in fp32. */
+void kdt_weight_matvec(const kdt_weight *w, const float *x, float *y, int64_t r0, int64_t r1);
+/* dst[0..cols-1] = row r of W as fp32. */
+void kdt_weight_row_f32(const kdt_weight *w, int64_t r, float *dst);
+/* element i of a 1-D weight (or of row 0) as fp32 */
+float kdt_weight_at(const kdt_weight *w, int64_t i);
+
+typedef struct kdt_expert_weights {
+    kdt_weight gate;        /* [I][D] */
+    kdt_weight up;          /* [I][D] */
+    kdt_weight down;        /* [D][I] */
+} kdt_expert_weights;
+
+typedef struct kdt_layer_weights {
+    kdt_weight input_norm;  /* [D] */
+    kdt_weight q_a;         /* [q_lora][D]          (q_lora_rank > 0) */
+    kdt_weight q_a_norm;    /* [q_lora] */
+    kdt_weight q_b;         /* [H*(d_n+d_r)][q_lora] */
+    kdt_weight q_proj;      /* [H*(d_n+d_r)][D]     (q_lora_rank == 0) */
+    kdt_weight kv_a;        /* [d_c+d_r][D] */
+    kdt_weight kv_a_norm;   /* [d_c] */
+    kdt_weight kv_b;        /* [H*(d_n+d_v)][d_c]: head h rows h*(d_n+d_v).. = W_UK[h] then W_UV[h] */
+    kdt_weight o_proj;      /* [D][H*d_v] */
+    kdt_weight post_norm;   /* [D] */
+    int32_t is_moe;
+    kdt_expert_weights dense;   /* dense MLP: I = intermediate_size */
+    kdt_weight router;          /* [E][D] */
+    kdt_weight router_bias;     /* [E] e_score_correction_bias */
+    kdt_expert_weights *experts;/* [E], I = moe_intermediate_size */
+    kdt_expert_weights shared;  /* I = n_shared * moe_intermediate_size */
+} kdt_layer_weights;
+
+struct kdt_model {
+    kdt_model_config cfg;
+    kdt_model_options opt;
+    kdt_st_set st;
+    char prefix[64];            /* tensor-name prefix ("" or "language_model.") */
+    kdt_weight embed;           /* [V][D] */
+    kdt_weight final_norm;      /* [D] */
+    kdt_weight lm_head;         /* [V][D] (the embedding when tied) */
+    kdt_layer_weights *layers;  /* [n_layers] */
+    float *rope_inv_freq;       /* [d_r/2] fp32, computed like transformers does */
+    kdt_wtype main_dtype;
+};
+
+/* config.json -> cfg (validated). text_config wrappers are unwrapped. `path` names the file. */
+kdt_status kdt_config_parse(const char *json_text, size_t len, const char *path,
+                            kdt_model_config *cfg);
+/* inv_freq[d_r/2] for the config's RoPE, in fp32 as transformers computes it. */
+void kdt_rope_inv_freq(const kdt_model_config *cfg, float *inv_freq);
+
+/* ---- KV cache -------------------------------------------------------------------------------- */
+struct kdt_kv_cache {
+    int32_t n_layers, n_pages, page_size, row_elems, max_streams, max_pages;
+    float *data;                /* [n_layers][n_pages][page_size][row_elems] */
+    int32_t *block_table;       /* [max_streams][max_pages], -1 = none */
+    int32_t *n_stream_pages;    /* [max_streams] pages held (a prefix of the block-table row) */
+    int32_t *length;            /* [max_streams] committed tokens */
+    int32_t *written;           /* [max_streams] slots written so far (>= length) */
+    int32_t *free_list;         /* [n_pages] stack of free page ids */
+    int32_t n_free;
+    int32_t max_position;       /* model's max_position_embeddings */
+};
+
+/* &row (fp32 [row_elems]) of slot t of stream s in layer l; the page must exist. */
+static inline float *kdt_kv_row(const kdt_kv_cache *c, int32_t l, int32_t s, int32_t t) {
+    int32_t page = c->block_table[(int64_t)s * c->max_pages + t / c->page_size];
+    return c->data + (((int64_t)l * c->n_pages + page) * c->page_size + t % c->page_size) *
+                         (int64_t)c->row_elems;
+}
+
+/* Ensures every stream in streams[0..n) has pages for need[i] slots; all-or-nothing. */
+kdt_status kdt_kv_reserve_many(kdt_kv_cache *c, int32_t n, const int32_t *streams,
+                               const int32_t *need);
+
+#endif

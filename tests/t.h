@@ -1,0 +1,102 @@
+/* t.h - the in-house test harness: CHECK macros, a relative-error helper and one summary line.
+ *
+ * A test file defines test functions, calls them from main() through T_RUN(), and ends with
+ * `return t_summary();`, which prints "N passed, N failed" and returns the exit code. A failed
+ * CHECK prints file:line and the expression and marks the current test failed; the test goes on
+ * so one run shows every failure.
+ */
+#ifndef KDT_T_H
+#define KDT_T_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static int t_passed, t_failed, t_cur_failed;
+
+#define CHECK(cond)                                                                  \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            fprintf(stderr, "  FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);        \
+            t_cur_failed = 1;                                                        \
+        }                                                                            \
+    } while (0)
+
+#define CHECK_MSG(cond, ...)                                                         \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            fprintf(stderr, "  FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);        \
+            fprintf(stderr, __VA_ARGS__);                                            \
+            fprintf(stderr, "\n");                                                   \
+            t_cur_failed = 1;                                                        \
+        }                                                                            \
+    } while (0)
+
+#define CHECK_EQ_INT(a, b)                                                           \
+    do {                                                                             \
+        long long t_a = (long long)(a), t_b = (long long)(b);                        \
+        if (t_a != t_b) {                                                            \
+            fprintf(stderr, "  FAIL %s:%d: %s == %s (%lld vs %lld)\n", __FILE__,     \
+                    __LINE__, #a, #b, t_a, t_b);                                     \
+            t_cur_failed = 1;                                                        \
+        }                                                                            \
+    } while (0)
+
+#define CHECK_NEAR(a, b, tol)                                                        \
+    do {                                                                             \
+        double t_a = (double)(a), t_b = (double)(b);                                 \
+        if (!(fabs(t_a - t_b) <= (tol))) {                                           \
+            fprintf(stderr, "  FAIL %s:%d: |%s - %s| <= %g (%.9g vs %.9g)\n",        \
+                    __FILE__, __LINE__, #a, #b, (double)(tol), t_a, t_b);            \
+            t_cur_failed = 1;                                                        \
+        }                                                                            \
+    } while (0)
+
+#define T_RUN(fn)                                                                    \
+    do {                                                                             \
+        t_cur_failed = 0;                                                            \
+        fn();                                                                        \
+        if (t_cur_failed) {                                                          \
+            t_failed++;                                                              \
+            fprintf(stderr, "[FAIL] %s\n", #fn);                                     \
+        } else {                                                                     \
+            t_passed++;                                                              \
+            printf("[ ok ] %s\n", #fn);                                              \
+        }                                                                            \
+        fflush(stdout);                                                              \
+    } while (0)
+
+static inline int t_summary(void) {
+    printf("%d passed, %d failed\n", t_passed, t_failed);
+    return t_failed ? 1 : 0;
+}
+
+/* ||a - b|| / ||b|| over n doubles; NaN anywhere gives +inf, so NaN never passes. */
+static inline double t_rel_err(const double *a, const double *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isnan(b[i])) return INFINITY;
+        double d = a[i] - b[i];
+        num += d * d;
+        den += b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* splitmix64: a small seedable generator for test inputs. */
+static inline uint64_t t_rand_u64(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static inline double t_rand_unit(uint64_t *s) { return (t_rand_u64(s) >> 11) * (1.0 / 9007199254740992.0); }
+static inline int t_rand_int(uint64_t *s, int n) { return (int)(t_rand_u64(s) % (uint64_t)n); }
+static inline double t_rand_normal(uint64_t *s) {
+    double u1 = t_rand_unit(s), u2 = t_rand_unit(s);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+#endif
