@@ -128,7 +128,7 @@ kdt_status kdt_tree_build_cuda(const kdt_tree_build_params *p, kdt_tree *out, vo
  * input. A stream whose tree is malformed gets error[s] != 0 (KDT_TREE_* bits), tau 0, bonus -1,
  * and nothing out of bounds is read or written; the CPU twin then returns
  * KDT_ERR_MALFORMED_TREE naming the first bad stream, the CUDA launcher leaves the check of
- * error[] to the host (kdt_tree_errors_describe()).
+ * error[] to the host (kdt_tree_errors_check()).
  * ------------------------------------------------------------------------------------------- */
 enum {
     KDT_TREE_BAD_SIZE = 1,     /* n_nodes outside 1..max_nodes */

@@ -10,9 +10,10 @@
  *   the weights are used in place (zero-copy) on the CPU. Every tensor the config implies is
  *   checked for presence, shape and dtype before anything runs; a bad file gives KDT_ERR_FORMAT
  *   (or KDT_ERR_IO / KDT_ERR_UNSUPPORTED) with a message naming the file and the tensor.
- *   Weight dtypes: F32, BF16, F16. (FP8 block-quantized and INT4 pack-quantized experts are
- *   recognised and refused with KDT_ERR_UNSUPPORTED for now; the weight abstraction in
- *   src/model/model_internal.h carries a dtype tag so they plug in at one conversion point.)
+ *   Weight dtypes: F32, BF16, F16, and the two quantized forms the published checkpoints use:
+ *   block FP8 (DeepSeek-V3, K2-Instruct: e4m3 `weight` + fp32 `weight_scale_inv` per 128x128
+ *   block) and INT4 pack-quantized (K2-Thinking/K2.5/K2.6 routed experts: int32 `weight_packed`,
+ *   `weight_scale` per group of 32, `weight_shape`), each tensor in whichever form the file has.
  *   MTP weights (num_nextn_predict_layers) and vision-tower weights are ignored.
  *
  * The math (matches transformers' DeepseekV3ForCausalLM):
@@ -69,6 +70,14 @@ typedef struct kdt_kv_cache kdt_kv_cache;
 
 typedef enum kdt_rope_kind { KDT_ROPE_DEFAULT = 0, KDT_ROPE_YARN = 1 } kdt_rope_kind;
 
+/* Weight quantization declared by config.json's quantization_config. Quantized tensors are
+ * dequantized to fp32 per element (value * scale) on the CPU; activations stay fp32. */
+typedef enum kdt_weight_quant {
+    KDT_QUANT_NONE = 0,
+    KDT_QUANT_FP8_BLOCK = 1,  /* quant_method "fp8", e4m3 weight + weight_scale_inv per block */
+    KDT_QUANT_INT4_GROUP = 2, /* compressed-tensors "pack-quantized", int4 symmetric, per group */
+} kdt_weight_quant;
+
 /* The model's configuration as read from config.json (read-only; derived values included). */
 typedef struct kdt_model_config {
     char model_type[32];            /* "deepseek_v3", "kimi_k2", ... (of the text model) */
@@ -104,7 +113,11 @@ typedef struct kdt_model_config {
     int32_t rope_original_max_position;
     float rope_attention_factor;    /* multiplies cos/sin (YaRN), 1 otherwise */
     float softmax_scale;            /* (d_n+d_r)^-0.5 * mscale^2 */
-    /* special tokens (-1 / 0 entries when absent) */
+    kdt_weight_quant weight_quant;
+    int32_t quant_block_rows;       /* FP8: weight_block_size[0] (128); INT4: 1 */
+    int32_t quant_block_cols;       /* FP8: weight_block_size[1] (128); INT4: group_size (32) */
+    /* special tokens (-1 / 0 entries when absent); eos ids come from config.json, then
+     * generation_config.json when the directory has one (ids outside the vocabulary dropped) */
     int32_t bos_token_id;
     int32_t n_eos;
     int32_t eos_token_ids[KDT_MODEL_MAX_EOS];
@@ -122,7 +135,7 @@ kdt_status kdt_model_load(const char *dir, const kdt_model_options *opt, kdt_mod
 void kdt_model_free(kdt_model *m);
 /* Read-only view of the configuration, valid while the model lives. NULL if m is NULL. */
 const kdt_model_config *kdt_model_get_config(const kdt_model *m);
-/* Name of the weight dtype most tensors use ("F32", "BF16", ...). */
+/* Name of the embedding's dtype ("F32", "BF16", ...): the dtype of the unquantized weights. */
 const char *kdt_model_weight_dtype(const kdt_model *m);
 
 /* ---------------------------------------------------------------------------------------------

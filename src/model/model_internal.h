@@ -15,8 +15,8 @@ typedef enum kdt_wtype {
     KDT_W_F32 = 0,
     KDT_W_BF16,
     KDT_W_F16,
-    KDT_W_F8_E4M3,   /* FP8 block-quantized weights (DeepSeek-V3, K2-Instruct): not computed yet */
-    KDT_W_I32,       /* INT4 pack-quantized weight_packed (K2-Thinking/K2.5/K2.6): not computed yet */
+    KDT_W_F8_E4M3,   /* FP8 e4m3 (block-quantized weights, see KDT_WF_FP8_BLOCK) */
+    KDT_W_I32,       /* int32 (INT4 weight_packed words, weight_shape) */
     KDT_W_I64,
     KDT_W_OTHER,     /* any other dtype string: valid file, never a usable weight */
 } kdt_wtype;
@@ -63,14 +63,29 @@ void kdt_st_close(kdt_st_set *s);
 const kdt_st_tensor *kdt_st_find(const kdt_st_set *s, const char *name);
 
 /* ---- weights ------------------------------------------------------------------------------- */
-/* A 2-D (or 1-D) weight used by the forward: dtype tag + pointer + shape. Rows are output
- * features, columns input features ([out][in], as nn.Linear stores them). Quantized formats keep
- * their scales here when they are added (FP8: weight_scale_inv [ceil(out/128)][ceil(in/128)];
- * INT4: weight_packed [out][in/8] + weight_scale [out][in/32]). */
+/* How a 2-D weight is stored. */
+typedef enum kdt_wformat {
+    KDT_WF_PLAIN = 0,   /* data [rows][cols] of dtype F32 / BF16 / F16 */
+    KDT_WF_FP8_BLOCK,   /* data e4m3 [rows][cols]; scale fp32/bf16 [ceil(rows/gr)][ceil(cols/gc)];
+                           W = e4m3 * scale (DeepSeek-V3, K2-Instruct: weight_scale_inv, 128x128) */
+    KDT_WF_INT4_GROUP,  /* data int32 [rows][cols/8], 8 nibbles LSB first, value = nibble - 8;
+                           scale [rows][cols/gc]; W = (nibble - 8) * scale (K2-Thinking/K2.5/K2.6
+                           compressed-tensors pack-quantized routed experts, group 32) */
+} kdt_wformat;
+
+/* A 2-D (or 1-D) weight used by the forward: format + dtype tag + pointer + shape. Rows are
+ * output features, columns input features ([out][in], as nn.Linear stores them). Every use goes
+ * through kdt_weight_row_f32 / kdt_weight_matvec / kdt_weight_at (weights.c), the one place where
+ * stored values become fp32. */
 typedef struct kdt_weight {
-    kdt_wtype dtype;
+    kdt_wformat format;
+    kdt_wtype dtype;        /* of data (PLAIN) */
     const void *data;
-    int64_t rows, cols;     /* 1-D tensors: rows = 1, cols = n */
+    int64_t rows, cols;     /* logical shape; 1-D tensors: rows = 1, cols = n */
+    const void *scale;      /* quantized formats */
+    kdt_wtype scale_dtype;  /* F32 / BF16 / F16 */
+    int32_t group_rows;     /* FP8: block rows (128); INT4: 1 */
+    int32_t group_cols;     /* FP8: block cols (128); INT4: group size (32) */
     const char *name;       /* the tensor's name in the checkpoint (owned by the st_set) */
 } kdt_weight;
 
@@ -122,6 +137,9 @@ struct kdt_model {
 /* config.json -> cfg (validated). text_config wrappers are unwrapped. `path` names the file. */
 kdt_status kdt_config_parse(const char *json_text, size_t len, const char *path,
                             kdt_model_config *cfg);
+/* Adds generation_config.json's eos_token_id(s) (int or list) to cfg's eos ids, without repeats. */
+kdt_status kdt_config_merge_generation(const char *json_text, size_t len, const char *path,
+                                       kdt_model_config *cfg);
 /* inv_freq[d_r/2] for the config's RoPE, in fp32 as transformers computes it. */
 void kdt_rope_inv_freq(const kdt_model_config *cfg, float *inv_freq);
 

@@ -4,13 +4,16 @@
  * For stream s with tau = tau[s], path a = accepted[s][0..tau), prefix P = prefix_len[s]: every
  * layer's row at slot P + a[k] moves to slot P + k. The path starts at the root (a[0] = 0) and
  * increases strictly, so a[k] >= k; rows k < k0 (k0 = first k with a[k] != k) are already in
- * place and untouched, and a stream with k0 == tau (path 0, 1, ..., tau-1) is skipped. Per
- * (stream, layer) all moved source rows are read before any is written, then written in
- * increasing k: that is a correct in-place compaction (a parallel copy of path [0, 2, 3] would
- * otherwise read slot P+2 after it was overwritten) and it is the CUDA kernel's order, so both
- * agree byte for byte even when a block table maps two slots of one stream to the same page.
- * Slots of different streams that are written must not share pages (the GPU runs streams in
- * parallel).
+ * place and untouched, and a stream with k0 == tau (path 0, 1, ..., tau-1) is skipped.
+ * In-place order: per (stream, layer) the moved rows go in batches of KV_COMMIT_BATCH rows in
+ * increasing k; all source rows of a batch are read before any row of the batch is written.
+ * That is safe: destination slot P + k is the source of row k' only if a[k'] = k, hence k' < k
+ * (a[k'] >= k', and a[k'] != k' for a moved row), i.e. of an earlier row - in the same batch
+ * (read first) or an earlier batch (already done). A naive parallel copy of path [0, 2, 3]
+ * would instead read slot P+2 after it was overwritten. The CUDA kernel uses the same batches,
+ * so both agree byte for byte even when a block table maps two slots of one stream to the same
+ * row. Slots of different streams that are written must not share pages (the GPU runs streams
+ * in parallel).
  *
  * Per-stream checks (a failing stream is never touched; the CUDA kernel skips it silently, this
  * twin moves every other stream and then returns KDT_ERR_INVALID_ARG naming the first bad one):
@@ -24,6 +27,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define KV_COMMIT_BATCH 8 /* rows per read-then-write batch; the same in cuda/kv_commit.cu */
 
 /* Shared with the CUDA launcher (declared there). */
 kdt_status kdt_kv_commit_check_args(const kdt_kv_commit_params *p, const char *who);
@@ -116,10 +121,10 @@ kdt_status kdt_kv_commit_cpu(const kdt_kv_commit_params *p) {
     kdt_status st = kdt_kv_commit_check_args(p, "kdt_kv_commit_cpu");
     if (st != KDT_OK) return st;
     const size_t row = (size_t)p->row_bytes;
-    unsigned char *staged = (unsigned char *)malloc(row * KDT_MAX_PATH); /* [KDT_MAX_PATH][row] */
+    unsigned char *staged = (unsigned char *)malloc(row * KV_COMMIT_BATCH); /* [batch][row] */
     if (!staged)
         return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "kdt_kv_commit_cpu: %zu B of staging",
-                        row * KDT_MAX_PATH);
+                        row * KV_COMMIT_BATCH);
     char first_msg[256] = "";
     int32_t n_bad = 0;
     for (int32_t s = 0; s < p->n_streams; s++) {
@@ -132,8 +137,11 @@ kdt_status kdt_kv_commit_cpu(const kdt_kv_commit_params *p) {
         }
         for (int32_t l = 0; l < p->n_layers; l++) {
             unsigned char *layer = (unsigned char *)p->cache + (int64_t)l * p->layer_stride_bytes;
-            for (int32_t k = k0; k < tau; k++) memcpy(staged + (size_t)k * row, layer + src[k], row);
-            for (int32_t k = k0; k < tau; k++) memcpy(layer + dst[k], staged + (size_t)k * row, row);
+            for (int32_t kb = k0; kb < tau; kb += KV_COMMIT_BATCH) {
+                const int32_t ke = kb + KV_COMMIT_BATCH < tau ? kb + KV_COMMIT_BATCH : tau;
+                for (int32_t k = kb; k < ke; k++) memcpy(staged + (size_t)(k - kb) * row, layer + src[k], row);
+                for (int32_t k = kb; k < ke; k++) memcpy(layer + dst[k], staged + (size_t)(k - kb) * row, row);
+            }
         }
     }
     free(staged);

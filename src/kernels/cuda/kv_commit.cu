@@ -5,10 +5,13 @@
  * Grid: blockIdx.y = stream, blockIdx.x strides over (layer, column) items, a column being one
  * VEC-byte piece of a row (16 B when rows and the cache are 16-byte aligned). Warp 0 of each CTA
  * validates the stream and computes the byte offsets of the moved source/destination rows into
- * shared memory. A thread then owns one column of one layer for all moved rows: it loads every
- * source piece into registers before storing any, so the in-place hazard (a destination that is
- * a later source, e.g. path [0, 2, 3]) is resolved inside the thread, with no barrier. Columns
- * of a row are consecutive threads: 32 lanes move 512 contiguous bytes of a row per access.
+ * shared memory. A thread then owns one column of one layer for all moved rows and moves them in
+ * batches of KV_COMMIT_BATCH rows (increasing k), loading every source piece of a batch into
+ * registers before storing any. No other thread touches that column, and a destination slot is
+ * only ever the source of an earlier row (see cpu/kv_commit.c), so the in-place hazard (e.g.
+ * path [0, 2, 3]: slot P+2 is read and written) is resolved inside the thread, with no barrier,
+ * while up to 8 loads per thread are in flight. Columns of a row are consecutive threads: 32
+ * lanes move 512 contiguous bytes of a row per access.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -21,6 +24,7 @@ extern "C" kdt_status kdt_kv_commit_check_args(const kdt_kv_commit_params *p, co
 namespace {
 
 constexpr int BLOCK = 256;
+constexpr int KV_COMMIT_BATCH = 8;   /* rows per load-then-store batch; same as cpu/kv_commit.c */
 constexpr int MAX_GRID_X = 65535;
 
 struct CommitArgs {
@@ -86,14 +90,17 @@ __global__ void __launch_bounds__(BLOCK) kv_commit_kernel(const CommitArgs a) {
          item += (int64_t)gridDim.x * BLOCK) {
         const int64_t layer = item / a.cols, col = item - layer * a.cols;
         unsigned char *base = a.cache + layer * a.layer_stride + col * (int64_t)sizeof(VEC);
-        VEC v[KDT_MAX_PATH];
-        /* All loads first (in flight together), then the stores: in-place safe. */
+        /* Batches of rows in increasing k; inside a batch all loads are issued before the
+         * stores (memory-level parallelism, and the in-place order of cpu/kv_commit.c). */
+        for (int kb = first; kb < tau; kb += KV_COMMIT_BATCH) {
+            VEC v[KV_COMMIT_BATCH];
 #pragma unroll
-        for (int k = 0; k < KDT_MAX_PATH; k++)
-            if (k >= first && k < tau) v[k] = *reinterpret_cast<const VEC *>(base + src_off[k]);
+            for (int j = 0; j < KV_COMMIT_BATCH; j++)
+                if (kb + j < tau) v[j] = *reinterpret_cast<const VEC *>(base + src_off[kb + j]);
 #pragma unroll
-        for (int k = 0; k < KDT_MAX_PATH; k++)
-            if (k >= first && k < tau) *reinterpret_cast<VEC *>(base + dst_off[k]) = v[k];
+            for (int j = 0; j < KV_COMMIT_BATCH; j++)
+                if (kb + j < tau) *reinterpret_cast<VEC *>(base + dst_off[kb + j]) = v[j];
+        }
     }
 }
 

@@ -26,14 +26,14 @@ extern "C" kdt_status kdt_tree_accept_check_args(const kdt_tree_accept_params *p
 namespace {
 
 constexpr int WARPS_PER_CTA_MAX = 4;
-constexpr int PREFETCH_CHUNKS = 2;       /* nodes 0..63 are loaded before n_nodes is known */
+constexpr int PREFETCH_CHUNKS = 5;       /* nodes 0..159 (B <= 159) load before n_nodes arrives */
 constexpr int SMEM_BUDGET = 48 * 1024;   /* default dynamic shared memory limit per CTA */
 constexpr uint64_t EMPTY_KEY = ~0ull;    /* keys have a parent >= 0, so bit 63 is clear */
 
 /* Per-warp shared layout, sized by max_nodes on the host. */
 struct WarpSmemLayout {
     int hash_cap;     /* power of two >= 2 * max_nodes (min 32) */
-    int child_off;    /* bytes: int16 child[max_nodes] after the hash table */
+    int child_off;    /* bytes: int32 child[max_nodes] after the hash table */
     int seen_off;     /* bytes: uint32 seen[ceil(max_nodes/32)] */
     int bytes;        /* per warp, multiple of 8 */
 };
@@ -49,7 +49,7 @@ inline WarpSmemLayout warp_smem_layout(int max_nodes) {
     w.hash_cap = pow2_at_least(2 * max_nodes);
     if (w.hash_cap < 32) w.hash_cap = 32;
     w.child_off = w.hash_cap * 8;
-    w.seen_off = w.child_off + ((max_nodes * 2 + 7) & ~7);
+    w.seen_off = w.child_off + ((max_nodes * 4 + 7) & ~7);
     w.bytes = w.seen_off + ((((max_nodes + 31) / 32) * 4 + 7) & ~7);
     return w;
 }
@@ -102,7 +102,7 @@ __device__ __forceinline__ int mark_in_link(uint32_t *seen, int x) {
 /* Flags of node i of a stream with n nodes (the per-node predicates of cpu/tree_accept.c). */
 __device__ __forceinline__ int check_node(const TreeArgs &a, int64_t base, int n, int i,
                                           const NodeIn v, unsigned long long *dup_set,
-                                          int hash_mask, int16_t *child, uint32_t *seen) {
+                                          int hash_mask, int *child, uint32_t *seen) {
     int f = 0;
     const bool parent_ok = i > 0 && v.par >= 0 && v.par < i;
     const bool fc_fwd = v.fc > i && v.fc < n, ns_fwd = v.ns > i && v.ns < n;
@@ -133,8 +133,9 @@ __device__ __forceinline__ int check_node(const TreeArgs &a, int64_t base, int n
                 }
                 h = (h + 1) & hash_mask;
             }
-            /* Two matching children means a DUP_TOKEN flag, so the race never reaches a walk. */
-            if (v.tok == tgt_par) child[v.par] = (int16_t)i;
+            /* Two matching children carry the same token (DUP_TOKEN, no walk); the atomic only
+             * keeps such a tree free of a shared-memory race. */
+            if (v.tok == tgt_par) atomicExch(child + v.par, i);
         }
     }
     if (v.fc != -1) {
@@ -160,7 +161,7 @@ tree_accept_kernel(const TreeArgs a) {
     if (s >= a.n_streams) return; /* whole warp leaves together */
     unsigned char *ws = smem_raw + (size_t)warp * a.smem.bytes;
     unsigned long long *dup_set = reinterpret_cast<unsigned long long *>(ws);
-    int16_t *child = reinterpret_cast<int16_t *>(ws + a.smem.child_off);
+    int *child = reinterpret_cast<int *>(ws + a.smem.child_off);
     uint32_t *seen = reinterpret_cast<uint32_t *>(ws + a.smem.seen_off);
     const int maxn = a.max_nodes;
     const int64_t base = (int64_t)s * maxn;

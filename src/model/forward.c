@@ -1,0 +1,610 @@
+/* forward.c - the CPU forward pass (the reference for the GPU one): prefill, decode and tree
+ * verify all turn their input into "rows" (token, position, cache slot, visible keys) and run
+ * the same per-row code, layer by layer over a chunk of rows: first every row's latent KV is
+ * written to the cache, then every row attends, so a row can see rows of its own chunk.
+ *
+ * Per row and layer (D hidden, H heads, d_n/d_r/d_v head dims, d_c latent):
+ *   xn = RMSNorm(x)                                   [D]
+ *   q  = q_b(RMSNorm(q_a xn)) or q_proj xn            [H][d_n + d_r], RoPE on the d_r part
+ *   [c_kv | k_pe] = kv_a xn; c_kv = RMSNorm(c_kv); RoPE(k_pe) -> cache row [d_c + d_r]
+ *   per head: q_lat = W_UK[h]^T q_nope (d_c) ; score_t = scale * [q_lat | q_pe] . row_t
+ *             o_lat = softmax-weighted sum of c_kv_t ; o_h = W_UV[h] o_lat (d_v)
+ *   x += o_proj concat(o_h); x += MLP or MoE (RMSNorm(x))
+ * Every reduction runs in one fixed order (see kdt_weight_matvec), keys in increasing slot
+ * order, so a row's results never depend on the other rows (batch invariance). */
+#include "model_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One query row: which token, where it sits, which keys it sees, where its outputs go. */
+typedef struct row_desc {
+    int32_t stream;             /* cache stream */
+    int32_t token;
+    int32_t pos;                /* RoPE position */
+    int32_t slot;               /* cache slot its KV row is written to */
+    int32_t n_prefix;           /* slots 0..n_prefix-1 are visible */
+    const uint64_t *tail_mask;  /* verify: bit j set -> slot n_prefix + j visible; NULL = none */
+    int32_t tail_n;             /* bits used in tail_mask */
+    float *logits;              /* [V] or NULL */
+    int32_t *argmax;            /* or NULL */
+    float *taps;                /* [n_taps][D] or NULL */
+} row_desc;
+
+/* Scratch for one chunk of rows; sized once per call. */
+typedef struct run_state {
+    int32_t max_rows, max_keys;
+    float *x;          /* [max_rows][D] residual stream */
+    float *q;          /* [max_rows][H][d_n + d_r] queries after RoPE */
+    float *rope_cos;   /* [max_rows][d_r/2] (times the YaRN attention factor) */
+    float *rope_sin;   /* [max_rows][d_r/2] */
+    float *xn;         /* [D] normed input */
+    float *qa;         /* [q_lora] */
+    float *kva;        /* [d_c + d_r] */
+    float *qlat;       /* [d_c + d_r] one head's absorbed query */
+    float *wrow;       /* [d_c] one converted weight row */
+    float *scores;     /* [max_keys] */
+    int32_t *keys;     /* [max_keys] visible slots */
+    float *olat;       /* [d_c] */
+    float *heads;      /* [H * d_v] */
+    float *tmp;        /* [D] */
+    float *acc;        /* [D] */
+    float *gate;       /* [max_inter] */
+    float *up;         /* [max_inter] */
+    float *router;     /* [E] sigmoid scores */
+    float *choice;     /* [E] biased scores */
+    float *group;      /* [n_group] */
+    uint8_t *allowed;  /* [E] expert may still be selected */
+    uint8_t *group_open; /* [n_group] group not yet kept */
+    uint8_t *group_kept; /* [n_group] */
+    int32_t *selected; /* [top_k] */
+    float *weights;    /* [top_k] */
+    float *logit_blk;  /* [256] fused lm_head -> argmax block */
+} run_state;
+
+#define LOGIT_BLOCK 256
+
+static void *carve(char **p, size_t bytes) {
+    void *r = *p;
+    *p += (bytes + 63) & ~(size_t)63;
+    return r;
+}
+
+static kdt_status run_state_alloc(const kdt_model *m, int32_t max_rows, int32_t max_keys, run_state *rs,
+                                  void **block) {
+    const kdt_model_config *c = &m->cfg;
+    const size_t D = (size_t)c->hidden_size, H = (size_t)c->n_heads, dqk = (size_t)(c->qk_nope_head_dim + c->qk_rope_head_dim),
+                 dc = (size_t)c->kv_lora_rank, dr = (size_t)c->qk_rope_head_dim, E = (size_t)c->n_routed_experts + 1;
+    const size_t shared_inter = (size_t)c->moe_intermediate_size * (size_t)(c->n_shared_experts > 1 ? c->n_shared_experts : 1);
+    const size_t max_inter = (size_t)c->intermediate_size > shared_inter ? (size_t)c->intermediate_size : shared_inter;
+    const size_t f = sizeof(float), R = (size_t)max_rows, K = (size_t)max_keys;
+    const size_t sizes[] = {
+        R * D * f, R * H * dqk * f, R * (dr / 2) * f, R * (dr / 2) * f, D * f,
+        (size_t)(c->q_lora_rank + 1) * f, (dc + dr) * f, (dc + dr) * f, (dc > D ? dc : D) * f, K * f,
+        K * sizeof(int32_t), dc * f, H * (size_t)c->v_head_dim * f, D * f, D * f, max_inter * f, max_inter * f,
+        E * f, E * f, (size_t)(c->n_group + 1) * f, E, (size_t)c->n_group + 1, (size_t)c->n_group + 1, (size_t)(c->n_experts_per_tok + 1) * sizeof(int32_t),
+        (size_t)(c->n_experts_per_tok + 1) * f, LOGIT_BLOCK * f,
+    };
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] + 63) & ~(size_t)63;
+    char *p = malloc(total);
+    if (!p) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "forward: %zu bytes of scratch", total);
+    *block = p;
+    rs->max_rows = max_rows;
+    rs->max_keys = max_keys;
+    size_t i = 0;
+    rs->x = carve(&p, sizes[i++]);
+    rs->q = carve(&p, sizes[i++]);
+    rs->rope_cos = carve(&p, sizes[i++]);
+    rs->rope_sin = carve(&p, sizes[i++]);
+    rs->xn = carve(&p, sizes[i++]);
+    rs->qa = carve(&p, sizes[i++]);
+    rs->kva = carve(&p, sizes[i++]);
+    rs->qlat = carve(&p, sizes[i++]);
+    rs->wrow = carve(&p, sizes[i++]);
+    rs->scores = carve(&p, sizes[i++]);
+    rs->keys = carve(&p, sizes[i++]);
+    rs->olat = carve(&p, sizes[i++]);
+    rs->heads = carve(&p, sizes[i++]);
+    rs->tmp = carve(&p, sizes[i++]);
+    rs->acc = carve(&p, sizes[i++]);
+    rs->gate = carve(&p, sizes[i++]);
+    rs->up = carve(&p, sizes[i++]);
+    rs->router = carve(&p, sizes[i++]);
+    rs->choice = carve(&p, sizes[i++]);
+    rs->group = carve(&p, sizes[i++]);
+    rs->allowed = carve(&p, sizes[i++]);
+    rs->group_open = carve(&p, sizes[i++]);
+    rs->group_kept = carve(&p, sizes[i++]);
+    rs->selected = carve(&p, sizes[i++]);
+    rs->weights = carve(&p, sizes[i++]);
+    rs->logit_blk = carve(&p, sizes[i++]);
+    return KDT_OK;
+}
+
+/* ---- building blocks ---------------------------------------------------------------------- */
+
+static void rmsnorm(const float *x, const kdt_weight *w, float eps, int32_t n, float *out) {
+    float ss = 0.0f;
+    for (int32_t i = 0; i < n; i++) ss += x[i] * x[i];
+    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int32_t i = 0; i < n; i++) out[i] = kdt_weight_at(w, i) * (x[i] * inv);
+}
+
+/* Rotates the d_r-dim vector v in place for one position (cos/sin already scaled). */
+static void rope_apply(float *v, const float *cs, const float *sn, int32_t dr, int interleave) {
+    for (int32_t i = 0; i < dr / 2; i++) {
+        const int32_t a = interleave ? 2 * i : i, b = interleave ? 2 * i + 1 : i + dr / 2;
+        const float x0 = v[a], x1 = v[b];
+        v[a] = x0 * cs[i] - x1 * sn[i];
+        v[b] = x1 * cs[i] + x0 * sn[i];
+    }
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* out[D] = down(silu(gate xn) * up xn) */
+static void swiglu(const kdt_expert_weights *e, const float *xn, float *out, run_state *rs) {
+    const int64_t inter = e->gate.rows;
+    kdt_weight_matvec(&e->gate, xn, rs->gate, 0, inter);
+    kdt_weight_matvec(&e->up, xn, rs->up, 0, inter);
+    for (int64_t i = 0; i < inter; i++) rs->gate[i] = silu(rs->gate[i]) * rs->up[i];
+    kdt_weight_matvec(&e->down, rs->gate, out, 0, e->down.rows);
+}
+
+/* Index of the largest value among v[i] for i < n with ok[i] (ties -> lower index); -1 if none. */
+static int32_t argmax_allowed(const float *v, const uint8_t *ok, int32_t n) {
+    int32_t best = -1;
+    for (int32_t i = 0; i < n; i++)
+        if (ok[i] && (best < 0 || v[i] > v[best])) best = i;
+    return best;
+}
+
+/* out[D] = routed experts (sigmoid noaux_tc routing) + shared experts, for one row. out may be
+ * rs->tmp: it is written only after the last expert output has been read from there. */
+static void moe(const kdt_model *m, const kdt_layer_weights *L, const float *xn, float *out, run_state *rs) {
+    const kdt_model_config *c = &m->cfg;
+    const int32_t E = c->n_routed_experts, K = c->n_experts_per_tok, G = c->n_group, D = c->hidden_size;
+    kdt_weight_matvec(&L->router, xn, rs->router, 0, E);
+    for (int32_t e = 0; e < E; e++) {
+        rs->router[e] = 1.0f / (1.0f + expf(-rs->router[e]));
+        rs->choice[e] = rs->router[e] + kdt_weight_at(&L->router_bias, e); /* bias: selection only */
+        rs->allowed[e] = 1;
+    }
+    if (G > 1) {
+        /* keep the topk_group groups with the largest (top-1 + top-2) biased score */
+        const int32_t per = E / G;
+        for (int32_t g = 0; g < G; g++) {
+            const float *v = rs->choice + g * per;
+            int32_t i1 = 0;
+            for (int32_t i = 1; i < per; i++)
+                if (v[i] > v[i1]) i1 = i;
+            int32_t i2 = i1 == 0 ? 1 : 0;
+            for (int32_t i = 0; i < per; i++)
+                if (i != i1 && v[i] > v[i2]) i2 = i;
+            rs->group[g] = v[i1] + v[i2];
+            rs->group_open[g] = 1;
+            rs->group_kept[g] = 0;
+        }
+        for (int32_t t = 0; t < c->topk_group; t++) {
+            const int32_t g = argmax_allowed(rs->group, rs->group_open, G);
+            rs->group_open[g] = 0;
+            rs->group_kept[g] = 1;
+        }
+        for (int32_t e = 0; e < E; e++) rs->allowed[e] = rs->group_kept[e / per];
+    }
+    for (int32_t k = 0; k < K; k++) {
+        int32_t e = argmax_allowed(rs->choice, rs->allowed, E);
+        rs->allowed[e] = 0;
+        rs->selected[k] = e;
+        rs->weights[k] = rs->router[e]; /* the unbiased score weighs the expert */
+    }
+    if (c->norm_topk_prob) {
+        float sum = 0.0f;
+        for (int32_t k = 0; k < K; k++) sum += rs->weights[k];
+        sum += 1e-20f;
+        for (int32_t k = 0; k < K; k++) rs->weights[k] /= sum;
+    }
+    for (int32_t k = 0; k < K; k++) rs->weights[k] *= c->routed_scaling_factor;
+    /* accumulate in increasing expert index */
+    for (int32_t i = 1; i < K; i++)
+        for (int32_t j = i; j > 0 && rs->selected[j] < rs->selected[j - 1]; j--) {
+            int32_t te = rs->selected[j];
+            rs->selected[j] = rs->selected[j - 1];
+            rs->selected[j - 1] = te;
+            float tw = rs->weights[j];
+            rs->weights[j] = rs->weights[j - 1];
+            rs->weights[j - 1] = tw;
+        }
+    for (int32_t d = 0; d < D; d++) rs->acc[d] = 0.0f;
+    for (int32_t k = 0; k < K; k++) {
+        swiglu(&L->experts[rs->selected[k]], xn, rs->tmp, rs);
+        for (int32_t d = 0; d < D; d++) rs->acc[d] += rs->tmp[d] * rs->weights[k];
+    }
+    if (c->n_shared_experts > 0) {
+        swiglu(&L->shared, xn, rs->tmp, rs);
+        for (int32_t d = 0; d < D; d++) out[d] = rs->acc[d] + rs->tmp[d];
+    } else {
+        memcpy(out, rs->acc, (size_t)D * sizeof(float));
+    }
+}
+
+/* Stage 1 of a layer for one row: queries (kept in q) and the latent KV row (into the cache). */
+static void attn_project(const kdt_model *m, kdt_kv_cache *kv, int32_t l, const row_desc *row, const float *x,
+                         float *q, const float *cs, const float *sn, run_state *rs) {
+    const kdt_model_config *c = &m->cfg;
+    const kdt_layer_weights *L = &m->layers[l];
+    const int32_t D = c->hidden_size, H = c->n_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
+                  dc = c->kv_lora_rank, dqk = dn + dr;
+    const float latent_eps = 1e-6f; /* q_a_layernorm / kv_a_layernorm use the RMSNorm default */
+    rmsnorm(x, &L->input_norm, c->rms_norm_eps, D, rs->xn);
+    if (c->q_lora_rank > 0) {
+        kdt_weight_matvec(&L->q_a, rs->xn, rs->qa, 0, c->q_lora_rank);
+        rmsnorm(rs->qa, &L->q_a_norm, latent_eps, c->q_lora_rank, rs->qa);
+        kdt_weight_matvec(&L->q_b, rs->qa, q, 0, (int64_t)H * dqk);
+    } else {
+        kdt_weight_matvec(&L->q_proj, rs->xn, q, 0, (int64_t)H * dqk);
+    }
+    for (int32_t h = 0; h < H; h++) rope_apply(q + h * dqk + dn, cs, sn, dr, c->rope_interleave);
+    kdt_weight_matvec(&L->kv_a, rs->xn, rs->kva, 0, dc + dr);
+    float *dst = kdt_kv_row(kv, l, row->stream, row->slot);
+    rmsnorm(rs->kva, &L->kv_a_norm, latent_eps, dc, dst);
+    memcpy(dst + dc, rs->kva + dc, (size_t)dr * sizeof(float));
+    rope_apply(dst + dc, cs, sn, dr, c->rope_interleave);
+}
+
+/* Stage 2: absorbed MLA attention of one row over its visible keys -> heads [H * d_v]. */
+static void attn_attend(const kdt_model *m, const kdt_kv_cache *kv, int32_t l, const row_desc *row,
+                        const float *q, run_state *rs) {
+    const kdt_model_config *c = &m->cfg;
+    const kdt_weight *kvb = &m->layers[l].kv_b;
+    const int32_t H = c->n_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, dv = c->v_head_dim,
+                  dc = c->kv_lora_rank, dqk = dn + dr, drow = dc + dr;
+    int32_t n_keys = 0;
+    for (int32_t t = 0; t < row->n_prefix; t++) rs->keys[n_keys++] = t;
+    if (row->tail_mask)
+        for (int32_t j = 0; j < row->tail_n; j++)
+            if ((row->tail_mask[j / 64] >> (j % 64)) & 1u) rs->keys[n_keys++] = row->n_prefix + j;
+    for (int32_t h = 0; h < H; h++) {
+        const float *q_nope = q + h * dqk, *q_pe = q_nope + dn;
+        /* q_lat = W_UK[h]^T q_nope, accumulated over i ascending */
+        for (int32_t e = 0; e < dc; e++) rs->qlat[e] = 0.0f;
+        for (int32_t i = 0; i < dn; i++) {
+            kdt_weight_row_f32(kvb, (int64_t)h * (dn + dv) + i, rs->wrow);
+            const float qi = q_nope[i];
+            for (int32_t e = 0; e < dc; e++) rs->qlat[e] += rs->wrow[e] * qi;
+        }
+        memcpy(rs->qlat + dc, q_pe, (size_t)dr * sizeof(float));
+        float max_score = -INFINITY;
+        for (int32_t k = 0; k < n_keys; k++) {
+            const float *r = kdt_kv_row(kv, l, row->stream, rs->keys[k]);
+            float dot = 0.0f;
+            for (int32_t e = 0; e < drow; e++) dot += rs->qlat[e] * r[e];
+            rs->scores[k] = dot * c->softmax_scale;
+            if (rs->scores[k] > max_score) max_score = rs->scores[k];
+        }
+        float sum = 0.0f;
+        for (int32_t e = 0; e < dc; e++) rs->olat[e] = 0.0f;
+        for (int32_t k = 0; k < n_keys; k++) {
+            const float p = expf(rs->scores[k] - max_score);
+            const float *r = kdt_kv_row(kv, l, row->stream, rs->keys[k]);
+            sum += p;
+            for (int32_t e = 0; e < dc; e++) rs->olat[e] += p * r[e];
+        }
+        for (int32_t e = 0; e < dc; e++) rs->olat[e] /= sum;
+        /* o_h = W_UV[h] o_lat */
+        const int64_t r0 = (int64_t)h * (dn + dv) + dn;
+        kdt_weight_matvec(kvb, rs->olat, rs->heads + (int64_t)h * dv, r0, r0 + dv);
+    }
+}
+
+/* Final norm + lm_head for one row: the logits row and/or the fused argmax (ties -> lower id). */
+static void lm_head_row(const kdt_model *m, const float *x, const row_desc *row, run_state *rs) {
+    const kdt_model_config *c = &m->cfg;
+    const int32_t V = c->vocab_size;
+    rmsnorm(x, &m->final_norm, c->rms_norm_eps, c->hidden_size, rs->xn);
+    if (row->logits) {
+        kdt_weight_matvec(&m->lm_head, rs->xn, row->logits, 0, V);
+    }
+    if (row->argmax) {
+        int32_t best = 0;
+        float best_v = -INFINITY;
+        for (int32_t v0 = 0; v0 < V; v0 += LOGIT_BLOCK) {
+            const int32_t v1 = v0 + LOGIT_BLOCK < V ? v0 + LOGIT_BLOCK : V;
+            const float *vals = row->logits ? row->logits + v0 : rs->logit_blk;
+            if (!row->logits) kdt_weight_matvec(&m->lm_head, rs->xn, rs->logit_blk, v0, v1);
+            for (int32_t v = v0; v < v1; v++)
+                if (vals[v - v0] > best_v) {
+                    best_v = vals[v - v0];
+                    best = v;
+                }
+        }
+        *row->argmax = best;
+    }
+}
+
+/* Runs rows[0..R) through the whole model. */
+static void forward_chunk(const kdt_model *m, kdt_kv_cache *kv, const row_desc *rows, int32_t R,
+                          const kdt_model_outputs *out, run_state *rs) {
+    const kdt_model_config *c = &m->cfg;
+    const int32_t D = c->hidden_size, half = c->qk_rope_head_dim / 2;
+    const int64_t dq = (int64_t)c->n_heads * (c->qk_nope_head_dim + c->qk_rope_head_dim);
+    for (int32_t r = 0; r < R; r++) {
+        kdt_weight_row_f32(&m->embed, rows[r].token, rs->x + (int64_t)r * D);
+        for (int32_t i = 0; i < half; i++) {
+            const float angle = (float)rows[r].pos * m->rope_inv_freq[i]; /* fp32, as transformers */
+            rs->rope_cos[(int64_t)r * half + i] = cosf(angle) * c->rope_attention_factor;
+            rs->rope_sin[(int64_t)r * half + i] = sinf(angle) * c->rope_attention_factor;
+        }
+    }
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const kdt_layer_weights *L = &m->layers[l];
+        for (int32_t r = 0; r < R; r++)
+            attn_project(m, kv, l, &rows[r], rs->x + (int64_t)r * D, rs->q + r * dq,
+                         rs->rope_cos + (int64_t)r * half, rs->rope_sin + (int64_t)r * half, rs);
+        for (int32_t r = 0; r < R; r++) {
+            float *x = rs->x + (int64_t)r * D;
+            attn_attend(m, kv, l, &rows[r], rs->q + r * dq, rs);
+            kdt_weight_matvec(&L->o_proj, rs->heads, rs->tmp, 0, D);
+            for (int32_t d = 0; d < D; d++) x[d] += rs->tmp[d];
+            rmsnorm(x, &L->post_norm, c->rms_norm_eps, D, rs->xn);
+            if (L->is_moe) moe(m, L, rs->xn, rs->tmp, rs);
+            else swiglu(&L->dense, rs->xn, rs->tmp, rs);
+            for (int32_t d = 0; d < D; d++) x[d] += rs->tmp[d];
+            if (rows[r].taps)
+                for (int32_t t = 0; t < out->n_taps; t++)
+                    if (out->tap_layers[t] == l)
+                        memcpy(rows[r].taps + (int64_t)t * D, x, (size_t)D * sizeof(float));
+        }
+    }
+    for (int32_t r = 0; r < R; r++)
+        if (rows[r].logits || rows[r].argmax) lm_head_row(m, rs->x + (int64_t)r * D, &rows[r], rs);
+}
+
+/* ---- argument checks shared by the three entry points -------------------------------------- */
+
+static kdt_status check_common(const char *fn, const kdt_model *m, const kdt_kv_cache *kv,
+                               const kdt_model_outputs *out) {
+    KDT_CHECK_ARG(m && kv, "%s: model or cache is NULL", fn);
+    KDT_CHECK_ARG(kv->n_layers == m->cfg.n_layers &&
+                      kv->row_elems == m->cfg.kv_lora_rank + m->cfg.qk_rope_head_dim,
+                  "%s: the KV cache was made for another model", fn);
+    if (!out) return KDT_OK;
+    KDT_CHECK_ARG(out->n_taps >= 0 && out->n_taps <= KDT_MODEL_MAX_TAPS, "%s: n_taps = %d (0..%d)", fn,
+                  out->n_taps, KDT_MODEL_MAX_TAPS);
+    if (out->n_taps > 0) {
+        KDT_CHECK_ARG(out->tap_layers && out->taps, "%s: n_taps = %d but tap_layers or taps is NULL", fn,
+                      out->n_taps);
+        for (int32_t t = 0; t < out->n_taps; t++)
+            KDT_CHECK_ARG(out->tap_layers[t] >= 0 && out->tap_layers[t] < m->cfg.n_layers,
+                          "%s: tap_layers[%d] = %d (0..%d)", fn, t, out->tap_layers[t], m->cfg.n_layers - 1);
+    }
+    return KDT_OK;
+}
+
+static kdt_status check_token(const char *fn, const kdt_model *m, int32_t tok, const char *what, int64_t i) {
+    if (tok < 0 || tok >= m->cfg.vocab_size)
+        return kdt_fail(KDT_ERR_INVALID_ARG, "%s: %s[%lld] = %d is not a token id (vocab %d)", fn, what,
+                        (long long)i, tok, m->cfg.vocab_size);
+    return KDT_OK;
+}
+
+static void fill_outputs(const kdt_model *m, const kdt_model_outputs *out, int64_t out_row, int64_t tap_row,
+                         row_desc *r) {
+    const int64_t V = m->cfg.vocab_size, D = m->cfg.hidden_size;
+    r->logits = NULL;
+    r->argmax = NULL;
+    r->taps = NULL;
+    if (!out) return;
+    if (out_row >= 0 && out->logits) r->logits = out->logits + out_row * V;
+    if (out_row >= 0 && out->argmax) r->argmax = out->argmax + out_row;
+    if (out->n_taps > 0) r->taps = out->taps + tap_row * out->n_taps * D;
+}
+
+/* Runs `n` rows in chunks of the model's prefill_chunk. */
+static kdt_status run_rows(const kdt_model *m, kdt_kv_cache *kv, const row_desc *rows, int64_t n,
+                           const kdt_model_outputs *out) {
+    int32_t max_keys = 1;
+    for (int64_t i = 0; i < n; i++)
+        if (rows[i].n_prefix + rows[i].tail_n > max_keys) max_keys = rows[i].n_prefix + rows[i].tail_n;
+    const int32_t chunk = (int32_t)(n < m->opt.prefill_chunk ? n : m->opt.prefill_chunk);
+    run_state rs;
+    void *block = NULL;
+    kdt_status st = run_state_alloc(m, chunk, max_keys, &rs, &block);
+    if (st != KDT_OK) return st;
+    for (int64_t i = 0; i < n; i += chunk)
+        forward_chunk(m, kv, rows + i, (int32_t)(n - i < chunk ? n - i : chunk), out, &rs);
+    free(block);
+    return KDT_OK;
+}
+
+/* ---- entry points --------------------------------------------------------------------------- */
+
+kdt_status kdt_model_prefill(const kdt_model *m, kdt_kv_cache *kv, int32_t stream, const int32_t *tokens,
+                             int32_t n, const kdt_model_outputs *out) {
+    static const char fn[] = "kdt_model_prefill";
+    kdt_status st = check_common(fn, m, kv, out);
+    if (st != KDT_OK) return st;
+    KDT_CHECK_ARG(tokens, "%s: tokens is NULL", fn);
+    KDT_CHECK_ARG(n >= 1, "%s: n = %d", fn, n);
+    KDT_CHECK_ARG(stream >= 0 && stream < kv->max_streams, "%s: stream %d (0..%d)", fn, stream, kv->max_streams - 1);
+    for (int32_t i = 0; i < n; i++)
+        if ((st = check_token(fn, m, tokens[i], "tokens", i)) != KDT_OK) return st;
+    const int32_t len = kv->length[stream];
+    if ((int64_t)len + n > m->cfg.max_position_embeddings)
+        return kdt_fail(KDT_ERR_CAPACITY, "%s: stream %d: %d + %d tokens exceed max_position_embeddings %d", fn,
+                        stream, len, n, m->cfg.max_position_embeddings);
+    const int32_t need = len + n;
+    if ((st = kdt_kv_reserve_many(kv, 1, &stream, &need)) != KDT_OK) return st;
+    row_desc *rows = malloc((size_t)n * sizeof *rows);
+    if (!rows) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "%s: %d rows", fn, n);
+    for (int32_t i = 0; i < n; i++) {
+        row_desc *r = &rows[i];
+        memset(r, 0, sizeof *r);
+        r->stream = stream;
+        r->token = tokens[i];
+        r->pos = r->slot = len + i;
+        r->n_prefix = len + i + 1; /* causal: itself and everything before */
+        int64_t out_row = out && out->last_only ? (i == n - 1 ? 0 : -1) : i;
+        fill_outputs(m, out, out_row, i, r);
+    }
+    st = run_rows(m, kv, rows, n, out);
+    free(rows);
+    if (st == KDT_OK) kv->length[stream] = kv->written[stream] = len + n;
+    return st;
+}
+
+kdt_status kdt_model_decode(const kdt_model *m, kdt_kv_cache *kv, int32_t n_streams, const int32_t *stream_ids,
+                            const int32_t *tokens, const kdt_model_outputs *out) {
+    static const char fn[] = "kdt_model_decode";
+    kdt_status st = check_common(fn, m, kv, out);
+    if (st != KDT_OK) return st;
+    KDT_CHECK_ARG(tokens, "%s: tokens is NULL", fn);
+    KDT_CHECK_ARG(n_streams >= 1 && n_streams <= kv->max_streams, "%s: n_streams = %d (1..%d)", fn, n_streams,
+                  kv->max_streams);
+    int32_t *ids = malloc((size_t)n_streams * 2 * sizeof(int32_t));
+    uint8_t *seen = calloc((size_t)kv->max_streams, 1);
+    row_desc *rows = malloc((size_t)n_streams * sizeof *rows);
+    if (!ids || !seen || !rows) {
+        st = kdt_fail(KDT_ERR_OUT_OF_MEMORY, "%s", fn);
+        goto done;
+    }
+    int32_t *need = ids + n_streams;
+    for (int32_t s = 0; s < n_streams; s++) {
+        const int32_t id = stream_ids ? stream_ids[s] : s;
+        if (id < 0 || id >= kv->max_streams || seen[id]) {
+            st = kdt_fail(KDT_ERR_INVALID_ARG, "%s: stream_ids[%d] = %d is out of range or repeated", fn, s, id);
+            goto done;
+        }
+        seen[id] = 1;
+        ids[s] = id;
+        if ((st = check_token(fn, m, tokens[s], "tokens", s)) != KDT_OK) goto done;
+        if (kv->length[id] >= m->cfg.max_position_embeddings) {
+            st = kdt_fail(KDT_ERR_CAPACITY, "%s: stream %d is at max_position_embeddings %d", fn, id,
+                          m->cfg.max_position_embeddings);
+            goto done;
+        }
+        need[s] = kv->length[id] + 1;
+    }
+    if ((st = kdt_kv_reserve_many(kv, n_streams, ids, need)) != KDT_OK) goto done;
+    for (int32_t s = 0; s < n_streams; s++) {
+        row_desc *r = &rows[s];
+        memset(r, 0, sizeof *r);
+        r->stream = ids[s];
+        r->token = tokens[s];
+        r->pos = r->slot = kv->length[ids[s]];
+        r->n_prefix = r->slot + 1;
+        fill_outputs(m, out, s, s, r);
+    }
+    if ((st = run_rows(m, kv, rows, n_streams, out)) != KDT_OK) goto done;
+    for (int32_t s = 0; s < n_streams; s++) kv->length[ids[s]] = kv->written[ids[s]] = need[s];
+done:
+    free(ids);
+    free(seen);
+    free(rows);
+    return st;
+}
+
+/* Checks one stream of a tree against the layout contract; P is the stream's length. */
+static kdt_status check_tree_stream(const kdt_model *m, const kdt_tree *t, int32_t s, int32_t P) {
+    static const char fn[] = "kdt_model_verify";
+    const int32_t n = t->n_nodes[s], W = KDT_MASK_WORDS(t->max_nodes);
+    const int64_t base = (int64_t)s * t->max_nodes;
+    if (n < 1 || n > t->max_nodes)
+        return kdt_fail(KDT_ERR_MALFORMED_TREE, "%s: stream %d: n_nodes = %d (1..%d)", fn, s, n, t->max_nodes);
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t p = t->parent[base + i], d = t->depth[base + i];
+        const int32_t want_depth = i == 0 ? 0 : (p >= 0 && p < i ? t->depth[base + p] + 1 : -1);
+        if ((i == 0 && p != -1) || (i > 0 && (p < 0 || p >= i)))
+            return kdt_fail(KDT_ERR_MALFORMED_TREE, "%s: stream %d: node %d has parent %d", fn, s, i, p);
+        if (d != want_depth)
+            return kdt_fail(KDT_ERR_MALFORMED_TREE, "%s: stream %d: node %d has depth %d, expected %d", fn, s, i,
+                            d, want_depth);
+        if (t->position[base + i] != P + d)
+            return kdt_fail(KDT_ERR_MALFORMED_TREE,
+                            "%s: stream %d: node %d has position %d, expected stream length %d + depth %d", fn, s,
+                            i, t->position[base + i], P, d);
+        if ((int64_t)P + d >= m->cfg.max_position_embeddings)
+            return kdt_fail(KDT_ERR_CAPACITY, "%s: stream %d: position %d reaches max_position_embeddings %d", fn,
+                            s, P + d, m->cfg.max_position_embeddings);
+        kdt_status st = check_token(fn, m, t->token[base + i], "tree token", base + i);
+        if (st != KDT_OK) return st;
+        const uint64_t *row = t->anc_mask + (base + i) * W;
+        const uint64_t *prow = i ? t->anc_mask + (base + p) * W : NULL;
+        for (int32_t w = 0; w < W; w++) {
+            uint64_t want = prow ? prow[w] : 0;
+            if (w == i / 64) want |= (uint64_t)1 << (i % 64);
+            if (row[w] != want)
+                return kdt_fail(KDT_ERR_MALFORMED_TREE,
+                                "%s: stream %d: ancestor mask of node %d is not {itself} + its parent's", fn, s,
+                                i);
+        }
+    }
+    return KDT_OK;
+}
+
+kdt_status kdt_model_verify(const kdt_model *m, kdt_kv_cache *kv, const kdt_tree *tree, const int32_t *stream_ids,
+                            const kdt_model_outputs *out) {
+    static const char fn[] = "kdt_model_verify";
+    kdt_status st = check_common(fn, m, kv, out);
+    if (st != KDT_OK) return st;
+    KDT_CHECK_ARG(tree, "%s: tree is NULL", fn);
+    const int32_t S = tree->n_streams, N = tree->max_nodes;
+    KDT_CHECK_ARG(S >= 1 && S <= kv->max_streams, "%s: n_streams = %d (1..%d)", fn, S, kv->max_streams);
+    KDT_CHECK_ARG(N >= 1 && N <= KDT_MAX_NODES, "%s: max_nodes = %d (1..%d)", fn, N, KDT_MAX_NODES);
+    KDT_CHECK_ARG(tree->n_nodes && tree->token && tree->parent && tree->depth && tree->position && tree->anc_mask,
+                  "%s: a tree array (n_nodes, token, parent, depth, position, anc_mask) is NULL", fn);
+    const int32_t W = KDT_MASK_WORDS(N);
+    int32_t *ids = malloc((size_t)S * 2 * sizeof(int32_t));
+    uint8_t *seen = calloc((size_t)kv->max_streams, 1);
+    row_desc *rows = NULL;
+    if (!ids || !seen) {
+        st = kdt_fail(KDT_ERR_OUT_OF_MEMORY, "%s", fn);
+        goto done;
+    }
+    int32_t *need = ids + S;
+    int64_t n_rows = 0;
+    for (int32_t s = 0; s < S; s++) {
+        const int32_t id = stream_ids ? stream_ids[s] : s;
+        if (id < 0 || id >= kv->max_streams || seen[id]) {
+            st = kdt_fail(KDT_ERR_INVALID_ARG, "%s: stream_ids[%d] = %d is out of range or repeated", fn, s, id);
+            goto done;
+        }
+        seen[id] = 1;
+        ids[s] = id;
+        if ((st = check_tree_stream(m, tree, s, kv->length[id])) != KDT_OK) goto done;
+        need[s] = kv->length[id] + tree->n_nodes[s];
+        n_rows += tree->n_nodes[s];
+    }
+    if ((st = kdt_kv_reserve_many(kv, S, ids, need)) != KDT_OK) goto done;
+    rows = malloc((size_t)n_rows * sizeof *rows);
+    if (!rows) {
+        st = kdt_fail(KDT_ERR_OUT_OF_MEMORY, "%s: %lld rows", fn, (long long)n_rows);
+        goto done;
+    }
+    int64_t k = 0;
+    for (int32_t s = 0; s < S; s++) {
+        const int32_t P = kv->length[ids[s]];
+        for (int32_t i = 0; i < tree->n_nodes[s]; i++, k++) {
+            const int64_t idx = (int64_t)s * N + i;
+            row_desc *r = &rows[k];
+            memset(r, 0, sizeof *r);
+            r->stream = ids[s];
+            r->token = tree->token[idx];
+            r->pos = tree->position[idx];
+            r->slot = P + i;
+            r->n_prefix = P;
+            r->tail_mask = tree->anc_mask + idx * W;
+            r->tail_n = tree->n_nodes[s];
+            fill_outputs(m, out, idx, idx, r);
+        }
+    }
+    if ((st = run_rows(m, kv, rows, n_rows, out)) != KDT_OK) goto done;
+    for (int32_t s = 0; s < S; s++) kv->written[ids[s]] = need[s];
+done:
+    free(ids);
+    free(seen);
+    free(rows);
+    return st;
+}

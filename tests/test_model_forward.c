@@ -1,0 +1,670 @@
+/* test_model_forward.c - the CPU forward on tiny random checkpoints:
+ *  - against an independent fp64 reference written here in the plain (non-absorbed) MLA form with
+ *    transformers' RoPE convention (de-interleave + rotate_half) and fp64 YaRN tables: max
+ *    |logit error| <= 1e-4 * max |logit| and the same argmax wherever the top-2 gap exceeds 1e-3;
+ *  - bitwise equalities: prefill == token-by-token decode, any prefill chunk size, decode of a
+ *    stream alone == with other streams, tree verify at every node == decode along that node's
+ *    path (logits, argmax, taps, KV rows), and decoding after kdt_kv_cache_commit == decoding the
+ *    accepted path directly;
+ *  - bad inputs: token ids, over-long prompts, exhausted KV pages, malformed trees, bad streams
+ *    give clear errors and leave the cache as it was. */
+#include "t.h"
+
+#ifdef KDT_WITH_MODEL
+#include "test_model_util.h"
+
+#include "kdtree/model.h"
+#include "model/model_internal.h"
+
+static kdt_model *load_spec(const tm_spec *s, int chunk, char *dir, size_t dn) {
+    tm_mkdtemp(dir, dn);
+    tm_write_model(dir, s);
+    kdt_model *m = NULL;
+    kdt_model_options o = {0, chunk};
+    kdt_status st = kdt_model_load(dir, &o, &m);
+    if (st != KDT_OK) fprintf(stderr, "load: %s\n", kdt_last_error());
+    return m;
+}
+
+static kdt_kv_cache *new_cache(const kdt_model *m, int pages, int streams) {
+    kdt_kv_cache_options o = {pages, streams, 0};
+    kdt_kv_cache *c = NULL;
+    if (kdt_kv_cache_create(m, &o, &c) != KDT_OK) fprintf(stderr, "cache: %s\n", kdt_last_error());
+    return c;
+}
+
+/* ---- fp64 reference ------------------------------------------------------------------------ */
+
+static double wat(const kdt_weight *w, int64_t r, int64_t c) { return kdt_weight_at(w, r * w->cols + c); }
+
+static void ref_matvec(const kdt_weight *w, const double *x, double *y) {
+    for (int64_t r = 0; r < w->rows; r++) {
+        double a = 0;
+        for (int64_t c = 0; c < w->cols; c++) a += wat(w, r, c) * x[c];
+        y[r] = a;
+    }
+}
+
+static void ref_rmsnorm(const double *x, const kdt_weight *w, double eps, int n, double *out) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    double inv = 1.0 / sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++) out[i] = kdt_weight_at(w, i) * x[i] * inv;
+}
+
+static double ref_mscale(double f, double m) { return f <= 1 ? 1.0 : 0.1 * m * log(f) + 1.0; }
+
+/* transformers' convention: de-interleave (x0,x2,..,x1,x3,..) then rotate_half; output permuted */
+static void ref_rope(const kdt_model_config *c, double *v, int pos) {
+    int dr = c->qk_rope_head_dim, half = dr / 2;
+    double tmp[256];
+    for (int i = 0; i < half; i++) {
+        tmp[i] = c->rope_interleave ? v[2 * i] : v[i];
+        tmp[i + half] = c->rope_interleave ? v[2 * i + 1] : v[i + half];
+    }
+    double af = 1.0;
+    if (c->rope_kind == KDT_ROPE_YARN)
+        af = (c->rope_mscale && c->rope_mscale_all_dim)
+                 ? ref_mscale(c->rope_factor, c->rope_mscale) / ref_mscale(c->rope_factor, c->rope_mscale_all_dim)
+                 : ref_mscale(c->rope_factor, 1.0);
+    for (int i = 0; i < half; i++) {
+        double inv = pow(c->rope_theta, -2.0 * i / dr);
+        if (c->rope_kind == KDT_ROPE_YARN) {
+            double om = c->rope_original_max_position;
+            double lo = floor(dr * log(om / (c->rope_beta_fast * 2 * M_PI)) / (2 * log(c->rope_theta)));
+            double hi = ceil(dr * log(om / (c->rope_beta_slow * 2 * M_PI)) / (2 * log(c->rope_theta)));
+            lo = lo < 0 ? 0 : lo;
+            hi = hi > dr - 1 ? dr - 1 : hi;
+            if (lo == hi) hi += 0.001;
+            double ramp = (i - lo) / (hi - lo);
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            inv = inv / c->rope_factor * ramp + inv * (1 - ramp);
+        }
+        double cs = cos(pos * inv) * af, sn = sin(pos * inv) * af;
+        double a = tmp[i], b = tmp[i + half];
+        v[i] = a * cs - b * sn;
+        v[i + half] = b * cs + a * sn;
+    }
+}
+
+static void ref_swiglu(const kdt_expert_weights *e, const double *x, double *out) {
+    int64_t I = e->gate.rows;
+    double *g = malloc((size_t)I * sizeof *g), *u = malloc((size_t)I * sizeof *u);
+    ref_matvec(&e->gate, x, g);
+    ref_matvec(&e->up, x, u);
+    for (int64_t i = 0; i < I; i++) g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+    ref_matvec(&e->down, g, out);
+    free(g);
+    free(u);
+}
+
+static void ref_moe(const kdt_model *m, const kdt_layer_weights *L, const double *x, double *out) {
+    const kdt_model_config *c = &m->cfg;
+    int E = c->n_routed_experts, D = c->hidden_size, G = c->n_group, per = E / G;
+    double s[512], key[512], gs[64], w[64];
+    int ok[512], sel[64], gk[64] = {0};
+    ref_matvec(&L->router, x, s);
+    for (int e = 0; e < E; e++) {
+        s[e] = 1 / (1 + exp(-s[e]));
+        key[e] = s[e] + kdt_weight_at(&L->router_bias, e);
+    }
+    for (int g = 0; g < G; g++) {
+        double t1 = -1e300, t2 = -1e300;
+        for (int i = 0; i < per; i++) {
+            double v = key[g * per + i];
+            if (v > t1) { t2 = t1; t1 = v; } else if (v > t2) t2 = v;
+        }
+        gs[g] = G > 1 ? t1 + t2 : 0;
+    }
+    for (int t = 0; t < c->topk_group; t++) {
+        int b = -1;
+        for (int g = 0; g < G; g++) if (!gk[g] && (b < 0 || gs[g] > gs[b])) b = g;
+        gk[b] = 1;
+    }
+    for (int e = 0; e < E; e++) ok[e] = gk[e / per];
+    double sum = 0;
+    for (int k = 0; k < c->n_experts_per_tok; k++) {
+        int b = -1;
+        for (int e = 0; e < E; e++) if (ok[e] && (b < 0 || key[e] > key[b])) b = e;
+        ok[b] = 0;
+        sel[k] = b;
+        w[k] = s[b];
+        sum += s[b];
+    }
+    double *tmp = malloc((size_t)D * sizeof *tmp);
+    for (int d = 0; d < D; d++) out[d] = 0;
+    for (int k = 0; k < c->n_experts_per_tok; k++) {
+        double wk = (c->norm_topk_prob ? w[k] / sum : w[k]) * c->routed_scaling_factor;
+        ref_swiglu(&L->experts[sel[k]], x, tmp);
+        for (int d = 0; d < D; d++) out[d] += wk * tmp[d];
+    }
+    if (c->n_shared_experts) {
+        ref_swiglu(&L->shared, x, tmp);
+        for (int d = 0; d < D; d++) out[d] += tmp[d];
+    }
+    free(tmp);
+}
+
+/* logits [n][V], taps [n][n_layers][D] (every layer's output) */
+static void ref_forward(const kdt_model *m, const int32_t *toks, int n, double *logits, double *taps) {
+    const kdt_model_config *c = &m->cfg;
+    const int D = c->hidden_size, H = c->n_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
+              dv = c->v_head_dim, dc = c->kv_lora_rank, dqk = dn + dr, V = c->vocab_size;
+    double scale = 1 / sqrt((double)dqk);
+    if (c->rope_kind == KDT_ROPE_YARN && c->rope_mscale_all_dim)
+        scale *= pow(ref_mscale(c->rope_factor, c->rope_mscale_all_dim), 2);
+    double *x = calloc((size_t)n * D, sizeof *x), *xn = calloc((size_t)D, sizeof *xn);
+    double *q = calloc((size_t)n * H * dqk, sizeof *q), *k = calloc((size_t)n * H * dqk, sizeof *k);
+    double *v = calloc((size_t)n * H * dv, sizeof *v), *kva = calloc((size_t)(dc + dr), sizeof *kva);
+    double *cn = calloc((size_t)dc, sizeof *cn), *qa = calloc((size_t)(c->q_lora_rank + 1), sizeof *qa);
+    double *kvb = calloc((size_t)H * (dn + dv), sizeof *kvb), *att = calloc((size_t)H * dv, sizeof *att);
+    double *o = calloc((size_t)D, sizeof *o), *p = calloc((size_t)n, sizeof *p);
+    for (int t = 0; t < n; t++)
+        for (int d = 0; d < D; d++) x[t * D + d] = wat(&m->embed, toks[t], d);
+    for (int l = 0; l < c->n_layers; l++) {
+        const kdt_layer_weights *L = &m->layers[l];
+        for (int t = 0; t < n; t++) {
+            ref_rmsnorm(x + t * D, &L->input_norm, c->rms_norm_eps, D, xn);
+            double *qt = q + (size_t)t * H * dqk;
+            if (c->q_lora_rank) {
+                ref_matvec(&L->q_a, xn, qa);
+                ref_rmsnorm(qa, &L->q_a_norm, 1e-6, c->q_lora_rank, qa);
+                ref_matvec(&L->q_b, qa, qt);
+            } else {
+                ref_matvec(&L->q_proj, xn, qt);
+            }
+            ref_matvec(&L->kv_a, xn, kva);
+            ref_rmsnorm(kva, &L->kv_a_norm, 1e-6, dc, cn);
+            ref_matvec(&L->kv_b, cn, kvb);
+            ref_rope(c, kva + dc, t);
+            for (int h = 0; h < H; h++) {
+                ref_rope(c, qt + h * dqk + dn, t);
+                double *kt = k + ((size_t)t * H + h) * dqk;
+                for (int i = 0; i < dn; i++) kt[i] = kvb[h * (dn + dv) + i];
+                for (int i = 0; i < dr; i++) kt[dn + i] = kva[dc + i];
+                for (int i = 0; i < dv; i++) v[((size_t)t * H + h) * dv + i] = kvb[h * (dn + dv) + dn + i];
+            }
+        }
+        for (int t = 0; t < n; t++) {
+            for (int h = 0; h < H; h++) {
+                double mx = -1e300, sum = 0;
+                for (int j = 0; j <= t; j++) {
+                    double a = 0;
+                    for (int i = 0; i < dqk; i++) a += q[((size_t)t * H + h) * dqk + i] * k[((size_t)j * H + h) * dqk + i];
+                    p[j] = a * scale;
+                    mx = p[j] > mx ? p[j] : mx;
+                }
+                for (int j = 0; j <= t; j++) sum += (p[j] = exp(p[j] - mx));
+                for (int i = 0; i < dv; i++) {
+                    double a = 0;
+                    for (int j = 0; j <= t; j++) a += p[j] / sum * v[((size_t)j * H + h) * dv + i];
+                    att[h * dv + i] = a;
+                }
+            }
+            ref_matvec(&L->o_proj, att, o);
+            double *xt = x + (size_t)t * D;
+            for (int d = 0; d < D; d++) xt[d] += o[d];
+            ref_rmsnorm(xt, &L->post_norm, c->rms_norm_eps, D, xn);
+            if (L->is_moe) ref_moe(m, L, xn, o);
+            else ref_swiglu(&L->dense, xn, o);
+            for (int d = 0; d < D; d++) xt[d] += o[d];
+            memcpy(taps + ((size_t)t * c->n_layers + l) * D, xt, (size_t)D * sizeof *xt);
+        }
+    }
+    for (int t = 0; t < n; t++) {
+        ref_rmsnorm(x + (size_t)t * D, &m->final_norm, c->rms_norm_eps, D, xn);
+        ref_matvec(&m->lm_head, xn, logits + (size_t)t * V);
+    }
+    free(x); free(xn); free(q); free(k); free(v); free(kva); free(cn); free(qa); free(kvb); free(att);
+    free(o); free(p);
+}
+
+/* ---- tests ------------------------------------------------------------------------------------ */
+
+static void check_against_reference(const tm_spec *s, const char *label) {
+    char dir[600];
+    kdt_model *m = load_spec(s, 0, dir, sizeof dir);
+    CHECK(m != NULL);
+    if (!m) return;
+    const kdt_model_config *c = kdt_model_get_config(m);
+    const int n = 37, V = c->vocab_size, D = c->hidden_size, NL = c->n_layers;
+    int32_t toks[37];
+    uint64_t rng = s->seed ^ 77;
+    for (int i = 0; i < n; i++) toks[i] = t_rand_int(&rng, V);
+    float *logits = malloc((size_t)n * V * sizeof *logits), *taps = malloc((size_t)n * NL * D * sizeof *taps);
+    int32_t argmax[37], tap_layers[16];
+    for (int l = 0; l < NL; l++) tap_layers[l] = l;
+    kdt_model_outputs out = {logits, argmax, 0, NL, tap_layers, taps};
+    kdt_kv_cache *kv = new_cache(m, 4, 1);
+    CHECK_EQ_INT(kdt_model_prefill(m, kv, 0, toks, n, &out), KDT_OK);
+    double *rl = malloc((size_t)n * V * sizeof *rl), *rt = malloc((size_t)n * NL * D * sizeof *rt);
+    ref_forward(m, toks, n, rl, rt);
+    double max_err = 0, max_ref = 0, tap_err = 0, tap_ref = 0;
+    int argmax_bad = 0;
+    for (int t = 0; t < n; t++) {
+        int best = 0, second = -1;
+        for (int v = 0; v < V; v++) {
+            double e = fabs(logits[(size_t)t * V + v] - rl[(size_t)t * V + v]);
+            max_err = e > max_err ? e : max_err;
+            max_ref = fabs(rl[(size_t)t * V + v]) > max_ref ? fabs(rl[(size_t)t * V + v]) : max_ref;
+            if (v && rl[(size_t)t * V + v] > rl[(size_t)t * V + best]) best = v;
+        }
+        for (int v = 0; v < V; v++)
+            if (v != best && (second < 0 || rl[(size_t)t * V + v] > rl[(size_t)t * V + second])) second = v;
+        if (rl[(size_t)t * V + best] - rl[(size_t)t * V + second] > 1e-3 && argmax[t] != best) argmax_bad++;
+        for (int i = 0; i < NL * D; i++) {
+            double e = fabs(taps[(size_t)t * NL * D + i] - rt[(size_t)t * NL * D + i]);
+            tap_err = e > tap_err ? e : tap_err;
+            tap_ref = fabs(rt[(size_t)t * NL * D + i]) > tap_ref ? fabs(rt[(size_t)t * NL * D + i]) : tap_ref;
+        }
+    }
+    printf("  %-28s max |logit err| %.3g of max |logit| %.3g; max |tap err| %.3g of %.3g\n", label, max_err,
+           max_ref, tap_err, tap_ref);
+    CHECK_MSG(max_err <= 1e-4 * max_ref, "%s: logit error %g", label, max_err);
+    CHECK_MSG(tap_err <= 1e-4 * tap_ref, "%s: tap error %g", label, tap_err);
+    CHECK_EQ_INT(argmax_bad, 0);
+    free(logits); free(taps); free(rl); free(rt);
+    kdt_kv_cache_free(kv);
+    kdt_model_free(m);
+    tm_rmdir(dir);
+}
+
+static void test_vs_reference(void) {
+    tm_spec s = tm_default_spec(); /* q_lora, YaRN 32/1 with mscale_all_dim 0.8, n_group 2 */
+    check_against_reference(&s, "q_lora + YaRN + groups");
+    s = tm_default_spec();
+    s.q_lora = 0; s.yarn = 0; s.n_group = 1; s.topk_group = 1; s.norm_topk = 0; s.first_dense = 2;
+    s.layers = 3; s.seed = 99;
+    check_against_reference(&s, "no q_lora + default RoPE");
+    s = tm_default_spec();
+    s.beta_fast = 1; s.beta_slow = 1; s.mscale_all_dim = 1; s.theta = 50000; s.n_group = 1; s.topk_group = 1;
+    s.shared = 2; s.bf16 = 1; s.seed = 5; s.heads = 3; s.eps = 1e-6;
+    check_against_reference(&s, "Kimi-like (beta 1/1) BF16");
+    s = tm_default_spec();
+    s.no_interleave = 1; s.seed = 8; s.layers = 2; s.experts = 8; s.topk = 4; s.n_group = 4; s.topk_group = 4;
+    check_against_reference(&s, "rope_interleave false");
+}
+
+/* prefill logits == one prefill token then decode steps; any chunk size; bitwise */
+static void test_prefill_decode_bitwise(void) {
+    tm_spec s = tm_default_spec();
+    char d1[600], d2[600];
+    kdt_model *m = load_spec(&s, 0, d1, sizeof d1), *m5 = load_spec(&s, 5, d2, sizeof d2);
+    CHECK(m && m5);
+    if (!m || !m5) return;
+    const int n = 70, V = s.vocab; /* crosses a page boundary */
+    int32_t toks[70];
+    uint64_t rng = 3;
+    for (int i = 0; i < n; i++) toks[i] = t_rand_int(&rng, V);
+    float *a = malloc((size_t)n * V * 4), *b = malloc((size_t)n * V * 4), *cc = malloc((size_t)n * V * 4);
+    kdt_kv_cache *k1 = new_cache(m, 4, 1), *k2 = new_cache(m, 4, 1), *k3 = new_cache(m5, 4, 1);
+    kdt_model_outputs o = {0};
+    o.logits = a;
+    CHECK_EQ_INT(kdt_model_prefill(m, k1, 0, toks, n, &o), KDT_OK);
+    o.logits = cc;
+    CHECK_EQ_INT(kdt_model_prefill(m5, k3, 0, toks, n, &o), KDT_OK);
+    o.logits = b;
+    CHECK_EQ_INT(kdt_model_prefill(m, k2, 0, toks, 1, &o), KDT_OK);
+    for (int i = 1; i < n; i++) {
+        o.logits = b + (size_t)i * V;
+        CHECK_EQ_INT(kdt_model_decode(m, k2, 1, NULL, toks + i, &o), KDT_OK);
+    }
+    CHECK(memcmp(a, b, (size_t)n * V * 4) == 0);
+    CHECK(memcmp(a, cc, (size_t)n * V * 4) == 0);
+    CHECK_EQ_INT(kdt_kv_stream_length(k2, 0), n);
+    /* last_only + fused argmax == the last row's logits and their argmax */
+    int32_t am = -1;
+    float last[96];
+    kdt_kv_cache *k4 = new_cache(m, 4, 1);
+    kdt_model_outputs ol = {last, &am, 1, 0, NULL, NULL};
+    CHECK_EQ_INT(kdt_model_prefill(m, k4, 0, toks, n, &ol), KDT_OK);
+    CHECK(memcmp(last, a + (size_t)(n - 1) * V, (size_t)V * 4) == 0);
+    int best = 0;
+    for (int v = 1; v < V; v++) if (last[v] > last[best]) best = v;
+    CHECK_EQ_INT(am, best);
+    /* the KV rows are identical too */
+    for (int l = 0; l < s.layers; l++)
+        for (int t = 0; t < n; t++)
+            CHECK(memcmp(kdt_kv_row(k1, l, 0, t), kdt_kv_row(k2, l, 0, t), (size_t)k1->row_elems * 4) == 0);
+    free(a); free(b); free(cc);
+    kdt_kv_cache_free(k1); kdt_kv_cache_free(k2); kdt_kv_cache_free(k3); kdt_kv_cache_free(k4);
+    kdt_model_free(m); kdt_model_free(m5);
+    tm_rmdir(d1); tm_rmdir(d2);
+}
+
+/* a stream's decode results do not depend on the other streams in the call */
+static void test_decode_batch_invariance(void) {
+    tm_spec s = tm_default_spec();
+    char d[600];
+    kdt_model *m = load_spec(&s, 0, d, sizeof d);
+    CHECK(m != NULL);
+    if (!m) return;
+    const int S = 4, V = s.vocab, D = s.hidden;
+    int lens[4] = {5, 1, 33, 12};
+    int32_t ids[4] = {3, 0, 2, 1}; /* cache streams, in a scrambled order */
+    int32_t hist[4][40], next[4];
+    uint64_t rng = 11;
+    kdt_kv_cache *joint = new_cache(m, 16, 4);
+    for (int s_ = 0; s_ < S; s_++) {
+        for (int i = 0; i < lens[s_]; i++) hist[s_][i] = t_rand_int(&rng, V);
+        next[s_] = t_rand_int(&rng, V);
+        CHECK_EQ_INT(kdt_model_prefill(m, joint, ids[s_], hist[s_], lens[s_], NULL), KDT_OK);
+    }
+    float lj[4 * 96], tj[4 * 32];
+    int32_t aj[4], tap = 1;
+    kdt_model_outputs o = {lj, aj, 0, 1, &tap, tj};
+    CHECK_EQ_INT(kdt_model_decode(m, joint, S, ids, next, &o), KDT_OK);
+    for (int s_ = 0; s_ < S; s_++) {
+        kdt_kv_cache *alone = new_cache(m, 4, 1);
+        float la[96], ta[32];
+        int32_t aa;
+        kdt_model_outputs oa = {la, &aa, 0, 1, &tap, ta};
+        CHECK_EQ_INT(kdt_model_prefill(m, alone, 0, hist[s_], lens[s_], NULL), KDT_OK);
+        CHECK_EQ_INT(kdt_model_decode(m, alone, 1, NULL, &next[s_], &oa), KDT_OK);
+        CHECK(memcmp(la, lj + s_ * V, (size_t)V * 4) == 0);
+        CHECK(memcmp(ta, tj + s_ * D, (size_t)D * 4) == 0);
+        CHECK_EQ_INT(aa, aj[s_]);
+        CHECK_EQ_INT(kdt_kv_stream_length(joint, ids[s_]), lens[s_] + 1);
+        kdt_kv_cache_free(alone);
+    }
+    kdt_kv_cache_free(joint);
+    kdt_model_free(m);
+    tm_rmdir(d);
+}
+
+/* A random tree per stream in the kdt_tree layout (padding written as the contract says). */
+typedef struct test_tree {
+    kdt_tree t;
+    int32_t n_nodes[4], token[4 * 40], parent[4 * 40], depth[4 * 40], fc[4 * 40], ns[4 * 40], pos[4 * 40];
+    float score[4 * 40];
+    uint64_t mask[4 * 40];
+} test_tree;
+
+static void make_tree(test_tree *tt, int S, const int *n_nodes, const int *prefix, const int32_t *roots, int V,
+                      uint64_t *rng) {
+    const int N = 40;
+    memset(tt, 0, sizeof *tt);
+    tt->t = (kdt_tree){S, N, tt->n_nodes, tt->token, tt->parent, tt->depth, tt->fc, tt->ns, tt->pos, tt->score, tt->mask};
+    for (int s = 0; s < S; s++) {
+        tt->n_nodes[s] = n_nodes[s];
+        for (int i = 0; i < N; i++) {
+            int k = s * N + i;
+            tt->token[k] = tt->parent[k] = tt->depth[k] = tt->fc[k] = tt->ns[k] = tt->pos[k] = -1;
+            tt->score[k] = -INFINITY;
+            tt->mask[k] = 0;
+        }
+        for (int i = 0; i < n_nodes[s]; i++) {
+            int k = s * N + i;
+            int p = i ? t_rand_int(rng, i) : -1;
+            if (i && t_rand_unit(rng) < 0.4) p = i - 1; /* some long chains */
+            tt->parent[k] = p;
+            tt->depth[k] = i ? tt->depth[s * N + p] + 1 : 0;
+            tt->token[k] = i ? t_rand_int(rng, V) : roots[s];
+            tt->pos[k] = prefix[s] + tt->depth[k];
+            tt->mask[k] = (i ? tt->mask[s * N + p] : 0) | ((uint64_t)1 << i);
+            tt->score[k] = 0;
+        }
+    }
+}
+
+/* tree verify at every node == decode along the node's path, bitwise; KV rows too */
+static void test_verify_equals_decode(void) {
+    tm_spec s = tm_default_spec();
+    char d[600];
+    kdt_model *m = load_spec(&s, 7, d, sizeof d); /* a small chunk: trees span several chunks */
+    CHECK(m != NULL);
+    if (!m) return;
+    const int S = 3, N = 40, V = s.vocab, D = s.hidden;
+    int prefix[3] = {9, 1, 66}, n_nodes[3] = {23, 1, 31};
+    int32_t ids[3] = {2, 0, 1}, roots[3], hist[3][70];
+    uint64_t rng = 21;
+    kdt_kv_cache *kv = new_cache(m, 12, 3);
+    for (int k = 0; k < S; k++) {
+        for (int i = 0; i < prefix[k]; i++) hist[k][i] = t_rand_int(&rng, V);
+        roots[k] = t_rand_int(&rng, V);
+        CHECK_EQ_INT(kdt_model_prefill(m, kv, ids[k], hist[k], prefix[k], NULL), KDT_OK);
+    }
+    test_tree tt;
+    make_tree(&tt, S, n_nodes, prefix, roots, V, &rng);
+    float *logits = malloc((size_t)S * N * V * 4), *taps = malloc((size_t)S * N * 2 * D * 4);
+    int32_t *argmax = malloc((size_t)S * N * 4), tap_layers[2] = {2, 0};
+    for (int i = 0; i < S * N; i++) argmax[i] = -7; /* padding rows must stay untouched */
+    kdt_model_outputs o = {logits, argmax, 0, 2, tap_layers, taps};
+    CHECK_EQ_INT(kdt_model_verify(m, kv, &tt.t, ids, &o), KDT_OK);
+    for (int k = 0; k < S; k++) {
+        CHECK_EQ_INT(kdt_kv_stream_length(kv, ids[k]), prefix[k]); /* verify does not commit */
+        for (int i = n_nodes[k]; i < N; i++) CHECK_EQ_INT(argmax[k * N + i], -7);
+        for (int i = 0; i < n_nodes[k]; i++) {
+            /* path root..i */
+            int path[40], len = 0;
+            for (int j = i; j >= 0; j = tt.parent[k * N + j]) path[len++] = j;
+            kdt_kv_cache *ref = new_cache(m, 4, 1);
+            CHECK_EQ_INT(kdt_model_prefill(m, ref, 0, hist[k], prefix[k], NULL), KDT_OK);
+            float lr[96], tr[2 * 32];
+            int32_t ar;
+            kdt_model_outputs orr = {lr, &ar, 0, 2, tap_layers, tr};
+            for (int p = len - 1; p >= 0; p--) {
+                int32_t tok = tt.token[k * N + path[p]];
+                CHECK_EQ_INT(kdt_model_decode(m, ref, 1, NULL, &tok, &orr), KDT_OK);
+            }
+            CHECK_MSG(memcmp(lr, logits + ((size_t)k * N + i) * V, (size_t)V * 4) == 0, "stream %d node %d", k, i);
+            CHECK(memcmp(tr, taps + ((size_t)k * N + i) * 2 * D, (size_t)2 * D * 4) == 0);
+            CHECK_EQ_INT(ar, argmax[k * N + i]);
+            for (int l = 0; l < s.layers; l++)
+                CHECK(memcmp(kdt_kv_row(ref, l, 0, prefix[k] + len - 1), kdt_kv_row(kv, l, ids[k], prefix[k] + i),
+                             (size_t)kv->row_elems * 4) == 0);
+            kdt_kv_cache_free(ref);
+        }
+    }
+    /* the same trees verified one stream at a time give the same rows (batch invariance) */
+    for (int k = 0; k < S; k++) {
+        kdt_kv_cache *one = new_cache(m, 4, 1);
+        CHECK_EQ_INT(kdt_model_prefill(m, one, 0, hist[k], prefix[k], NULL), KDT_OK);
+        test_tree t1;
+        make_tree(&t1, 1, &n_nodes[k], &prefix[k], &roots[k], V, &rng);
+        memcpy(t1.token, tt.token + k * N, N * 4);
+        memcpy(t1.parent, tt.parent + k * N, N * 4);
+        memcpy(t1.depth, tt.depth + k * N, N * 4);
+        memcpy(t1.pos, tt.pos + k * N, N * 4);
+        memcpy(t1.mask, tt.mask + k * N, N * 8);
+        float *l1 = malloc((size_t)N * V * 4);
+        kdt_model_outputs o1 = {l1, NULL, 0, 0, NULL, NULL};
+        CHECK_EQ_INT(kdt_model_verify(m, one, &t1.t, NULL, &o1), KDT_OK);
+        CHECK(memcmp(l1, logits + (size_t)k * N * V, (size_t)n_nodes[k] * V * 4) == 0);
+        free(l1);
+        kdt_kv_cache_free(one);
+    }
+    free(logits); free(taps); free(argmax);
+    kdt_kv_cache_free(kv);
+    kdt_model_free(m);
+    tm_rmdir(d);
+}
+
+/* verify -> greedy accept -> kdt_kv_cache_commit -> decode == decoding the accepted path */
+static void test_commit_then_decode(void) {
+    tm_spec s = tm_default_spec();
+    char d[600];
+    kdt_model *m = load_spec(&s, 0, d, sizeof d);
+    CHECK(m != NULL);
+    if (!m) return;
+    const int N = 40, V = s.vocab;
+    int prefix[1] = {20}, n_nodes[1] = {17};
+    int32_t hist[20], root[1];
+    uint64_t rng = 5;
+    for (int i = 0; i < 20; i++) hist[i] = t_rand_int(&rng, V);
+    root[0] = t_rand_int(&rng, V);
+    kdt_kv_cache *kv = new_cache(m, 4, 1);
+    CHECK_EQ_INT(kdt_model_prefill(m, kv, 0, hist, 20, NULL), KDT_OK);
+    test_tree tt;
+    make_tree(&tt, 1, n_nodes, prefix, root, V, &rng);
+    /* take a deep path as the accepted one: the deepest node's ancestors */
+    int deepest = 0;
+    for (int i = 0; i < n_nodes[0]; i++) if (tt.depth[i] > tt.depth[deepest]) deepest = i;
+    int path[40], len = 0;
+    for (int j = deepest; j >= 0; j = tt.parent[j]) path[len++] = j;
+    int32_t accepted[KDT_MAX_PATH], tau = len;
+    for (int i = 0; i < len; i++) accepted[i] = path[len - 1 - i];
+    CHECK(tau <= KDT_MAX_PATH);
+    CHECK_EQ_INT(kdt_model_verify(m, kv, &tt.t, NULL, NULL), KDT_OK);
+    CHECK_EQ_INT(kdt_kv_cache_commit(kv, 1, NULL, accepted, &tau), KDT_OK);
+    CHECK_EQ_INT(kdt_kv_stream_length(kv, 0), 20 + tau);
+    int32_t bonus = 7;
+    float a[96], b[96];
+    kdt_model_outputs o = {a, NULL, 0, 0, NULL, NULL};
+    CHECK_EQ_INT(kdt_model_decode(m, kv, 1, NULL, &bonus, &o), KDT_OK);
+    kdt_kv_cache *ref = new_cache(m, 4, 1);
+    CHECK_EQ_INT(kdt_model_prefill(m, ref, 0, hist, 20, NULL), KDT_OK);
+    for (int i = 0; i < tau; i++) CHECK_EQ_INT(kdt_model_decode(m, ref, 1, NULL, &tt.token[accepted[i]], NULL), KDT_OK);
+    o.logits = b;
+    CHECK_EQ_INT(kdt_model_decode(m, ref, 1, NULL, &bonus, &o), KDT_OK);
+    CHECK(memcmp(a, b, sizeof a) == 0);
+    (void)N;
+    /* bad commits are refused */
+    int32_t bad_acc[KDT_MAX_PATH] = {1, 2}, two = 2;
+    CHECK_EQ_INT(kdt_kv_cache_commit(kv, 1, NULL, bad_acc, &two), KDT_ERR_INVALID_ARG);
+    kdt_kv_cache_free(ref);
+    kdt_kv_cache_free(kv);
+    kdt_model_free(m);
+    tm_rmdir(d);
+}
+
+/* all logits of a row equal: the fused argmax and the kernel contract pick the lowest id */
+static void test_argmax_ties(void) {
+    tm_spec s = tm_default_spec();
+    char d[600], p[700];
+    tm_mkdtemp(d, sizeof d);
+    tm_list l = {0};
+    tm_build_tensors(&s, &l);
+    tm_tensor *head = &l.t[l.n - 1];
+    CHECK(strcmp(head->name, "lm_head.weight") == 0);
+    for (int v = 1; v < s.vocab; v++) memcpy(head->data + (size_t)v * s.hidden, head->data, (size_t)s.hidden * 4);
+    tm_write_config(d, &s);
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    tm_write_safetensors(p, &l, 0, l.n, 0);
+    tm_list_free(&l);
+    kdt_model *m = NULL;
+    kdt_model_options opt = {0, 0};
+    CHECK_EQ_INT(kdt_model_load(d, &opt, &m), KDT_OK);
+    if (m) {
+        kdt_kv_cache *kv = new_cache(m, 2, 1);
+        int32_t toks[3] = {4, 5, 6}, am[3] = {-1, -1, -1};
+        kdt_model_outputs o = {NULL, am, 0, 0, NULL, NULL};
+        CHECK_EQ_INT(kdt_model_prefill(m, kv, 0, toks, 3, &o), KDT_OK);
+        for (int i = 0; i < 3; i++) CHECK_EQ_INT(am[i], 0);
+        kdt_kv_cache_free(kv);
+    }
+    kdt_model_free(m);
+    tm_rmdir(d);
+}
+
+static void test_bad_inputs(void) {
+    tm_spec s = tm_default_spec();
+    s.max_pos = 100;
+    char d[600];
+    kdt_model *m = load_spec(&s, 0, d, sizeof d);
+    CHECK(m != NULL);
+    if (!m) return;
+    kdt_kv_cache *kv = new_cache(m, 2, 2); /* 128 slots in all */
+    int32_t toks[120];
+    for (int i = 0; i < 120; i++) toks[i] = i % s.vocab;
+    int32_t bad[3] = {1, 96, 2};
+    CHECK_EQ_INT(kdt_model_prefill(m, kv, 0, bad, 3, NULL), KDT_ERR_INVALID_ARG);
+    CHECK(strstr(kdt_last_error(), "tokens[1] = 96") != NULL);
+    bad[1] = -1;
+    CHECK_EQ_INT(kdt_model_decode(m, kv, 1, NULL, bad + 1, NULL), KDT_ERR_INVALID_ARG);
+    CHECK_EQ_INT(kdt_kv_stream_length(kv, 0), 0);
+    CHECK_EQ_INT(kdt_kv_cache_free_pages(kv), 2);
+    /* longer than max_position_embeddings */
+    CHECK_EQ_INT(kdt_model_prefill(m, kv, 0, toks, 101, NULL), KDT_ERR_CAPACITY);
+    CHECK(strstr(kdt_last_error(), "max_position_embeddings") != NULL);
+    /* KV pages exhausted: stream 0 takes 70 slots (2 pages), then stream 1 needs one more page */
+    CHECK_EQ_INT(kdt_model_prefill(m, kv, 0, toks, 70, NULL), KDT_OK);
+    CHECK_EQ_INT(kdt_kv_cache_free_pages(kv), 0);
+    CHECK_EQ_INT(kdt_model_prefill(m, kv, 1, toks, 3, NULL), KDT_ERR_CAPACITY);
+    CHECK(strstr(kdt_last_error(), "exhausted") != NULL);
+    CHECK_EQ_INT(kdt_kv_stream_length(kv, 1), 0);
+    int32_t two[2] = {0, 1}, tk[2] = {1, 2};
+    CHECK_EQ_INT(kdt_model_decode(m, kv, 2, two, tk, NULL), KDT_ERR_CAPACITY);
+    CHECK_EQ_INT(kdt_kv_stream_length(kv, 0), 70); /* nothing advanced */
+    int32_t dup[2] = {0, 0};
+    CHECK_EQ_INT(kdt_model_decode(m, kv, 2, dup, tk, NULL), KDT_ERR_INVALID_ARG);
+    CHECK_EQ_INT(kdt_model_decode(m, kv, 1, NULL, tk, NULL), KDT_OK);
+    /* release gives the pages back */
+    CHECK_EQ_INT(kdt_kv_stream_release(kv, 0), KDT_OK);
+    CHECK_EQ_INT(kdt_kv_cache_free_pages(kv), 2);
+    /* decode up to max_position_embeddings, then one more is refused */
+    CHECK_EQ_INT(kdt_model_prefill(m, kv, 1, toks, 99, NULL), KDT_OK);
+    CHECK_EQ_INT(kdt_model_decode(m, kv, 1, &two[1], tk, NULL), KDT_OK);
+    CHECK_EQ_INT(kdt_model_decode(m, kv, 1, &two[1], tk, NULL), KDT_ERR_CAPACITY);
+    CHECK_EQ_INT(kdt_kv_stream_length(kv, 1), 100);
+    /* taps: a layer out of range; a stream out of range */
+    int32_t tap = 3;
+    float tp[32];
+    kdt_model_outputs o = {NULL, NULL, 0, 1, &tap, tp};
+    CHECK_EQ_INT(kdt_model_prefill(m, kv, 0, toks, 1, &o), KDT_ERR_INVALID_ARG);
+    CHECK(strstr(kdt_last_error(), "tap_layers[0] = 3") != NULL);
+    CHECK_EQ_INT(kdt_model_prefill(m, kv, 2, toks, 1, NULL), KDT_ERR_INVALID_ARG);
+    CHECK_EQ_INT(kdt_kv_stream_set_length(kv, 0, 1), KDT_ERR_INVALID_ARG); /* nothing written */
+    kdt_kv_cache_free(kv);
+
+    /* malformed trees: each is refused before anything is written */
+    kv = new_cache(m, 2, 1);
+    CHECK_EQ_INT(kdt_model_prefill(m, kv, 0, toks, 4, NULL), KDT_OK);
+    uint64_t rng = 1;
+    int n_nodes = 6, prefix = 4;
+    int32_t root = 3;
+    test_tree tt;
+#define BREAK_AND_CHECK(stmt, want, frag)                                     \
+    do {                                                                      \
+        make_tree(&tt, 1, &n_nodes, &prefix, &root, s.vocab, &rng);           \
+        tt.parent[3] = 1; tt.depth[3] = tt.depth[1] + 1; tt.pos[3] = prefix + tt.depth[3]; \
+        tt.mask[3] = tt.mask[1] | 8u;                                         \
+        for (int i_ = 4; i_ < n_nodes; i_++) {                                \
+            tt.parent[i_] = i_ - 1; tt.depth[i_] = tt.depth[i_ - 1] + 1;     \
+            tt.pos[i_] = prefix + tt.depth[i_]; tt.mask[i_] = tt.mask[i_ - 1] | (1u << i_); \
+        }                                                                     \
+        stmt;                                                                 \
+        CHECK_EQ_INT(kdt_model_verify(m, kv, &tt.t, NULL, NULL), want);       \
+        CHECK_MSG(strstr(kdt_last_error(), frag) != NULL, "%s", kdt_last_error()); \
+    } while (0)
+    BREAK_AND_CHECK(tt.parent[2] = 2, KDT_ERR_MALFORMED_TREE, "parent");
+    BREAK_AND_CHECK(tt.parent[0] = 0, KDT_ERR_MALFORMED_TREE, "parent");
+    BREAK_AND_CHECK(tt.depth[4] = 9, KDT_ERR_MALFORMED_TREE, "depth");
+    BREAK_AND_CHECK(tt.pos[5] += 1, KDT_ERR_MALFORMED_TREE, "position");
+    BREAK_AND_CHECK(tt.pos[0] = 3, KDT_ERR_MALFORMED_TREE, "position");
+    BREAK_AND_CHECK(tt.mask[4] |= 32u, KDT_ERR_MALFORMED_TREE, "mask");
+    BREAK_AND_CHECK(tt.mask[2] &= ~4ull, KDT_ERR_MALFORMED_TREE, "mask");
+    BREAK_AND_CHECK(tt.n_nodes[0] = 0, KDT_ERR_MALFORMED_TREE, "n_nodes");
+    BREAK_AND_CHECK(tt.n_nodes[0] = 41, KDT_ERR_MALFORMED_TREE, "n_nodes");
+    BREAK_AND_CHECK(tt.token[3] = s.vocab, KDT_ERR_INVALID_ARG, "token");
+    BREAK_AND_CHECK(tt.t.anc_mask = NULL, KDT_ERR_INVALID_ARG, "NULL");
+    BREAK_AND_CHECK((void)0, KDT_OK, "");
+    CHECK_EQ_INT(kdt_kv_stream_length(kv, 0), 4);
+    /* a tree whose depth runs past max_position_embeddings */
+    kdt_kv_cache_free(kv);
+    kv = new_cache(m, 2, 1);
+    CHECK_EQ_INT(kdt_model_prefill(m, kv, 0, toks, 97, NULL), KDT_OK);
+    prefix = 97;
+    BREAK_AND_CHECK((void)0, KDT_ERR_CAPACITY, "max_position_embeddings");
+#undef BREAK_AND_CHECK
+    kdt_kv_cache_free(kv);
+    kdt_model_free(m);
+    tm_rmdir(d);
+}
+
+int main(void) {
+    T_RUN(test_vs_reference);
+    T_RUN(test_prefill_decode_bitwise);
+    T_RUN(test_decode_batch_invariance);
+    T_RUN(test_verify_equals_decode);
+    T_RUN(test_commit_then_decode);
+    T_RUN(test_argmax_ties);
+    T_RUN(test_bad_inputs);
+    return t_summary();
+}
+#else
+int main(void) {
+    printf("model subsystem not built (no jansson): skipped\n");
+    return t_summary();
+}
+#endif

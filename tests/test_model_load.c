@@ -1,0 +1,502 @@
+/* test_model_load.c - the model loader: config.json parsing (transformers-5 and published forms,
+ * the K2.5 text_config wrapper, YaRN-derived values), safetensors reading (single file, index +
+ * shards, BF16/F32), and every malformed-input case giving a clear error, never a crash. */
+#include "t.h"
+
+#ifdef KDT_WITH_MODEL
+#include "test_model_util.h"
+
+#include "kdtree/model.h"
+#include "model/model_internal.h"
+
+/* status == want and the last error mentions every given fragment */
+static int err_is(kdt_status st, kdt_status want, const char *frag1, const char *frag2) {
+    const char *e = kdt_last_error();
+    int ok = st == want && (!frag1 || strstr(e, frag1)) && (!frag2 || strstr(e, frag2));
+    if (!ok)
+        fprintf(stderr, "    got %s \"%s\", wanted %s with \"%s\" \"%s\"\n", kdt_status_name(st), e,
+                kdt_status_name(want), frag1 ? frag1 : "", frag2 ? frag2 : "");
+    return ok;
+}
+
+static kdt_status parse(const char *json, kdt_model_config *cfg) {
+    return kdt_config_parse(json, strlen(json), "cfg.json", cfg);
+}
+
+/* A complete DeepSeek-V3 config in the published form (values of the real checkpoint). */
+static const char *DSV3_PUBLISHED =
+    "{\"architectures\":[\"DeepseekV3ForCausalLM\"],\"model_type\":\"deepseek_v3\",\"vocab_size\":129280,"
+    "\"hidden_size\":7168,\"intermediate_size\":18432,\"moe_intermediate_size\":2048,\"num_hidden_layers\":61,"
+    "\"num_nextn_predict_layers\":1,\"num_attention_heads\":128,\"num_key_value_heads\":128,"
+    "\"n_shared_experts\":1,\"n_routed_experts\":256,\"ep_size\":1,\"routed_scaling_factor\":2.5,"
+    "\"kv_lora_rank\":512,\"q_lora_rank\":1536,\"qk_rope_head_dim\":64,\"v_head_dim\":128,"
+    "\"qk_nope_head_dim\":128,\"topk_method\":\"noaux_tc\",\"n_group\":8,\"topk_group\":4,"
+    "\"num_experts_per_tok\":8,\"moe_layer_freq\":1,\"first_k_dense_replace\":3,\"norm_topk_prob\":true,"
+    "\"scoring_func\":\"sigmoid\",\"hidden_act\":\"silu\",\"max_position_embeddings\":163840,"
+    "\"rms_norm_eps\":1e-06,\"rope_theta\":10000,\"rope_scaling\":{\"beta_fast\":32,\"beta_slow\":1,"
+    "\"factor\":40,\"mscale\":1.0,\"mscale_all_dim\":1.0,\"original_max_position_embeddings\":4096,"
+    "\"type\":\"yarn\"},\"bos_token_id\":0,\"eos_token_id\":1,\"tie_word_embeddings\":false,"
+    "\"attention_bias\":false}";
+
+/* Kimi K2.6 as published: the text model under text_config (values from the research notes). */
+static const char *K26_PUBLISHED =
+    "{\"architectures\":[\"KimiK25ForConditionalGeneration\"],\"model_type\":\"kimi_k25\","
+    "\"vision_config\":{\"hidden_size\":1152},\"text_config\":{\"model_type\":\"kimi_k2\",\"vocab_size\":163840,"
+    "\"hidden_size\":7168,\"intermediate_size\":18432,\"moe_intermediate_size\":2048,\"num_hidden_layers\":61,"
+    "\"num_attention_heads\":64,\"num_key_value_heads\":64,\"n_shared_experts\":1,\"n_routed_experts\":384,"
+    "\"routed_scaling_factor\":2.827,\"kv_lora_rank\":512,\"q_lora_rank\":1536,\"qk_rope_head_dim\":64,"
+    "\"v_head_dim\":128,\"qk_nope_head_dim\":128,\"topk_method\":\"noaux_tc\",\"n_group\":1,\"topk_group\":1,"
+    "\"num_experts_per_tok\":8,\"moe_layer_freq\":1,\"first_k_dense_replace\":1,\"norm_topk_prob\":true,"
+    "\"scoring_func\":\"sigmoid\",\"max_position_embeddings\":262144,\"rms_norm_eps\":1e-05,"
+    "\"rope_theta\":50000.0,\"rope_scaling\":{\"beta_fast\":1.0,\"beta_slow\":1.0,\"factor\":64.0,"
+    "\"mscale\":1.0,\"mscale_all_dim\":1.0,\"original_max_position_embeddings\":4096,\"type\":\"yarn\"},"
+    "\"num_nextn_predict_layers\":0,\"bos_token_id\":163584,\"eos_token_id\":163585}}";
+
+static void test_published_configs(void) {
+    kdt_model_config c;
+    CHECK_EQ_INT(parse(DSV3_PUBLISHED, &c), KDT_OK);
+    CHECK_EQ_INT(c.n_layers, 61);
+    CHECK_EQ_INT(c.n_group, 8);
+    CHECK_EQ_INT(c.topk_group, 4);
+    CHECK_EQ_INT(c.first_k_dense_replace, 3);
+    CHECK_EQ_INT(c.rope_kind, KDT_ROPE_YARN);
+    CHECK_NEAR(c.rope_factor, 40.0, 0);
+    CHECK_NEAR(c.softmax_scale, 0.135234, 5e-7);      /* research notes §2.4 */
+    CHECK_NEAR(c.rope_attention_factor, 1.0, 0);      /* mscale == mscale_all_dim */
+    CHECK_EQ_INT(c.n_eos, 1);
+    CHECK_EQ_INT(c.eos_token_ids[0], 1);
+
+    CHECK_EQ_INT(parse(K26_PUBLISHED, &c), KDT_OK);
+    CHECK(strcmp(c.model_type, "kimi_k2") == 0);
+    CHECK_EQ_INT(c.n_heads, 64);
+    CHECK_EQ_INT(c.n_routed_experts, 384);
+    CHECK_EQ_INT(c.vocab_size, 163840);
+    CHECK_NEAR(c.rope_theta, 50000.0, 0);
+    CHECK_NEAR(c.rms_norm_eps, 1e-5, 1e-12);
+    CHECK_NEAR(c.routed_scaling_factor, 2.827, 1e-6);
+    CHECK_NEAR(c.softmax_scale, 0.144680, 5e-7);      /* 192^-0.5 * (0.1 ln 64 + 1)^2 */
+    /* YaRN with beta 1/1 at theta 50000: pairs 0..19 keep theta^(-2i/64), 20..31 are divided by 64 */
+    float inv[32];
+    kdt_rope_inv_freq(&c, inv);
+    for (int i = 0; i < 32; i++) {
+        double plain = pow(50000.0, -2.0 * i / 64.0);
+        CHECK_NEAR(inv[i], i < 20 ? plain : plain / 64.0, 1e-6 * plain);
+    }
+    /* DeepSeek-V3 (theta 1e4, beta 32/1): low 10, high 23, a linear ramp between */
+    CHECK_EQ_INT(parse(DSV3_PUBLISHED, &c), KDT_OK);
+    kdt_rope_inv_freq(&c, inv);
+    for (int i = 0; i < 32; i++) {
+        double plain = pow(10000.0, -2.0 * i / 64.0), ramp = (i - 10) / 13.0;
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        double want = plain / 40.0 * ramp + plain * (1 - ramp);
+        CHECK_NEAR(inv[i], want, 2e-6 * plain);
+    }
+}
+
+static void test_new_form_equals_old_form(void) {
+    tm_spec s = tm_default_spec();
+    char a[600], b[600];
+    tm_mkdtemp(a, sizeof a);
+    tm_mkdtemp(b, sizeof b);
+    tm_write_config(a, &s);
+    s.old_form = 1;
+    tm_write_config(b, &s);
+    kdt_model_config ca, cb;
+    size_t n;
+    char p[700];
+    snprintf(p, sizeof p, "%s/config.json", a);
+    char *ta = tm_read_bytes(p, &n);
+    CHECK_EQ_INT(kdt_config_parse(ta, n, p, &ca), KDT_OK);
+    snprintf(p, sizeof p, "%s/config.json", b);
+    char *tb = tm_read_bytes(p, &n);
+    CHECK_EQ_INT(kdt_config_parse(tb, n, p, &cb), KDT_OK);
+    CHECK(memcmp(&ca, &cb, sizeof ca) == 0);
+    CHECK_EQ_INT(ca.rope_kind, KDT_ROPE_YARN);
+    CHECK_NEAR(ca.rope_mscale_all_dim, 0.8, 0);
+    /* mscale 1 vs mscale_all_dim 0.8: cos/sin get (0.1 ln4 + 1) / (0.08 ln4 + 1) */
+    CHECK_NEAR(ca.rope_attention_factor, (0.1 * log(4.0) + 1) / (0.08 * log(4.0) + 1), 1e-6);
+    free(ta);
+    free(tb);
+    tm_rmdir(a);
+    tm_rmdir(b);
+}
+
+static void test_config_errors(void) {
+    kdt_model_config c;
+    char buf[4096];
+    /* replaces the first occurrence of `from` in DSV3_PUBLISHED by `to` */
+#define EDIT(from, to)                                                                     \
+    do {                                                                                   \
+        const char *p_ = strstr(DSV3_PUBLISHED, from);                                     \
+        CHECK(p_ != NULL);                                                                 \
+        snprintf(buf, sizeof buf, "%.*s%s%s", (int)(p_ - DSV3_PUBLISHED), DSV3_PUBLISHED, to, \
+                 p_ + strlen(from));                                                       \
+    } while (0)
+    EDIT("\"hidden_size\":7168,", "");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "cfg.json", "hidden_size"));
+    EDIT("\"vocab_size\":129280", "\"vocab_size\":\"many\"");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "vocab_size", "integer"));
+    EDIT("\"scoring_func\":\"sigmoid\"", "\"scoring_func\":\"softmax\"");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_UNSUPPORTED, "scoring_func", "softmax"));
+    EDIT("\"topk_method\":\"noaux_tc\"", "\"topk_method\":\"greedy\"");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_UNSUPPORTED, "topk_method", NULL));
+    EDIT("\"n_group\":8", "\"n_group\":7");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "n_group", NULL));
+    EDIT("\"topk_group\":4", "\"topk_group\":9");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "topk_group", NULL));
+    EDIT("\"num_experts_per_tok\":8", "\"num_experts_per_tok\":300");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "num_experts_per_tok", NULL));
+    EDIT("\"hidden_act\":\"silu\"", "\"hidden_act\":\"gelu\"");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_UNSUPPORTED, "hidden_act", NULL));
+    EDIT("\"qk_rope_head_dim\":64", "\"qk_rope_head_dim\":63");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "qk_rope_head_dim", NULL));
+    EDIT("\"num_key_value_heads\":128", "\"num_key_value_heads\":8");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_UNSUPPORTED, "num_key_value_heads", NULL));
+    EDIT("\"attention_bias\":false", "\"attention_bias\":true");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_UNSUPPORTED, "attention_bias", NULL));
+    EDIT("\"eos_token_id\":1,", "\"quantization_config\":{\"quant_method\":\"awq\"},");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_UNSUPPORTED, "awq", NULL));
+    EDIT("\"eos_token_id\":1,", "\"quantization_config\":{\"quant_method\":\"fp8\",\"fmt\":\"e4m3\","
+         "\"activation_scheme\":\"dynamic\",\"weight_block_size\":[128,128]},");
+    CHECK_EQ_INT(parse(buf, &c), KDT_OK);
+    CHECK(c.weight_quant == KDT_QUANT_FP8_BLOCK && c.quant_block_rows == 128 && c.quant_block_cols == 128);
+    EDIT("\"eos_token_id\":1,", "\"quantization_config\":{\"quant_method\":\"compressed-tensors\","
+         "\"format\":\"pack-quantized\",\"config_groups\":{\"group_0\":{\"weights\":{\"num_bits\":4,"
+         "\"type\":\"int\",\"symmetric\":true,\"strategy\":\"group\",\"group_size\":32},"
+         "\"input_activations\":null}}},");
+    CHECK_EQ_INT(parse(buf, &c), KDT_OK);
+    CHECK(c.weight_quant == KDT_QUANT_INT4_GROUP && c.quant_block_cols == 32);
+    EDIT("\"eos_token_id\":1,", "\"quantization_config\":{\"quant_method\":\"compressed-tensors\","
+         "\"format\":\"pack-quantized\",\"config_groups\":{\"group_0\":{\"weights\":{\"num_bits\":8,"
+         "\"type\":\"int\",\"symmetric\":true,\"strategy\":\"group\",\"group_size\":32}}}},");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_UNSUPPORTED, "int4", NULL));
+    /* incoherent or unsupported RoPE settings */
+    EDIT("\"factor\":40", "\"factor\":0.5");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "incoherent RoPE", "factor"));
+    EDIT("\"beta_fast\":32", "\"beta_fast\":0.5");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "incoherent RoPE", "beta_fast"));
+    EDIT("\"factor\":40,", "");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "rope_scaling.factor", "missing"));
+    EDIT("\"type\":\"yarn\"", "\"type\":\"dynamic\"");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_UNSUPPORTED, "dynamic", NULL));
+    EDIT("\"type\":\"yarn\"", "\"note\":\"no type\"");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "rope_scaling", "type"));
+    EDIT("\"rope_theta\":10000,", "\"rope_theta\":-5,");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "rope_theta", NULL));
+    EDIT("\"rope_theta\":10000,",
+         "\"rope_theta\":10000,\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":10000},");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "incoherent RoPE", "disagree"));
+    EDIT("\"rope_theta\":10000,", "\"rope_theta\":10000,\"rope_parameters\":{\"rope_type\":\"yarn\",\"rope_theta\":20000,"
+         "\"factor\":40},");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "incoherent RoPE", "rope_theta"));
+    CHECK(err_is(parse("{\"vocab_size\": 3", &c), KDT_ERR_FORMAT, "not valid JSON", NULL));
+    CHECK(err_is(parse("[1, 2]", &c), KDT_ERR_FORMAT, "object", NULL));
+    /* null q_lora_rank means no q LoRA; rope_scaling null means default RoPE */
+    EDIT("\"q_lora_rank\":1536", "\"q_lora_rank\":null");
+    CHECK_EQ_INT(parse(buf, &c), KDT_OK);
+    CHECK_EQ_INT(c.q_lora_rank, 0);
+    EDIT("\"rope_scaling\":{", "\"rope_scaling\":null,\"unused\":{");
+    CHECK_EQ_INT(parse(buf, &c), KDT_OK);
+    CHECK_EQ_INT(c.rope_kind, KDT_ROPE_DEFAULT);
+    CHECK_NEAR(c.softmax_scale, 1.0 / sqrt(192.0), 1e-7);
+#undef EDIT
+}
+
+static void test_load_variants(void) {
+    /* the same weights as F32 single file, BF16 index + 3 shards, and K2.5-wrapped old form */
+    tm_spec s = tm_default_spec();
+    s.bf16 = 1; /* bf16-exact values, so all three describe one function */
+    char a[600], b[600], w[600];
+    tm_mkdtemp(a, sizeof a);
+    tm_mkdtemp(b, sizeof b);
+    tm_mkdtemp(w, sizeof w);
+    tm_spec sa = s;
+    sa.bf16 = 0;
+    /* writing F32 from bf16-exact values: build with bf16 rounding, store as F32 */
+    {
+        tm_list l = {0};
+        tm_build_tensors(&s, &l);
+        tm_write_config(a, &sa);
+        char p[700];
+        snprintf(p, sizeof p, "%s/model.safetensors", a);
+        tm_write_safetensors(p, &l, 0, l.n, 0);
+        tm_list_free(&l);
+    }
+    tm_spec sb = s;
+    sb.shards = 3;
+    tm_write_model(b, &sb);
+    tm_spec sw = s;
+    sw.wrapper = 1;
+    sw.old_form = 1;
+    tm_write_model(w, &sw);
+
+    kdt_model *ma = NULL, *mb = NULL, *mw = NULL;
+    kdt_model_options o = {0, 0};
+    CHECK_EQ_INT(kdt_model_load(a, &o, &ma), KDT_OK);
+    CHECK_EQ_INT(kdt_model_load(b, &o, &mb), KDT_OK);
+    CHECK_EQ_INT(kdt_model_load(w, &o, &mw), KDT_OK);
+    if (ma && mb && mw) {
+        CHECK(strcmp(kdt_model_weight_dtype(ma), "F32") == 0);
+        CHECK(strcmp(kdt_model_weight_dtype(mb), "BF16") == 0);
+        CHECK(strcmp(mw->prefix, "language_model.") == 0);
+        CHECK_EQ_INT(mb->st.n_files, 3);
+        const kdt_model_config *c = kdt_model_get_config(mw);
+        CHECK_EQ_INT(c->n_layers, s.layers);
+        CHECK_EQ_INT(c->n_eos, 1);
+        CHECK_EQ_INT(c->eos_token_ids[0], s.vocab - 1);
+        CHECK_EQ_INT(c->bos_token_id, s.vocab - 2);
+        CHECK(ma->layers[0].is_moe == 0 && ma->layers[1].is_moe == 1);
+        /* same forward on all three: bitwise (the fp32 math sees identical values) */
+        kdt_kv_cache_options ko = {8, 1, 0};
+        int32_t toks[5] = {3, 17, 42, 5, 90};
+        float la[5 * 96], lb[5 * 96], lw[5 * 96];
+        kdt_model *ms[3] = {ma, mb, mw};
+        float *ls[3] = {la, lb, lw};
+        for (int i = 0; i < 3; i++) {
+            kdt_kv_cache *kv = NULL;
+            CHECK_EQ_INT(kdt_kv_cache_create(ms[i], &ko, &kv), KDT_OK);
+            kdt_model_outputs out = {0};
+            out.logits = ls[i];
+            CHECK_EQ_INT(kdt_model_prefill(ms[i], kv, 0, toks, 5, &out), KDT_OK);
+            kdt_kv_cache_free(kv);
+        }
+        CHECK(memcmp(la, lb, sizeof la) == 0);
+        CHECK(memcmp(la, lw, sizeof la) == 0);
+    }
+    kdt_model_free(ma);
+    kdt_model_free(mb);
+    kdt_model_free(mw);
+    tm_rmdir(a);
+    tm_rmdir(b);
+    tm_rmdir(w);
+}
+
+/* Loads dir and expects `want` with both fragments in the message; never a model. */
+static int load_fails(const char *dir, kdt_status want, const char *f1, const char *f2) {
+    kdt_model *m = (kdt_model *)0x1;
+    kdt_model_options o = {0, 0};
+    kdt_status st = kdt_model_load(dir, &o, &m);
+    int ok = err_is(st, want, f1, f2) && m == NULL;
+    if (st == KDT_OK) kdt_model_free(m);
+    return ok;
+}
+
+/* Overwrites `from` (first occurrence) with `to` (same length) in a file. */
+static void patch_file(const char *path, const char *from, const char *to) {
+    size_t n;
+    char *b = tm_read_bytes(path, &n);
+    char *p = b ? memmem(b, n, from, strlen(from)) : NULL;
+    if (!p || strlen(from) != strlen(to)) {
+        fprintf(stderr, "patch_file: cannot patch %s\n", path);
+        exit(2);
+    }
+    memcpy(p, to, strlen(to));
+    tm_write_bytes(path, b, n);
+    free(b);
+}
+
+static void test_malformed_files(void) {
+    tm_spec s = tm_default_spec();
+    char d[600], p[700];
+    size_t n;
+    tm_mkdtemp(d, sizeof d);
+    tm_write_model(d, &s);
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    char *orig = tm_read_bytes(p, &n);
+    CHECK(load_fails("/nonexistent/kdt/dir", KDT_ERR_IO, "config.json", NULL));
+
+    /* missing tensor */
+    patch_file(p, "\"model.norm.weight\"", "\"model.norm.weighX\"");
+    CHECK(load_fails(d, KDT_ERR_FORMAT, "model.norm.weight", "missing"));
+    tm_write_bytes(p, orig, n);
+    /* wrong dtype (same element size, so offsets stay valid) */
+    patch_file(p, "\"dtype\":\"F32\"", "\"dtype\":\"I32\"");
+    CHECK(load_fails(d, KDT_ERR_FORMAT, "model.embed_tokens.weight", "dtype I32"));
+    tm_write_bytes(p, orig, n);
+    /* unknown dtype string */
+    patch_file(p, "\"dtype\":\"F32\"", "\"dtype\":\"Q32\"");
+    CHECK(load_fails(d, KDT_ERR_FORMAT, "unknown dtype", "model.safetensors"));
+    tm_write_bytes(p, orig, n);
+    /* truncated file */
+    tm_write_bytes(p, orig, n - 100);
+    CHECK(load_fails(d, KDT_ERR_FORMAT, "model.safetensors", "truncated"));
+    /* bad header length */
+    {
+        char *b = malloc(n);
+        memcpy(b, orig, n);
+        b[6] = 0x7f;
+        tm_write_bytes(p, b, n);
+        CHECK(load_fails(d, KDT_ERR_FORMAT, "bad header length", "model.safetensors"));
+        memcpy(b, orig, n);
+        memset(b, 0, 8);
+        b[0] = 1;
+        tm_write_bytes(p, b, n);
+        CHECK(load_fails(d, KDT_ERR_FORMAT, "bad header length", NULL));
+        tm_write_bytes(p, b, 5); /* shorter than the length field */
+        CHECK(load_fails(d, KDT_ERR_FORMAT, "too short", NULL));
+        free(b);
+    }
+    tm_write_bytes(p, orig, n);
+    /* bad JSON in the header */
+    patch_file(p, "{\"__metadata__\"", "[\"__metadata__\"");
+    CHECK(load_fails(d, KDT_ERR_FORMAT, "not valid JSON", "model.safetensors"));
+    tm_write_bytes(p, orig, n);
+    /* size not matching the shape */
+    patch_file(p, "\"shape\":[96,32]", "\"shape\":[96,31]");
+    CHECK(load_fails(d, KDT_ERR_FORMAT, "model.embed_tokens.weight", "need"));
+    tm_write_bytes(p, orig, n);
+    /* overlapping tensors: a hand-made file */
+    {
+        const char *hdr = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                          "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}";
+        size_t hl = strlen(hdr), tot = 8 + hl + 12;
+        unsigned char *b = calloc(1, tot);
+        b[0] = (unsigned char)hl;
+        memcpy(b + 8, hdr, hl);
+        tm_write_bytes(p, b, tot);
+        free(b);
+        kdt_st_set st;
+        CHECK(err_is(kdt_st_open_dir(d, 0, &st), KDT_ERR_FORMAT, "overlap", "model.safetensors"));
+    }
+    tm_write_bytes(p, orig, n);
+    /* a config that does not match the weights: wrong shapes */
+    {
+        tm_spec s2 = s;
+        s2.v = 10;
+        tm_write_config(d, &s2);
+        CHECK(load_fails(d, KDT_ERR_FORMAT, "kv_b_proj", "expected ["));
+        s2 = s;
+        s2.layers = 4;
+        tm_write_config(d, &s2);
+        CHECK(load_fails(d, KDT_ERR_FORMAT, "model.layers.3.", "missing"));
+        s2 = s;
+        s2.q_lora = 0;
+        tm_write_config(d, &s2);
+        CHECK(load_fails(d, KDT_ERR_FORMAT, "q_proj", "missing"));
+        tm_write_config(d, &s);
+    }
+    /* config.json problems */
+    snprintf(p, sizeof p, "%s/config.json", d);
+    tm_write_bytes(p, "{\"vocab_size\":", 14);
+    CHECK(load_fails(d, KDT_ERR_FORMAT, "config.json", "not valid JSON"));
+    unlink(p);
+    CHECK(load_fails(d, KDT_ERR_IO, "config.json", NULL));
+    tm_write_config(d, &s);
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    unlink(p);
+    CHECK(load_fails(d, KDT_ERR_IO, "model.safetensors", NULL));
+    free(orig);
+    tm_rmdir(d);
+
+    /* index + shards: a missing shard, a tensor mapped to the wrong shard, a bad shard name */
+    tm_mkdtemp(d, sizeof d);
+    s.shards = 2;
+    tm_write_model(d, &s);
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", d);
+    char *idx = tm_read_bytes(p, &n);
+    patch_file(p, "\"model.norm.weight\": \"model-00002", "\"model.norm.weight\": \"model-00001");
+    CHECK(load_fails(d, KDT_ERR_FORMAT, "model.norm.weight", "does not contain"));
+    tm_write_bytes(p, idx, n);
+    patch_file(p, "\"model.norm.weight\": \"model-00002-of-00002.safetensors\"",
+               "\"model.norm.weight\": \"model-00003-of-00002.safetensors\"");
+    CHECK(load_fails(d, KDT_ERR_IO, "model-00003-of-00002.safetensors", "cannot open"));
+    tm_write_bytes(p, idx, n);
+    patch_file(p, "\"model.norm.weight\": \"model-00002-of-00002.safetensors\"",
+               "\"model.norm.weight\": \"../00002-of-00002.safetensors/xy\"");
+    CHECK(load_fails(d, KDT_ERR_FORMAT, "model.norm.weight", "shard file name"));
+    tm_write_bytes(p, "{\"weight_map\": 5}", 17);
+    CHECK(load_fails(d, KDT_ERR_FORMAT, "weight_map", NULL));
+    tm_write_bytes(p, "{\"weight_map\": {", 16);
+    CHECK(load_fails(d, KDT_ERR_FORMAT, "index.json", "not valid JSON"));
+    free(idx);
+    tm_rmdir(d);
+}
+
+static void test_tied_and_extra_tensors(void) {
+    /* a checkpoint with extra (MTP-like) tensors loads; they are ignored */
+    tm_spec s = tm_default_spec();
+    s.layers = 2;
+    char d[600];
+    tm_mkdtemp(d, sizeof d);
+    tm_spec big = s;
+    big.layers = 3; /* layer 2 plays the MTP layer: present in the file, not in the config */
+    tm_write_model(d, &big);
+    tm_write_config(d, &s);
+    kdt_model *m = NULL;
+    kdt_model_options o = {0, 0};
+    CHECK_EQ_INT(kdt_model_load(d, &o, &m), KDT_OK);
+    kdt_model_free(m);
+    tm_rmdir(d);
+}
+
+/* safetensors does not align the data section: a header of odd length must still load (through
+ * aligned copies) and compute the same; generation_config.json adds eos ids */
+static void test_misaligned_data_and_generation_config(void) {
+    tm_spec s = tm_default_spec();
+    char d[600], p[700];
+    tm_mkdtemp(d, sizeof d);
+    tm_write_model(d, &s);
+    kdt_model_options o = {0, 0};
+    int32_t toks[4] = {9, 8, 7, 6};
+    float a[4 * 96], b[4 * 96];
+    kdt_kv_cache_options ko = {2, 1, 0};
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            size_t n;
+            snprintf(p, sizeof p, "%s/model.safetensors", d);
+            unsigned char *f = (unsigned char *)tm_read_bytes(p, &n);
+            uint64_t hl = 0;
+            for (int i = 7; i >= 0; i--) hl = (hl << 8) | f[i];
+            unsigned char *g = malloc(n + 1);
+            memcpy(g, f, 8 + hl);
+            g[8 + hl] = ' '; /* one more header byte: every tensor starts at an odd address */
+            memcpy(g + 9 + hl, f + 8 + hl, n - 8 - hl);
+            hl++;
+            for (int i = 0; i < 8; i++) g[i] = (unsigned char)(hl >> (8 * i));
+            tm_write_bytes(p, g, n + 1);
+            free(f);
+            free(g);
+            snprintf(p, sizeof p, "%s/generation_config.json", d);
+            const char *gen = "{\"eos_token_id\": [5, 7, 95, 5000]}";
+            tm_write_bytes(p, gen, strlen(gen));
+        }
+        kdt_model *m = NULL;
+        CHECK_EQ_INT(kdt_model_load(d, &o, &m), KDT_OK);
+        if (!m) continue;
+        if (pass == 1) {
+            CHECK(m->st.n_owned > 0);
+            const kdt_model_config *c = kdt_model_get_config(m);
+            CHECK_EQ_INT(c->n_eos, 3);
+            CHECK(c->eos_token_ids[0] == 95 && c->eos_token_ids[1] == 5 && c->eos_token_ids[2] == 7);
+        }
+        kdt_kv_cache *kv = NULL;
+        CHECK_EQ_INT(kdt_kv_cache_create(m, &ko, &kv), KDT_OK);
+        kdt_model_outputs out = {0};
+        out.logits = pass ? b : a;
+        CHECK_EQ_INT(kdt_model_prefill(m, kv, 0, toks, 4, &out), KDT_OK);
+        kdt_kv_cache_free(kv);
+        kdt_model_free(m);
+    }
+    CHECK(memcmp(a, b, sizeof a) == 0);
+    snprintf(p, sizeof p, "%s/generation_config.json", d);
+    tm_write_bytes(p, "{", 1);
+    CHECK(load_fails(d, KDT_ERR_FORMAT, "generation_config.json", "not valid JSON"));
+    tm_rmdir(d);
+}
+
+int main(void) {
+    T_RUN(test_published_configs);
+    T_RUN(test_misaligned_data_and_generation_config);
+    T_RUN(test_new_form_equals_old_form);
+    T_RUN(test_config_errors);
+    T_RUN(test_load_variants);
+    T_RUN(test_malformed_files);
+    T_RUN(test_tied_and_extra_tensors);
+    return t_summary();
+}
+#else
+int main(void) {
+    printf("model subsystem not built (no jansson): skipped\n");
+    return t_summary();
+}
+#endif
