@@ -1,0 +1,649 @@
+/* verify_attn.cu - CUDA tree-masked MLA verify attention (kdt_verify_attn_cuda) and its workspace
+ * size (kdt_verify_attn_workspace_bytes). Semantics: kernels.h and cpu/verify_attn.c.
+ *
+ * Portable tensor-core path (mma.sync m16n8k16 bf16 -> fp32, ldmatrix, cp.async: sm_80, sm_90a,
+ * sm_120). Only d_qk = 576, d_v = 512 (the MLA absorbed form) is supported here.
+ *
+ * Work decomposition. The rows of a stream are its (node, head) pairs, row g = node * H + head,
+ * which is exactly the memory order of q, out and lse. A row tile is 64 consecutive rows: for
+ * H = 64 all heads of one node, for H < 64 several nodes, for H = 128 half a node. All rows of a
+ * tile read the same latent KV row per key, so each KV tile is fetched once per row tile. An
+ * item = (stream, row tile, KV split): it runs an online softmax over the split's key range
+ * [kb, ke) in tiles of BN keys and writes either the final bf16 output (one split) or an fp32
+ * partial (o normalized, lse) that verify_attn_combine merges in split order.
+ *
+ * Split schedule (va_split, the one dispatch function): depends only on the stream's own
+ * (prefix_len, n_nodes) and H, never on S or other streams, so a stream's output is bitwise the
+ * same alone or in any batch. rt = ceil(n*H/64) row tiles, blocks = ceil(keys/64):
+ *   splits = 1                                   if rt >= TARGET_ITEMS (132, one H200 wave)
+ *   splits = min(TARGET/rt, blocks/MIN_BLOCKS, MAX_SPLITS), at least 1, otherwise
+ * then rebalanced to equal chunks of whole 64-key blocks. TARGET/rt fills the GPU for a lone
+ * stream; MIN_BLOCKS = 4 (256 keys) caps the partial traffic (64 rows x 512 fp32 written and read
+ * back per item) at roughly a quarter of the item's tensor work when a large batch repeats the
+ * split for every stream. See docs/verify_attn_notes.md for the trade-off. A NULL workspace (or 0
+ * bytes) runs every stream unsplit: correct, only slower for small batches.
+ *
+ * Launch: a persistent grid (one CTA per SM) walks the item list: items are numbered stream by
+ * stream, and each CTA finds its item's stream with a warp-parallel prefix scan over the streams
+ * (n_nodes, prefix_len live on the device, so the host cannot size the schedule). Per item, the
+ * CTA holds Q (64 x 576 bf16, swizzled) in shared memory and streams KV tiles (BN keys x 576)
+ * through cp.async, STAGES deep. 8 warps:
+ *   S = Q K^T: warp (mw, nw) computes a WM x WN block of the 64 x BN scores;
+ *   softmax: row maxima meet in shared memory, P (bf16) goes to shared memory, each thread keeps
+ *            its own copy of the running max of every row it touches (identical arithmetic);
+ *   O += P V: warp w owns output columns [64w, 64w+64) of all 64 rows (128 fp32 registers).
+ * Keys past the split end are zero-filled and masked; only tiles reaching past prefix_len (the
+ * tree slots) or the split end read the ancestor mask. Configs by shared memory per block:
+ *   BN 64, 2 stages  ~226 KB (sm_90: H100/H200);   BN 64, 1 stage ~154 KB (sm_80 A100-class);
+ *   BN 16, 1 stage    ~94 KB (sm_120: RTX PRO 6000, 99 KB per block).
+ *
+ * Bad device-side data never reads or writes out of bounds: a stream with n_nodes outside
+ * 1..max_nodes, prefix_len < 0 or prefix_len + n_nodes > max_pages * page_size, a block-table
+ * entry outside 0..n_pages-1, or a split stream whose partials do not fit the workspace (prefix
+ * beyond the max_prefix it was sized for) gets NaN in out and lse for its rows (rows
+ * 0..clamp(n_nodes, 1, max_nodes)-1). Masked tree slots must hold finite values (they are other
+ * nodes' KV rows): P = 0 times an infinite V element would still be NaN in the tensor-core sum.
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include <atomic>
+
+#include "common.h"
+#include "kdtree/kernels.h"
+#include "verify_attn_mma.cuh"
+#include "verify_attn_tiles.cuh"
+
+extern "C" kdt_status kdt_verify_attn_check_args(const kdt_verify_attn_params *p, const char *who);
+
+namespace {
+
+constexpr int D_QK = VA_D_QK, D_V = VA_D_V, ROWS = VA_ROWS, THREADS = VA_THREADS;
+constexpr int QK_CHUNKS = VA_QK_CHUNKS, SCHED_BLOCK = VA_SCHED_BLOCK;
+constexpr size_t SLOT_O_FLOATS = (size_t)ROWS * D_V;
+constexpr size_t SLOT_BYTES = (SLOT_O_FLOATS + ROWS) * sizeof(float); /* o partial + lse */
+constexpr int MAX_KEYS_PER_STREAM = 1 << 30;
+
+struct VaArgs {
+    const uint16_t *q;            /* [S][max_nodes][H][576] */
+    const uint16_t *kv;           /* [n_pages][page_size][576] */
+    const int32_t *block_table;   /* [S][max_pages] */
+    const int32_t *prefix_len;    /* [S] */
+    const int32_t *n_nodes;       /* [S] */
+    const uint64_t *anc_mask;     /* [S][max_nodes][words] */
+    uint16_t *out;                /* [S][max_nodes][H][512] */
+    float *lse;                   /* [S][max_nodes][H] */
+    float *ws_o;                  /* [slots][64][512] */
+    float *ws_lse;                /* [slots][64] */
+    long long slot_capacity;      /* 0: no workspace, nothing is split */
+    int S, H, max_nodes, words, n_pages, page_size, max_pages;
+    float scale_log2;             /* softmax_scale * log2(e) */
+};
+
+struct VaPlan {
+    int valid;       /* stream data in range */
+    int n, prefix;   /* n clamped to 1..max_nodes when invalid */
+    int rt;          /* row tiles */
+    int splits, chunk_keys;
+    int items;       /* main-kernel items: rt * splits (valid) or rt (invalid: NaN fill) */
+    int slots;       /* workspace partial slots: rt * splits when split, else 0 */
+};
+
+__device__ inline VaPlan va_plan(const VaArgs &a, int s) {
+    VaPlan pl;
+    const int n = __ldg(a.n_nodes + s), prefix = __ldg(a.prefix_len + s);
+    pl.valid = n >= 1 && n <= a.max_nodes && prefix >= 0 &&
+               (long long)prefix + n <= (long long)a.max_pages * a.page_size;
+    pl.n = n < 1 ? 1 : (n > a.max_nodes ? a.max_nodes : n);
+    pl.prefix = prefix;
+    pl.rt = (pl.n * a.H + ROWS - 1) / ROWS;
+    pl.splits = 1;
+    pl.chunk_keys = 0;
+    if (pl.valid) {
+        if (a.slot_capacity > 0) va_split(prefix + n, pl.rt, &pl.splits, &pl.chunk_keys);
+        else pl.chunk_keys = ((prefix + n + SCHED_BLOCK - 1) / SCHED_BLOCK) * SCHED_BLOCK;
+    }
+    pl.items = pl.rt * pl.splits;
+    pl.slots = pl.splits > 1 ? pl.items : 0;
+    return pl;
+}
+
+/* Where a CTA's walk over the item list stands; in shared memory, written by warp 0. */
+struct WalkShared {
+    int found, s;
+    long long item_base, slot_base; /* items / slots of the streams before s */
+    VaPlan plan;
+};
+
+/* Warp 0: advance (s, item_base, slot_base) to the stream holding item i (items increase along a
+ * CTA's walk). COMBINE counts only the row tiles of split streams. Writes the result to *w. */
+template <bool COMBINE>
+__device__ void walk_to(const VaArgs &a, long long i, int &s, long long &item_base,
+                        long long &slot_base, WalkShared *w) {
+    const int lane = threadIdx.x & 31;
+    while (s < a.S) {
+        const int my = s + lane;
+        VaPlan pl = {};
+        int items = 0, slots = 0;
+        if (my < a.S) {
+            pl = va_plan(a, my);
+            items = COMBINE ? ((pl.valid && pl.splits > 1) ? pl.rt : 0) : pl.items;
+            slots = pl.slots;
+        }
+        int inc_i = items, inc_s = slots; /* inclusive scans over the 32 streams */
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int ti = __shfl_up_sync(0xffffffffu, inc_i, o), ts = __shfl_up_sync(0xffffffffu, inc_s, o);
+            if (lane >= o) inc_i += ti, inc_s += ts;
+        }
+        const int tot_i = __shfl_sync(0xffffffffu, inc_i, 31), tot_s = __shfl_sync(0xffffffffu, inc_s, 31);
+        if (item_base + tot_i > i) {
+            const unsigned hit = __ballot_sync(0xffffffffu, item_base + inc_i > i);
+            const int src = __ffs(hit) - 1;
+            item_base += __shfl_sync(0xffffffffu, inc_i - items, src);
+            slot_base += __shfl_sync(0xffffffffu, inc_s - slots, src);
+            s += src;
+            if (lane == src) {
+                w->found = 1, w->s = s, w->item_base = item_base, w->slot_base = slot_base;
+                w->plan = pl;
+            }
+            return;
+        }
+        item_base += tot_i, slot_base += tot_s, s += 32;
+    }
+    if (lane == 0) w->found = 0;
+}
+
+/* Writes NaN to out and lse of rows [0, rows) of the row tile starting at global row `row0`. */
+__device__ void fill_nan_rows(const VaArgs &a, long long row0, int rows) {
+    uint32_t *o = reinterpret_cast<uint32_t *>(a.out + row0 * D_V);
+    for (int idx = threadIdx.x; idx < rows * (D_V / 2); idx += THREADS) o[idx] = 0x7fc07fc0u;
+    for (int r = threadIdx.x; r < rows; r += THREADS) a.lse[row0 + r] = __int_as_float(0x7fc00000);
+}
+
+template <int BN, int STAGES>
+struct Cfg {
+    static constexpr int MW = BN >= 64 ? 2 : 4; /* warps along the rows of S */
+    static constexpr int WM = ROWS / MW;        /* S rows per warp */
+    static constexpr int NW = 8 / MW;           /* warps along the keys of S */
+    static constexpr int WN = BN / NW;          /* S keys per warp */
+    static constexpr int MT = WM / 16, NT = WN / 8;
+    static constexpr int P_STRIDE = BN + 8;     /* bf16 elements per P row (+16 B: no bank conflicts) */
+    static constexpr size_t Q_BYTES = (size_t)ROWS * D_QK * 2;
+    static constexpr size_t KV_BYTES = (size_t)BN * D_QK * 2;
+    static constexpr size_t P_BYTES = (size_t)ROWS * P_STRIDE * 2;
+    static constexpr size_t RED_BYTES = (size_t)NW * ROWS * 4;
+    static constexpr size_t NODE_BYTES = (size_t)ROWS * 4;
+    static constexpr size_t SMEM = Q_BYTES + STAGES * KV_BYTES + P_BYTES + RED_BYTES + NODE_BYTES +
+                                   sizeof(WalkShared);
+    static_assert(MW * NW == 8 && WN % 8 == 0 && WM % 16 == 0 && BN % 16 == 0, "tiling");
+    static_assert(THREADS % BN == 0 && SCHED_BLOCK % BN == 0, "loader / schedule");
+    static_assert(STAGES == 1 || STAGES == 2, "stages");
+};
+
+/* Issues the cp.async copies of KV keys [t0, t0 + BN) of a stream into a swizzled tile at dst;
+ * keys >= ke are zero-filled (nothing read). A block-table entry out of range sets bad and reads
+ * page 0 instead, so nothing outside the cache is touched. */
+template <int BN>
+__device__ __forceinline__ void load_kv_tile(const VaArgs &a, const int32_t *table, int t0, int ke,
+                                             uint32_t dst, int &bad) {
+    constexpr int TPR = THREADS / BN;
+    const int r = threadIdx.x / TPR, c0 = threadIdx.x % TPR;
+    const int t = t0 + r;
+    const uint16_t *src = a.kv;
+    int bytes = 0;
+    if (t < ke) {
+        int page = __ldg(table + t / a.page_size);
+        if (page < 0 || page >= a.n_pages) bad = 1, page = 0;
+        src = a.kv + ((long long)page * a.page_size + t % a.page_size) * D_QK;
+        bytes = 16;
+    }
+#pragma unroll
+    for (int c = c0; c < QK_CHUNKS; c += TPR) va::cp_async_16(dst + va_swz(r, c), src + c * 8, bytes);
+}
+
+template <int BN, int STAGES>
+__global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel(const VaArgs a) {
+    using C = Cfg<BN, STAGES>;
+    constexpr int MW = C::MW, WM = C::WM, NW = C::NW, WN = C::WN, MT = C::MT, NT = C::NT;
+    constexpr int P_STRIDE = C::P_STRIDE;
+    extern __shared__ __align__(128) unsigned char smem[];
+    /* [64][576] bf16 Q | STAGES x [BN][576] bf16 KV | [64][BN+8] bf16 P | [NW][64] f32 | [64] node | walk */
+    unsigned char *sKV = smem + C::Q_BYTES;
+    uint16_t *sP = reinterpret_cast<uint16_t *>(sKV + STAGES * C::KV_BYTES);
+    float *sRed = reinterpret_cast<float *>(reinterpret_cast<unsigned char *>(sP) + C::P_BYTES);
+    int *sNode = reinterpret_cast<int *>(reinterpret_cast<unsigned char *>(sRed) + C::RED_BYTES);
+    WalkShared *sWalk = reinterpret_cast<WalkShared *>(reinterpret_cast<unsigned char *>(sNode) + C::NODE_BYTES);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int mw = warp % MW, nw = warp / MW;
+    const uint32_t q_base = va::smem_addr(smem), kv_base = va::smem_addr(sKV), p_base = va::smem_addr(sP);
+
+    int walk_s = 0;
+    long long walk_items = 0, walk_slots = 0;
+    for (long long i = blockIdx.x;; i += gridDim.x) {
+        __syncthreads(); /* everyone is done with the previous item's shared memory */
+        if (warp == 0) walk_to<false>(a, i, walk_s, walk_items, walk_slots, sWalk);
+        __syncthreads();
+        if (!sWalk->found) break;
+        const VaPlan pl = sWalk->plan;
+        const int s = sWalk->s;
+        const long long local = i - sWalk->item_base, slot = sWalk->slot_base + local;
+        const bool split_mode = pl.splits > 1;
+        const int split = (int)(local / pl.rt), rtile = (int)(local % pl.rt);
+        const int g0 = rtile * ROWS;
+        const int rows_valid = min(ROWS, pl.n * a.H - g0);
+        const long long row0 = (long long)s * a.max_nodes * a.H + g0; /* global row of tile row 0 */
+        if (!pl.valid || (split_mode && sWalk->slot_base + pl.slots > a.slot_capacity)) {
+            if (split == 0) fill_nan_rows(a, row0, rows_valid);
+            continue;
+        }
+        const int P = pl.prefix, keys = P + pl.n;
+        const int kb = split * pl.chunk_keys, ke = min(keys, kb + pl.chunk_keys);
+        const int n_tiles = (ke - kb + BN - 1) / BN;
+        const int32_t *table = a.block_table + (long long)s * a.max_pages;
+        const uint64_t *mask = a.anc_mask + (long long)s * a.max_nodes * a.words;
+        if (tid < ROWS) sNode[tid] = tid < rows_valid ? (g0 + tid) / a.H : -1;
+        int bad = 0;
+        { /* Q rows (zero past the stream's last row), then KV tile 0: one cp.async group */
+            const int r = tid >> 2;
+            const uint16_t *src = r < rows_valid ? a.q + (row0 + r) * D_QK : a.q;
+            const int bytes = r < rows_valid ? 16 : 0;
+#pragma unroll
+            for (int c = tid & 3; c < QK_CHUNKS; c += 4) va::cp_async_16(q_base + va_swz(r, c), src + c * 8, bytes);
+        }
+        load_kv_tile<BN>(a, table, kb, ke, kv_base, bad);
+        va::cp_async_commit();
+
+        float o[4][8][4];              /* O: rows mi*16 + lane/4 (+8), cols 64*warp + nj*8 + 2*(lane%4) */
+        float mq[MT][2], lq[MT][2];    /* running max / partial sum of this thread's S rows */
+        float mp[4][2];                /* running max of this thread's O rows */
+#pragma unroll
+        for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+            for (int nj = 0; nj < 8; nj++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) o[mi][nj][e] = 0.f;
+#pragma unroll
+        for (int mi = 0; mi < MT; mi++) mq[mi][0] = mq[mi][1] = -INFINITY, lq[mi][0] = lq[mi][1] = 0.f;
+#pragma unroll
+        for (int mi = 0; mi < 4; mi++) mp[mi][0] = mp[mi][1] = -INFINITY;
+
+        for (int it = 0; it < n_tiles; it++) {
+            const int t0 = kb + it * BN;
+            va::cp_async_wait_all();
+            __syncthreads(); /* A: tile `it` landed; the previous tile's P V is done */
+            const uint32_t kv_cur = kv_base + (STAGES == 2 ? (uint32_t)(it & 1) * (uint32_t)C::KV_BYTES : 0u);
+            if (STAGES == 2 && it + 1 < n_tiles) {
+                load_kv_tile<BN>(a, table, t0 + BN, ke, kv_base + (uint32_t)((it + 1) & 1) * (uint32_t)C::KV_BYTES, bad);
+                va::cp_async_commit();
+            }
+
+            /* S = Q K^T for this warp's WM x WN block. */
+            float sc[MT][NT][4];
+#pragma unroll
+            for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+                for (int ni = 0; ni < NT; ni++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) sc[mi][ni][e] = 0.f;
+#pragma unroll 6
+            for (int kk = 0; kk < D_QK / 16; kk++) {
+                uint32_t af[MT][4];
+#pragma unroll
+                for (int mi = 0; mi < MT; mi++)
+                    va::ldsm_x4(af[mi], q_base + va_qk_a_addr(mw * WM + mi * 16, kk, lane));
+#pragma unroll
+                for (int np = 0; np < NT / 2; np++) {
+                    uint32_t b[4];
+                    va::ldsm_x4(b, kv_cur + va_qk_b_addr_x4(nw * WN + np * 16, kk, lane));
+#pragma unroll
+                    for (int mi = 0; mi < MT; mi++) {
+                        va::mma_bf16_16816(sc[mi][2 * np], af[mi], b[0], b[1]);
+                        va::mma_bf16_16816(sc[mi][2 * np + 1], af[mi], b[2], b[3]);
+                    }
+                }
+                if (NT & 1) {
+                    uint32_t b[2];
+                    va::ldsm_x2(b, kv_cur + va_qk_b_addr_x2(nw * WN + (NT - 1) * 8, kk, lane));
+#pragma unroll
+                    for (int mi = 0; mi < MT; mi++) va::mma_bf16_16816(sc[mi][NT - 1], af[mi], b[0], b[1]);
+                }
+            }
+
+            /* Scale into the log2 domain; mask only tiles that reach the tree slots or the end. */
+            const bool need_mask = t0 + BN > P || t0 + BN > ke;
+#pragma unroll
+            for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+                for (int ni = 0; ni < NT; ni++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float v = sc[mi][ni][e] * a.scale_log2;
+                        if (need_mask) {
+                            const int row = mw * WM + mi * 16 + va_frag_row(lane, e);
+                            const int key = t0 + nw * WN + ni * 8 + va_frag_col(lane, e);
+                            bool vis = key < ke;
+                            if (vis && key >= P) {
+                                const int node = sNode[row];
+                                if (node >= 0) {
+                                    const int j = key - P;
+                                    vis = (__ldg(mask + (long long)node * a.words + (j >> 6)) >> (j & 63)) & 1ull;
+                                }
+                            }
+                            if (!vis) v = -INFINITY;
+                        }
+                        sc[mi][ni][e] = v;
+                    }
+
+            /* Row maxima of this warp's keys -> sRed[nw][row]. */
+#pragma unroll
+            for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int ni = 0; ni < NT; ni++) mx = fmaxf(mx, fmaxf(sc[mi][ni][2 * h], sc[mi][ni][2 * h + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    if ((lane & 3) == 0) sRed[nw * ROWS + mw * WM + mi * 16 + va_frag_row(lane, 2 * h)] = mx;
+                }
+            __syncthreads(); /* B: all row maxima of the tile are in */
+
+            /* New running max of the S rows; P = exp2(S - max) as bf16 into shared memory. */
+#pragma unroll
+            for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int row = mw * WM + mi * 16 + va_frag_row(lane, 2 * h);
+                    float tm = sRed[row];
+#pragma unroll
+                    for (int w = 1; w < NW; w++) tm = fmaxf(tm, sRed[w * ROWS + row]);
+                    const float mn = fmaxf(mq[mi][h], tm);
+                    const float alpha = mn == -INFINITY ? 1.f : exp2f(mq[mi][h] - mn);
+                    const float mu = mn == -INFINITY ? 0.f : mn;
+                    mq[mi][h] = mn;
+                    float ls = 0.f;
+#pragma unroll
+                    for (int ni = 0; ni < NT; ni++) {
+                        const float p0 = exp2f(sc[mi][ni][2 * h] - mu), p1 = exp2f(sc[mi][ni][2 * h + 1] - mu);
+                        const uint32_t pk = va::pack_bf16x2(p0, p1);
+                        ls += p0 + p1; /* fp32 weights: lse stays accurate to fp32 rounding */
+                        *reinterpret_cast<uint32_t *>(sP + row * P_STRIDE + nw * WN + ni * 8 + va_frag_col(lane, 0)) = pk;
+                    }
+                    lq[mi][h] = lq[mi][h] * alpha + ls;
+                }
+            /* The same new max for the O rows (same inputs, same arithmetic). */
+            float ap[4][2];
+#pragma unroll
+            for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int row = mi * 16 + va_frag_row(lane, 2 * h);
+                    float tm = sRed[row];
+#pragma unroll
+                    for (int w = 1; w < NW; w++) tm = fmaxf(tm, sRed[w * ROWS + row]);
+                    const float mn = fmaxf(mp[mi][h], tm);
+                    ap[mi][h] = mn == -INFINITY ? 1.f : exp2f(mp[mi][h] - mn);
+                    mp[mi][h] = mn;
+                }
+            __syncthreads(); /* C: P is complete */
+
+            /* O = O * alpha + P V over this warp's 64 columns. */
+#pragma unroll
+            for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+                for (int nj = 0; nj < 8; nj++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) o[mi][nj][e] *= ap[mi][e >> 1];
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) {
+                uint32_t pa[4][4];
+#pragma unroll
+                for (int mi = 0; mi < 4; mi++)
+                    va::ldsm_x4(pa[mi], p_base + va_pv_a_addr(mi * 16, kk, lane, P_STRIDE));
+#pragma unroll
+                for (int np = 0; np < 4; np++) {
+                    uint32_t b[4];
+                    va::ldsm_x4_trans(b, kv_cur + va_pv_b_addr(kk, warp * 64 + np * 16, lane));
+#pragma unroll
+                    for (int mi = 0; mi < 4; mi++) {
+                        va::mma_bf16_16816(o[mi][2 * np], pa[mi], b[0], b[1]);
+                        va::mma_bf16_16816(o[mi][2 * np + 1], pa[mi], b[2], b[3]);
+                    }
+                }
+            }
+            if (STAGES == 1 && it + 1 < n_tiles) {
+                __syncthreads(); /* the single KV buffer is free again */
+                load_kv_tile<BN>(a, table, t0 + BN, ke, kv_base, bad);
+                va::cp_async_commit();
+            }
+        }
+
+        /* Row sums: quad lanes, then the NW key-warps in a fixed order. */
+#pragma unroll
+        for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float l = lq[mi][h];
+                l += __shfl_xor_sync(0xffffffffu, l, 1);
+                l += __shfl_xor_sync(0xffffffffu, l, 2);
+                if ((lane & 3) == 0) sRed[nw * ROWS + mw * WM + mi * 16 + va_frag_row(lane, 2 * h)] = l;
+            }
+        const int any_bad = __syncthreads_or(bad);
+        const float qnan = __int_as_float(0x7fc00000);
+#pragma unroll
+        for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int row = mi * 16 + va_frag_row(lane, 2 * h);
+                if (row >= rows_valid) continue;
+                float l = sRed[row];
+#pragma unroll
+                for (int w = 1; w < NW; w++) l += sRed[w * ROWS + row];
+                float inv, lse_v;
+                bool zero = false;
+                if (any_bad) inv = qnan, lse_v = qnan;
+                else if (l > 0.f) inv = 1.f / l, lse_v = (mp[mi][h] + log2f(l)) * 0.693147180559945309f;
+                else if (l == 0.f) inv = 0.f, lse_v = -INFINITY, zero = true; /* no visible key */
+                else inv = qnan, lse_v = qnan;
+                const int col = warp * 64 + va_frag_col(lane, 0);
+                if (!split_mode) {
+                    uint16_t *dst = a.out + (row0 + row) * D_V + col;
+#pragma unroll
+                    for (int nj = 0; nj < 8; nj++) {
+                        const float x0 = zero ? 0.f : o[mi][nj][2 * h] * inv;
+                        const float x1 = zero ? 0.f : o[mi][nj][2 * h + 1] * inv;
+                        *reinterpret_cast<uint32_t *>(dst + nj * 8) = va::pack_bf16x2(x0, x1);
+                    }
+                    if (warp == 0 && (lane & 3) == 0) a.lse[row0 + row] = lse_v;
+                } else {
+                    float *dst = a.ws_o + slot * (long long)SLOT_O_FLOATS + row * D_V + col;
+#pragma unroll
+                    for (int nj = 0; nj < 8; nj++) {
+                        const float x0 = zero ? 0.f : o[mi][nj][2 * h] * inv;
+                        const float x1 = zero ? 0.f : o[mi][nj][2 * h + 1] * inv;
+                        *reinterpret_cast<float2 *>(dst + nj * 8) = make_float2(x0, x1);
+                    }
+                    if (warp == 0 && (lane & 3) == 0) a.ws_lse[slot * ROWS + row] = lse_v;
+                }
+            }
+    }
+}
+
+/* Merges the partials of split streams: per row, lse = log sum_k exp(lse_k) and
+ * out = sum_k exp(lse_k - lse) o_k, summed in split order (bitwise reproducible). One warp per
+ * row; a CTA walks over (stream, row tile) items of split streams. */
+__global__ void __launch_bounds__(THREADS) verify_attn_combine(const VaArgs a) {
+    __shared__ WalkShared sWalk;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int walk_s = 0;
+    long long walk_items = 0, walk_slots = 0;
+    for (long long i = blockIdx.x;; i += gridDim.x) {
+        __syncthreads();
+        if (warp == 0) walk_to<true>(a, i, walk_s, walk_items, walk_slots, &sWalk);
+        __syncthreads();
+        if (!sWalk.found) break;
+        const VaPlan pl = sWalk.plan;
+        const long long slot_base = sWalk.slot_base;
+        if (slot_base + pl.slots > a.slot_capacity) continue; /* the main kernel wrote NaN */
+        const int rtile = (int)(i - sWalk.item_base), K = pl.splits;
+        const int g0 = rtile * ROWS, rows_valid = min(ROWS, pl.n * a.H - g0);
+        const long long row0 = (long long)sWalk.s * a.max_nodes * a.H + g0;
+        for (int r = warp; r < rows_valid; r += THREADS / 32) {
+            const float la = lane < K ? a.ws_lse[(slot_base + (long long)lane * pl.rt + rtile) * ROWS + r] : -INFINITY;
+            const float lb = lane + 32 < K ? a.ws_lse[(slot_base + (long long)(lane + 32) * pl.rt + rtile) * ROWS + r] : -INFINITY;
+            const bool any_nan = __any_sync(0xffffffffu, isnan(la) || isnan(lb));
+            float mx = fmaxf(la, lb);
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+            uint2 *dst = reinterpret_cast<uint2 *>(a.out + (row0 + r) * D_V);
+            if (any_nan || mx == -INFINITY) {
+                const uint32_t fill = any_nan ? 0x7fc07fc0u : 0u;
+#pragma unroll
+                for (int j = 0; j < 4; j++) dst[lane + 32 * j] = make_uint2(fill, fill);
+                if (lane == 0) a.lse[row0 + r] = any_nan ? __int_as_float(0x7fc00000) : -INFINITY;
+                continue;
+            }
+            const float wa = lane < K ? expf(la - mx) : 0.f, wb = lane + 32 < K ? expf(lb - mx) : 0.f;
+            float sum = wa + wb;
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+            const float inv = 1.f / sum;
+            float4 acc[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int k = 0; k < K; k++) {
+                const float wk = __shfl_sync(0xffffffffu, k < 32 ? wa : wb, k & 31) * inv;
+                const float4 *src = reinterpret_cast<const float4 *>(
+                    a.ws_o + (slot_base + (long long)k * pl.rt + rtile) * (long long)SLOT_O_FLOATS + (long long)r * D_V);
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const float4 v = src[lane + 32 * j];
+                    acc[j].x += wk * v.x, acc[j].y += wk * v.y, acc[j].z += wk * v.z, acc[j].w += wk * v.w;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                dst[lane + 32 * j] = make_uint2(va::pack_bf16x2(acc[j].x, acc[j].y), va::pack_bf16x2(acc[j].z, acc[j].w));
+            if (lane == 0) a.lse[row0 + r] = mx + logf(sum);
+        }
+    }
+}
+
+/* Kernel configurations, by shared memory per block (largest first). */
+enum { CFG_BN64_2STAGE = 0, CFG_BN64_1STAGE = 1, CFG_BN16_1STAGE = 2, CFG_NONE = 3 };
+constexpr int MAX_DEVICES = 64;
+std::atomic<int> g_dev_cfg[MAX_DEVICES]; /* 0 = not probed yet, else cfg + 1 */
+std::atomic<int> g_dev_sms[MAX_DEVICES];
+
+template <int BN, int STAGES>
+cudaError_t raise_smem_limit() {
+    return cudaFuncSetAttribute(verify_attn_kernel<BN, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)Cfg<BN, STAGES>::SMEM);
+}
+
+/* Picks (once per device) the configuration that fits the device's shared memory per block. */
+kdt_status device_config(int *cfg, int *sms) {
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess)
+        return kdt_fail(KDT_ERR_CUDA, "kdt_verify_attn_cuda: cudaGetDevice: %s", cudaGetErrorString(e));
+    if (dev >= 0 && dev < MAX_DEVICES && g_dev_cfg[dev].load(std::memory_order_acquire) != 0) {
+        *cfg = g_dev_cfg[dev].load(std::memory_order_acquire) - 1;
+        *sms = g_dev_sms[dev].load(std::memory_order_relaxed);
+        return KDT_OK;
+    }
+    int optin = 0, n_sm = 0;
+    if ((e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) != cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
+        return kdt_fail(KDT_ERR_CUDA, "kdt_verify_attn_cuda: device attributes: %s", cudaGetErrorString(e));
+    int c = CFG_NONE;
+    if ((size_t)optin >= Cfg<64, 2>::SMEM) c = CFG_BN64_2STAGE, e = raise_smem_limit<64, 2>();
+    else if ((size_t)optin >= Cfg<64, 1>::SMEM) c = CFG_BN64_1STAGE, e = raise_smem_limit<64, 1>();
+    else if ((size_t)optin >= Cfg<16, 1>::SMEM) c = CFG_BN16_1STAGE, e = raise_smem_limit<16, 1>();
+    if (c == CFG_NONE)
+        return kdt_fail(KDT_ERR_UNSUPPORTED,
+                        "kdt_verify_attn_cuda: device %d allows %d bytes of shared memory per block, "
+                        "the smallest configuration needs %zu", dev, optin, Cfg<16, 1>::SMEM);
+    if (e != cudaSuccess)
+        return kdt_fail(KDT_ERR_CUDA, "kdt_verify_attn_cuda: cudaFuncSetAttribute: %s", cudaGetErrorString(e));
+    *cfg = c;
+    *sms = n_sm > 0 ? n_sm : 1;
+    if (dev >= 0 && dev < MAX_DEVICES) {
+        g_dev_sms[dev].store(*sms, std::memory_order_relaxed);
+        g_dev_cfg[dev].store(c + 1, std::memory_order_release);
+    }
+    return KDT_OK;
+}
+
+} // namespace
+
+extern "C" size_t kdt_verify_attn_workspace_bytes(int32_t n_streams, int32_t n_heads, int32_t max_nodes,
+                                                  int32_t max_prefix) {
+    if (n_streams < 1 || n_streams > KDT_MAX_STREAMS || n_heads < 1 || n_heads > 128 || max_nodes < 1 ||
+        max_nodes > KDT_MAX_NODES || max_prefix < 0 || max_prefix > MAX_KEYS_PER_STREAM - KDT_MAX_NODES)
+        return 0;
+    /* va_split_target is non-decreasing in keys and bounds the split count, so
+     * rt * target(max_prefix + n) over n bounds every stream's partial slots. */
+    long long max_slots = 0;
+    for (int n = 1; n <= max_nodes; n++) {
+        const int rt = (n * n_heads + ROWS - 1) / ROWS;
+        const int s = va_split_target(max_prefix + n, rt);
+        if (s > 1 && (long long)rt * s > max_slots) max_slots = (long long)rt * s;
+    }
+    return (size_t)n_streams * (size_t)max_slots * SLOT_BYTES;
+}
+
+extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void *stream) {
+    const char *who = "kdt_verify_attn_cuda";
+    kdt_status st = kdt_verify_attn_check_args(p, who);
+    if (st != KDT_OK) return st;
+    if (p->d_qk != D_QK || p->d_v != D_V)
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: d_qk = %d, d_v = %d: the CUDA path supports only d_qk = %d, d_v = %d",
+                        who, p->d_qk, p->d_v, D_QK, D_V);
+    if ((int64_t)p->max_pages * p->page_size > MAX_KEYS_PER_STREAM)
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: max_pages * page_size = %lld, the CUDA path supports at most %d keys per stream",
+                        who, (long long)p->max_pages * p->page_size, MAX_KEYS_PER_STREAM);
+    KDT_CHECK_ARG((uintptr_t)p->q % 16 == 0, "%s: q must be 16-byte aligned", who);
+    KDT_CHECK_ARG((uintptr_t)p->kv_cache % 16 == 0, "%s: kv_cache must be 16-byte aligned", who);
+    KDT_CHECK_ARG((uintptr_t)p->out % 16 == 0, "%s: out must be 16-byte aligned", who);
+    KDT_CHECK_ARG((uintptr_t)p->lse % 4 == 0, "%s: lse must be 4-byte aligned", who);
+    KDT_CHECK_ARG((uintptr_t)p->block_table % 4 == 0 && (uintptr_t)p->prefix_len % 4 == 0 &&
+                      (uintptr_t)p->n_nodes % 4 == 0 && (uintptr_t)p->anc_mask % 8 == 0,
+                  "%s: block_table / prefix_len / n_nodes / anc_mask are not aligned to their element", who);
+    KDT_CHECK_ARG(p->workspace != NULL || p->workspace_bytes == 0,
+                  "%s: workspace is NULL but workspace_bytes = %zu", who, p->workspace_bytes);
+    KDT_CHECK_ARG((uintptr_t)p->workspace % 16 == 0, "%s: workspace must be 16-byte aligned", who);
+
+    int cfg = 0, sms = 1;
+    st = device_config(&cfg, &sms);
+    if (st != KDT_OK) return st;
+
+    VaArgs a;
+    a.q = p->q, a.kv = p->kv_cache, a.block_table = p->block_table;
+    a.prefix_len = p->prefix_len, a.n_nodes = p->n_nodes, a.anc_mask = p->anc_mask;
+    a.out = p->out, a.lse = p->lse;
+    a.slot_capacity = p->workspace ? (long long)(p->workspace_bytes / SLOT_BYTES) : 0;
+    a.ws_o = (float *)p->workspace;
+    a.ws_lse = a.slot_capacity > 0 ? (float *)((char *)p->workspace + a.slot_capacity * SLOT_O_FLOATS * sizeof(float)) : NULL;
+    a.S = p->n_streams, a.H = p->n_heads, a.max_nodes = p->max_nodes, a.words = KDT_MASK_WORDS(p->max_nodes);
+    a.n_pages = p->n_pages, a.page_size = p->page_size, a.max_pages = p->max_pages;
+    a.scale_log2 = (float)((double)p->softmax_scale * 1.4426950408889634);
+
+    cudaStream_t cs = (cudaStream_t)stream;
+    switch (cfg) {
+    case CFG_BN64_2STAGE: verify_attn_kernel<64, 2><<<sms, THREADS, Cfg<64, 2>::SMEM, cs>>>(a); break;
+    case CFG_BN64_1STAGE: verify_attn_kernel<64, 1><<<sms, THREADS, Cfg<64, 1>::SMEM, cs>>>(a); break;
+    default: verify_attn_kernel<16, 1><<<sms, THREADS, Cfg<16, 1>::SMEM, cs>>>(a); break;
+    }
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "%s: launch failed: %s", who, cudaGetErrorString(e));
+    if (a.slot_capacity > 0) {
+        verify_attn_combine<<<2 * sms, THREADS, 0, cs>>>(a);
+        e = cudaGetLastError();
+        if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "%s: combine launch failed: %s", who, cudaGetErrorString(e));
+    }
+    return KDT_OK;
+}
