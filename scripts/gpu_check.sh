@@ -3,10 +3,14 @@
 # path), run every GPU test, run them again under compute-sanitizer (memcheck, racecheck), run
 # build/bench_kernels, and print a short summary table last.
 #   scripts/gpu_check.sh [--no-sanitizer] [--no-bench] [--quick-bench] [--only-tests REGEX]
+# Order: tests, bench, then the sanitizer runs (KDT_TEST_QUICK=1), bounded by KDT_CHECK_DEADLINE.
 # Environment: KDT_PREBUILT=DIR uses binaries built elsewhere (e.g. carried build dir) instead of
 # building; OUT=DIR receives logs and bench/RESULTS-style markdown (default /tmp/kdt_gpu_check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+T_START=$(date +%s)
+DEADLINE=${KDT_CHECK_DEADLINE:-3000}   # seconds; sanitizer runs past it are skipped
+SAN_LIMIT=${KDT_SAN_LIMIT:-120}        # seconds per sanitizer run
 LOG=${OUT:-/tmp/kdt_gpu_check}
 mkdir -p "$LOG"
 SAN=1; BENCH=1; BENCH_FLAGS=""; ONLY=""
@@ -50,20 +54,26 @@ for t in "${TESTS[@]}"; do
   echo "--- $n: ${RES[$n]} (${SECS[$n]} s): $(tail -1 "$LOG/$n.log")"
   [ "${RES[$n]}" = pass ] || tail -30 "$LOG/$n.log"
 done
-if [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
-  for t in "${TESTS[@]}"; do
-    n=$(basename "$t")
-    for tool in memcheck racecheck; do
-      if KDT_TEST_QUICK=1 timeout 300 compute-sanitizer --tool $tool --error-exitcode 86 "$t" >"$LOG/$n.$tool.log" 2>&1; then r=clean; else r=ERRORS; fail=1; fi
-      [ $tool = memcheck ] && MEM[$n]=$r || RACE[$n]=$r
-      [ $r = clean ] || tail -30 "$LOG/$n.$tool.log"
-    done
-  done
-fi
 if [ $BENCH = 1 ] && [ -x "$BUILD/bench_kernels" ]; then
   s=$(date +%s)
   "$BUILD/bench_kernels" $BENCH_FLAGS --md "$LOG/bench.md" 2>&1 | tee "$LOG/bench.log" || fail=1
   echo "bench_kernels: $(( $(date +%s) - s )) s"
+fi
+if [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
+  for t in "${TESTS[@]}"; do
+    n=$(basename "$t")
+    for tool in memcheck racecheck; do
+      left=$(( DEADLINE - ($(date +%s) - T_START) ))
+      if [ $left -lt 20 ]; then r="skipped"; else
+        lim=$(( left < SAN_LIMIT ? left : SAN_LIMIT ))
+        KDT_TEST_QUICK=1 timeout $lim compute-sanitizer --tool $tool --error-exitcode 86 "$t" >"$LOG/$n.$tool.log" 2>&1
+        rc=$?
+        if [ $rc = 0 ]; then r=clean; elif [ $rc = 124 ]; then r="timeout"; else r=ERRORS; fail=1; fi
+        [ $r = ERRORS ] && tail -30 "$LOG/$n.$tool.log"
+      fi
+      [ $tool = memcheck ] && MEM[$n]=$r || RACE[$n]=$r
+    done
+  done
 fi
 
 echo

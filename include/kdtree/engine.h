@@ -109,7 +109,10 @@ kdt_status kdt_engine_add(kdt_engine *e, const int32_t *prompt, int32_t n_prompt
                           const kdt_gen_params *params, int32_t *stream_id);
 
 /* Runs one round over all active streams. events[0..*n_events) describe every stream that
- * produced tokens or finished; max_events >= max_streams is always enough. */
+ * produced tokens or finished; max_events >= max_streams is always enough. Streams added since
+ * the last step are prefilled here (event with their first token, tau 0) and join the next
+ * step's round. If a prefill or the round fails, the streams concerned get KDT_FINISH_ERROR
+ * events (*n_events stays valid) and the error is returned. */
 kdt_status kdt_engine_step(kdt_engine *e, kdt_stream_event *events, int32_t max_events,
                            int32_t *n_events);
 

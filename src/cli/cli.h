@@ -1,0 +1,81 @@
+/* cli.h - what the `kdtree` command's files share: the option-table parser (one table drives
+ * getopt_long and the --help text), prompt loading, running prompts through an engine, and the
+ * stats tables. Commands: generate (cmd_generate.c), bench (cmd_bench.c); serve lives in
+ * src/server/ and is linked in when built (KDT_WITH_SERVER).
+ */
+#ifndef KDT_CLI_H
+#define KDT_CLI_H
+
+#include "kdtree/engine.h"
+
+#include <stdint.h>
+#include <stdio.h>
+
+/* ---- options --------------------------------------------------------------------------------- */
+typedef enum cli_opt_kind {
+    CLI_FLAG = 0,   /* no value: *(int *)dest = 1 */
+    CLI_STRING,     /* *(const char **)dest */
+    CLI_INT,        /* *(int32_t *)dest, within [lo, hi] */
+    CLI_FLOAT,      /* *(double *)dest, within [lo, hi] */
+    CLI_U64,        /* *(uint64_t *)dest */
+} cli_opt_kind;
+
+typedef struct cli_opt {
+    const char *name;       /* long name without "--" */
+    char short_name;        /* 0 = none */
+    cli_opt_kind kind;
+    const char *metavar;    /* value placeholder in --help, NULL for flags */
+    const char *help;       /* one line */
+    void *dest;
+    double lo, hi;          /* CLI_INT / CLI_FLOAT range (lo > hi: unchecked) */
+} cli_opt;
+
+/* Parses argv[1..) (argv[0] is the command name). Returns 0 on success, 1 if --help was asked
+ * (help printed), 2 on a bad option (message on stderr). Positional arguments are refused. */
+int cli_parse(const char *prog, const char *usage, const cli_opt *opts, int n_opts, int argc,
+              char **argv);
+void cli_print_help(FILE *f, const char *prog, const char *usage, const cli_opt *opts, int n_opts);
+
+/* ---- engine + prompts ------------------------------------------------------------------------ */
+typedef struct cli_engine_args {
+    const char *model, *draft, *device, *tokenizer;
+    int32_t max_streams, max_context, max_budget, kv_pages, yarn_legacy, verbose;
+} cli_engine_args;
+
+/* Creates the engine; on failure prints "kdtree <cmd>: <message>" and returns NULL. */
+kdt_engine *cli_engine_create(const char *cmd, const cli_engine_args *a);
+
+/* Parses "1,2,3" (spaces allowed) into a malloc'ed array; -1 with a message on error. */
+int cli_parse_ids(const char *cmd, const char *text, int32_t **ids, int32_t *n);
+/* Parses "8,16,32" into up to max ints in [lo, hi]; returns the count or -1. */
+int cli_parse_int_list(const char *cmd, const char *what, const char *text, int32_t *out, int max,
+                       int32_t lo, int32_t hi);
+/* Reads a whole file (NUL-terminated, malloc'ed); NULL with a message on error. */
+char *cli_read_file(const char *cmd, const char *path, size_t *len);
+
+/* ---- running ----------------------------------------------------------------------------------- */
+typedef void (*cli_token_fn)(void *user, int32_t prompt_index, const int32_t *tokens, int32_t n);
+
+typedef struct cli_run_result {
+    int32_t **out;          /* [n_prompts][max_new] emitted tokens */
+    int32_t *n_out;         /* [n_prompts] */
+    int32_t n_prompts;
+    double wall_s;          /* first add to last event */
+    kdt_engine_stats stats; /* the engine's counters accumulated over this run only */
+} cli_run_result;
+
+/* Runs every prompt with `params` (all in flight together up to the engine's stream limit;
+ * waiting ones join as others finish). on_token may be NULL. Returns 0 or -1 (message printed). */
+int cli_run(const char *cmd, kdt_engine *e, int32_t n_prompts, int32_t *const *prompts,
+            const int32_t *n_prompt, const kdt_gen_params *params, cli_token_fn on_token, void *user,
+            cli_run_result *res);
+void cli_run_result_free(cli_run_result *r, int32_t n_prompts);
+
+/* Stats helpers */
+double cli_tau_mean(const kdt_engine_stats *s);
+void cli_print_stats(FILE *f, const char *title, const cli_run_result *r);
+
+int cli_generate(int argc, char **argv);
+int cli_bench(int argc, char **argv);
+
+#endif

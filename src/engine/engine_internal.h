@@ -1,0 +1,129 @@
+/* engine_internal.h - what the engine's files share (engine.c: lifecycle, add/cancel, stats;
+ * round.c: prefill and the decoding round; kernel_ops.c: the one place where the round calls
+ * kernels), plus the TEST-ONLY drafter hook. Not part of the public API: the CLI and the server
+ * never include it.
+ */
+#ifndef KDT_ENGINE_INTERNAL_H
+#define KDT_ENGINE_INTERNAL_H
+
+#include "kdtree/engine.h"
+#include "kdtree/kernels.h"
+#include "kdtree/model.h"
+
+#include "budget.h"
+#include "common.h"
+#include "dflash.h"
+#include "sampler.h"
+
+/* ---- kernels: one table per device, the same parameter structs on both ------------------------ */
+typedef struct kdt_engine_kernels {
+    const char *name;
+    kdt_status (*topk)(const kdt_topk_params *p, void *stream);
+    kdt_status (*tree_build)(const kdt_tree_build_params *p, kdt_tree *out, void *stream);
+    kdt_status (*tree_accept)(const kdt_tree_accept_params *p, void *stream);
+    kdt_status (*kv_commit)(const kdt_kv_commit_params *p, void *stream);
+} kdt_engine_kernels;
+
+extern const kdt_engine_kernels kdt_engine_kernels_cpu;
+/* The CUDA launchers (device pointers); their _cuda functions say KDT_ERR_NO_CUDA without CUDA. */
+extern const kdt_engine_kernels kdt_engine_kernels_cuda;
+
+/* ---- TEST-ONLY drafter hook ----------------------------------------------------------------------
+ * Replaces the DFlash drafter by a callback that fills the draft logits of one stream:
+ * history[0..n_history) = prompt + emitted tokens (the anchor is history[n_history-1], at
+ * position n_history-1), logits [n_positions][vocab] for the positions after the anchor.
+ * Set it right after kdt_engine_create with no draft_dir and before any kdt_engine_add; chain,
+ * ddtree and auto then use it with depth n_positions. Exists only for the lossless-proof tests. */
+typedef kdt_status (*kdt_engine_test_draft_fn)(void *user, int32_t stream_id, const int32_t *history,
+                                              int32_t n_history, int32_t n_positions, int32_t vocab,
+                                              float *logits);
+kdt_status kdt_engine_set_test_drafter(kdt_engine *e, int32_t n_positions, kdt_engine_test_draft_fn fn,
+                                       void *user);
+
+/* Test access to the target the engine loaded. */
+const kdt_model *kdt_engine_model(const kdt_engine *e);
+
+/* ---- streams ------------------------------------------------------------------------------------ */
+typedef enum slot_state {
+    SLOT_FREE = 0,
+    SLOT_WAITING,   /* added, prefill in the next step */
+    SLOT_ACTIVE,    /* prefilled, decoding */
+    SLOT_CLOSING,   /* finished outside a step (cancelled): its final event is still owed */
+} slot_state;
+
+typedef struct eng_stream {
+    slot_state state;
+    int32_t id;                 /* public stream id */
+    kdt_gen_params params;      /* stop_ids points at stop[] below */
+    int32_t budget_cap;         /* largest budget this stream's trees use (ar 0, chain L) */
+    int32_t *stop;              /* [n_stop] */
+    int32_t *tokens;            /* [cap_tokens] prompt then emitted tokens */
+    int32_t n_prompt, n_tokens, cap_tokens;
+    int32_t n_emitted;
+    int32_t prefix_len;         /* committed KV slots (= n_tokens - 1 once prefilled) */
+    int32_t pages_reserved;     /* admission accounting, see engine.c */
+    int drafts;                 /* uses the drafter (chain / ddtree / auto with a drafter) */
+    kdt_rng rng;
+    kdt_dflash_ctx *dctx;       /* DFlash context K/V, NULL otherwise */
+    kdt_finish_reason finish;   /* set when it finished; reported in the next event */
+} eng_stream;
+
+/* ---- the engine --------------------------------------------------------------------------------- */
+struct kdt_engine {
+    kdt_model *model;
+    const kdt_model_config *mc;
+    kdt_kv_cache *kv;
+    kdt_kv_layout kv_layout;
+    kdt_dflash *drafter;
+    kdt_engine_test_draft_fn test_draft;
+    void *test_user;
+    int32_t depth;              /* L: draft positions per block (0 without a drafter) */
+    int32_t n_taps;
+    const int32_t *tap_layers;
+    const kdt_engine_kernels *kern;
+    void *cuda_stream;          /* NULL: default stream (GPU path) */
+
+    int32_t max_streams, max_context, max_budget, max_nodes; /* max_nodes = 1 + max(max_budget, L) */
+    int32_t pages_total, pages_reserved, pages_per_stream_max;
+    int32_t next_id;
+    eng_stream *streams;        /* [max_streams]; KV cache stream = slot index */
+    uint64_t add_seq;           /* order of arrival, for fair prefill order */
+    uint64_t *arrival;          /* [max_streams] */
+
+    /* round buffers, [S] = max_streams, [MN] = max_nodes, W = KDT_MASK_WORDS(max_nodes) */
+    int32_t *t_n_nodes;                          /* [S] */
+    int32_t *t_token, *t_parent, *t_depth, *t_first_child, *t_next_sibling, *t_position; /* [S][MN] */
+    float *t_score;                              /* [S][MN] */
+    uint64_t *t_mask;                            /* [S][MN][W] */
+    int32_t *slot_of;                            /* [S] tree stream -> slot */
+    int32_t *b_depth_limit, *b_budget, *b_root, *b_prefix; /* [S] */
+    int32_t top_k_max;                           /* K stride bound: min(max(max_budget,1), V, KDT_MAX_TOPK) */
+    int32_t *top_ids;                            /* [S][L][K] */
+    float *top_logp;                             /* [S][L][K] */
+    float *draft_logits;                         /* [S][L][V], grown on demand */
+    int64_t draft_logits_cap;
+    int32_t *argmax;                             /* [S][MN] */
+    int32_t *target_token;                       /* [S][MN] */
+    float *logits;                               /* [S*MN][V] when sampling, grown on demand */
+    int64_t logits_cap;
+    float *taps;                                 /* [S*MN][n_taps][D], grown on demand */
+    int64_t taps_cap;
+    float *feat;                                 /* [KDT_MAX_PATH][n_taps][D] gather for the drafter */
+    int32_t *acc_nodes, *acc_emit;               /* [S][KDT_MAX_PATH] */
+    int32_t *acc_tau, *acc_bonus, *acc_error;    /* [S] */
+    int32_t *commit_tau;                         /* [S] tau, or 0 for streams that leave */
+    int32_t *ev_tokens;                          /* [slot][KDT_MAX_PATH] event tokens */
+    float *auto_scores;                          /* [S][MN] copy of the probe tree's scores */
+    kdt_sampler_scratch sampler;
+
+    kdt_budget_ctl budget;
+    kdt_engine_stats stats;
+};
+
+/* round.c: monotonic seconds */
+double kdt_engine_now(void);
+
+/* engine.c: releases a stream's KV pages, drafter context and admission pages (state unchanged) */
+void kdt_engine_release_stream(kdt_engine *e, int32_t slot);
+
+#endif

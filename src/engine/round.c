@@ -1,0 +1,489 @@
+/* round.c - kdt_engine_step: prefill of the streams that joined, then one decoding round over
+ * all active streams together (research ddtree-dflash.md §2, §5.2):
+ *
+ *   draft (DFlash or the test hook)  -> top-K log-softmax (kernel) -> tree build (kernel)
+ *   -> one target verify pass over every stream's tree (model API, taps included)
+ *   -> target token per node (argmax, or a per-node sample: lossless, §2.3)
+ *   -> tree accept (kernel) -> emit with stop / length truncation
+ *   -> KV commit (kernel) + drafter context of the accepted path.
+ *
+ * Streams are ordered inside a round as [ddtree/auto | chain | no draft] so the drafted rows
+ * are one contiguous top-K launch and each group is one tree_build launch. Kernels go through
+ * e->kern (kernel_ops.c), which is where the CUDA launchers plug in.
+ */
+#include "engine_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define PREFILL_CHUNK 256 /* prompt tokens per prefill call: bounds the taps buffer */
+
+double kdt_engine_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static kdt_status grow_f32(float **buf, int64_t *cap, int64_t need, const char *what) {
+    if (need <= *cap) return KDT_OK;
+    float *p = realloc(*buf, sizeof(float) * (size_t)need);
+    if (!p) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine: %s (%lld floats)", what, (long long)need);
+    *buf = p;
+    *cap = need;
+    return KDT_OK;
+}
+
+static kdt_sampler_params sampler_of(const eng_stream *s) {
+    kdt_sampler_params sp = {s->params.temperature, s->params.top_k, s->params.top_p};
+    return sp;
+}
+
+static int is_stop(const eng_stream *s, int32_t tok) {
+    for (int32_t i = 0; i < s->params.n_stop; i++)
+        if (s->stop[i] == tok) return 1;
+    return 0;
+}
+
+/* Appends up to n tokens, truncating at the first stop token (kept) and at max_new_tokens;
+ * writes them to ev[] and returns how many were taken. Sets s->finish when the stream ends. */
+static int32_t emit_tokens(eng_stream *s, const int32_t *toks, int32_t n, int32_t *ev) {
+    int32_t k = 0;
+    while (k < n && s->finish == KDT_FINISH_NONE) {
+        const int32_t t = toks[k];
+        s->tokens[s->n_tokens++] = t;
+        s->n_emitted++;
+        ev[k++] = t;
+        if (is_stop(s, t)) s->finish = KDT_FINISH_STOP;
+        else if (s->n_emitted >= s->params.max_new_tokens) s->finish = KDT_FINISH_LENGTH;
+    }
+    return k;
+}
+
+static void put_event(kdt_stream_event *events, int32_t *n_ev, const eng_stream *s,
+                      const int32_t *toks, int32_t n, int32_t tau) {
+    kdt_stream_event *ev = &events[(*n_ev)++];
+    ev->stream_id = s->id;
+    ev->tokens = toks;
+    ev->n_tokens = n;
+    ev->tau = tau;
+    ev->finish = s->finish;
+}
+
+/* ---- prefill ------------------------------------------------------------------------------- */
+
+static kdt_status prefill_stream(kdt_engine *e, int32_t slot, int32_t *first_token) {
+    eng_stream *s = &e->streams[slot];
+    const int32_t V = e->mc->vocab_size, D = e->mc->hidden_size;
+    const int want_taps = s->drafts && e->drafter && e->n_taps > 0;
+    const int greedy = !(s->params.temperature > 0.0f);
+    kdt_status st = KDT_OK;
+    int32_t amax = -1;
+    if (!greedy) {
+        st = grow_f32(&e->logits, &e->logits_cap, V, "prefill logits");
+        if (st != KDT_OK) return st;
+    }
+    if (want_taps) {
+        st = grow_f32(&e->taps, &e->taps_cap, (int64_t)PREFILL_CHUNK * e->n_taps * D, "prefill taps");
+        if (st != KDT_OK) return st;
+    }
+    for (int32_t off = 0; off < s->n_prompt; off += PREFILL_CHUNK) {
+        const int32_t n = s->n_prompt - off < PREFILL_CHUNK ? s->n_prompt - off : PREFILL_CHUNK;
+        const int last = off + n == s->n_prompt;
+        kdt_model_outputs out = {0};
+        if (last) {
+            out.last_only = 1;
+            out.argmax = greedy ? &amax : NULL;
+            out.logits = greedy ? NULL : e->logits;
+        }
+        if (want_taps) {
+            out.n_taps = e->n_taps;
+            out.tap_layers = e->tap_layers;
+            out.taps = e->taps;
+        }
+        st = kdt_model_prefill(e->model, e->kv, slot, s->tokens + off, n, &out);
+        if (st != KDT_OK) return st;
+        if (want_taps) {
+            st = kdt_dflash_ctx_append(e->drafter, s->dctx, e->taps, n);
+            if (st != KDT_OK) return st;
+        }
+    }
+    if (greedy) {
+        *first_token = amax;
+    } else {
+        kdt_sampler_params sp = sampler_of(s);
+        *first_token = kdt_sample_token(e->logits, V, &sp, kdt_rng_uniform(&s->rng), &e->sampler);
+    }
+    s->prefix_len = s->n_prompt;
+    return KDT_OK;
+}
+
+/* ---- the round ----------------------------------------------------------------------------- */
+
+/* A view of the engine's tree arrays as S streams at stride `stride`, from tree stream s0. */
+static kdt_tree tree_view(kdt_engine *e, int32_t s0, int32_t n, int32_t stride) {
+    const int64_t base = (int64_t)s0 * stride, W = KDT_MASK_WORDS(stride);
+    kdt_tree t = {n, stride, e->t_n_nodes + s0, e->t_token + base, e->t_parent + base,
+                  e->t_depth + base, e->t_first_child + base, e->t_next_sibling + base,
+                  e->t_position + base, e->t_score + base, e->t_mask + base * W};
+    return t;
+}
+
+typedef struct round_groups {
+    int32_t n_tree, n_chain, n_plain; /* [0, n_tree) ddtree/auto, then chain, then no draft */
+    int32_t n_draft;                  /* n_tree + n_chain */
+    int32_t n_auto;
+} round_groups;
+
+/* Builds the trees of every group at the budgets in e->b_budget; returns the stride used. */
+static kdt_status build_trees(kdt_engine *e, const round_groups *g, int32_t S, int32_t K,
+                              int32_t *stride_out) {
+    int32_t stride = 1;
+    for (int32_t s = 0; s < S; s++)
+        if (1 + e->b_budget[s] > stride) stride = 1 + e->b_budget[s];
+    const int32_t L = e->depth > 0 ? e->depth : 1;
+    const int64_t per_stream = (int64_t)L * K;
+    struct {
+        int32_t s0, n, chain;
+    } parts[3] = {{0, g->n_tree, 0}, {g->n_tree, g->n_chain, 1}, {g->n_draft, g->n_plain, 0}};
+    for (int i = 0; i < 3; i++) {
+        if (parts[i].n == 0) continue;
+        const int32_t s0 = parts[i].s0;
+        kdt_tree view = tree_view(e, s0, parts[i].n, stride);
+        /* the no-draft group has budget 0: its top-K rows are never read */
+        const int64_t top_off = i == 2 ? 0 : s0 * per_stream;
+        kdt_tree_build_params bp = {parts[i].n, L, K, e->top_ids + top_off, e->top_logp + top_off,
+                                    e->b_depth_limit + s0, e->b_budget + s0, e->b_root + s0,
+                                    e->b_prefix + s0, parts[i].chain};
+        kdt_status st = e->kern->tree_build(&bp, &view, e->cuda_stream);
+        if (st != KDT_OK) return st;
+    }
+    *stride_out = stride;
+    return KDT_OK;
+}
+
+/* expected accepted draft tokens of tree stream s under the drafter's surrogate (§1.2) */
+static double surrogate_accept(const kdt_engine *e, int32_t s, int32_t stride) {
+    double sum = 0.0;
+    for (int32_t i = 1; i < e->t_n_nodes[s]; i++) sum += exp((double)e->t_score[(int64_t)s * stride + i]);
+    return sum < e->b_depth_limit[s] ? sum : e->b_depth_limit[s];
+}
+
+static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots,
+                            kdt_stream_event *events, int32_t *n_ev) {
+    const int32_t V = e->mc->vocab_size, D = e->mc->hidden_size, L = e->depth;
+    const double t0 = kdt_engine_now();
+    kdt_status st = KDT_OK;
+
+    /* order and per-stream parameters */
+    round_groups g = {0};
+    int32_t S = 0;
+    for (int pass = 0; pass < 3; pass++)
+        for (int32_t i = 0; i < n_slots; i++) {
+            const eng_stream *s = &e->streams[slots[i]];
+            const int32_t remaining = s->params.max_new_tokens - s->n_emitted;
+            const int draft = s->drafts && L > 0 && remaining >= 2;
+            const int chain = s->params.spec == KDT_SPEC_CHAIN;
+            const int group = !draft ? 2 : chain ? 1 : 0;
+            if (group != pass) continue;
+            e->slot_of[S] = slots[i];
+            e->b_root[S] = s->tokens[s->n_tokens - 1];
+            e->b_prefix[S] = s->prefix_len;
+            /* a round emits at most depth + 1 tokens: deeper nodes could never be kept */
+            e->b_depth_limit[S] = draft ? (remaining - 1 < L ? remaining - 1 : L) : 1;
+            e->b_budget[S] = !draft ? 0 : chain ? e->b_depth_limit[S] : s->budget_cap;
+            if (group == 0) g.n_tree++;
+            else if (group == 1) g.n_chain++;
+            else g.n_plain++;
+            if (draft && s->params.spec == KDT_SPEC_AUTO) g.n_auto++;
+            S++;
+        }
+    g.n_draft = g.n_tree + g.n_chain;
+
+    /* 1. draft: logits [n_draft][L][V] */
+    if (g.n_draft > 0) {
+        st = grow_f32(&e->draft_logits, &e->draft_logits_cap, (int64_t)g.n_draft * L * V, "draft logits");
+        if (st != KDT_OK) return st;
+        if (e->test_draft) {
+            for (int32_t s = 0; s < g.n_draft && st == KDT_OK; s++) {
+                const eng_stream *es = &e->streams[e->slot_of[s]];
+                st = e->test_draft(e->test_user, es->id, es->tokens, es->n_tokens, L, V,
+                                   e->draft_logits + (int64_t)s * L * V);
+            }
+        } else {
+            kdt_dflash_ctx *ctx[64];
+            for (int32_t s = 0; s < g.n_draft; s++) {
+                const eng_stream *es = &e->streams[e->slot_of[s]];
+                ctx[s] = es->dctx;
+                /* the context must cover exactly the committed positions 0..P-1 */
+                if (kdt_dflash_ctx_length(es->dctx) != es->prefix_len)
+                    return kdt_fail(KDT_ERR_INTERNAL, "stream %d: drafter context %d != prefix %d", es->id,
+                                    kdt_dflash_ctx_length(es->dctx), es->prefix_len);
+            }
+            st = kdt_dflash_draft(e->drafter, ctx, g.n_draft, e->b_root, e->draft_logits);
+        }
+        if (st != KDT_OK) return st;
+    }
+    const double t1 = kdt_engine_now();
+
+    /* 2. top-K over the drafted rows, then the trees */
+    int32_t K = 1;
+    for (int32_t s = 0; s < g.n_tree; s++) {
+        int32_t k = e->b_budget[s] < e->top_k_max ? e->b_budget[s] : e->top_k_max;
+        if (k > K) K = k;
+    }
+    if (g.n_draft > 0) {
+        kdt_topk_params tp = {g.n_draft * L, V, K, KDT_F32, e->draft_logits, V, e->top_ids,
+                              e->top_logp, NULL, 0};
+        st = e->kern->topk(&tp, e->cuda_stream);
+        if (st != KDT_OK) return st;
+    }
+    int32_t stride = 1;
+    st = build_trees(e, &g, S, K, &stride);
+    if (st != KDT_OK) return st;
+    if (g.n_auto > 0) {
+        /* The probe trees were built at each auto stream's cap; the best-B tree is their first B
+         * pops, so their scores give the surrogate of every budget (budget.h). */
+        kdt_budget_stream bs[64];
+        int32_t auto_idx[64], n_auto = 0, fixed_nodes = 0;
+        double fixed_tokens = 0.0;
+        for (int32_t s = 0; s < S; s++) {
+            const eng_stream *es = &e->streams[e->slot_of[s]];
+            if (s < g.n_tree && es->params.spec == KDT_SPEC_AUTO) {
+                float *sc = e->auto_scores + (int64_t)n_auto * e->max_nodes;
+                const int32_t cap = e->t_n_nodes[s] - 1;
+                memcpy(sc, e->t_score + (int64_t)s * stride + 1, sizeof(float) * (size_t)cap);
+                bs[n_auto] = (kdt_budget_stream){sc, cap, e->b_depth_limit[s]};
+                auto_idx[n_auto++] = s;
+            } else {
+                fixed_nodes += e->t_n_nodes[s];
+                fixed_tokens += 1.0 + (s < g.n_draft ? kdt_budget_calibration(&e->budget) *
+                                                           surrogate_accept(e, s, stride) : 0.0);
+            }
+        }
+        int32_t chosen[64];
+        kdt_budget_choose(&e->budget, n_auto, bs, fixed_nodes, fixed_tokens, chosen);
+        int32_t last = 0;
+        for (int32_t i = 0; i < n_auto; i++) {
+            e->b_budget[auto_idx[i]] = chosen[i];
+            if (chosen[i] > last) last = chosen[i];
+        }
+        e->stats.last_budget = last;
+        st = build_trees(e, &g, S, K, &stride);
+        if (st != KDT_OK) return st;
+    }
+    const double t2 = kdt_engine_now();
+
+    /* 3. one verify pass over all trees */
+    int any_greedy = 0, any_sampled = 0;
+    for (int32_t s = 0; s < S; s++) {
+        if (e->streams[e->slot_of[s]].params.temperature > 0.0f) any_sampled = 1;
+        else any_greedy = 1;
+    }
+    const int64_t R = (int64_t)S * stride;
+    const int want_taps = g.n_draft > 0 && e->drafter && e->n_taps > 0;
+    if (any_sampled) {
+        st = grow_f32(&e->logits, &e->logits_cap, R * V, "verify logits");
+        if (st != KDT_OK) return st;
+    }
+    if (want_taps) {
+        st = grow_f32(&e->taps, &e->taps_cap, R * e->n_taps * D, "verify taps");
+        if (st != KDT_OK) return st;
+    }
+    kdt_tree tree = tree_view(e, 0, S, stride);
+    kdt_model_outputs out = {0};
+    out.argmax = any_greedy ? e->argmax : NULL;
+    out.logits = any_sampled ? e->logits : NULL;
+    if (want_taps) {
+        out.n_taps = e->n_taps;
+        out.tap_layers = e->tap_layers;
+        out.taps = e->taps;
+    }
+    st = kdt_model_verify(e->model, e->kv, &tree, e->slot_of, &out);
+    if (st != KDT_OK) return st;
+    const double t3 = kdt_engine_now();
+
+    /* 4. the target's token at every node: argmax, or one draw per node from the stream's RNG
+     * (in node order; draws off the walked path are simply unused) */
+    int64_t nodes_total = 0;
+    for (int32_t s = 0; s < S; s++) {
+        eng_stream *es = &e->streams[e->slot_of[s]];
+        const int64_t base = (int64_t)s * stride;
+        const int32_t n = e->t_n_nodes[s];
+        nodes_total += n;
+        if (es->params.temperature > 0.0f) {
+            kdt_sampler_params sp = sampler_of(es);
+            for (int32_t i = 0; i < n; i++)
+                e->target_token[base + i] = kdt_sample_token(e->logits + (base + i) * V, V, &sp,
+                                                             kdt_rng_uniform(&es->rng), &e->sampler);
+        } else {
+            memcpy(e->target_token + base, e->argmax + base, sizeof(int32_t) * (size_t)n);
+        }
+    }
+
+    /* 5. accept */
+    kdt_tree_accept_params ap = {&tree, L > 0 ? L : 1, e->target_token, e->acc_nodes, e->acc_emit,
+                                 e->acc_tau, e->acc_bonus, e->acc_error};
+    st = e->kern->tree_accept(&ap, e->cuda_stream);
+    if (st != KDT_OK) return st;
+
+    /* 6. emit; streams that finish leave without a commit */
+    double predicted = 0.0, realised = 0.0;
+    for (int32_t s = 0; s < S; s++) {
+        const int32_t slot = e->slot_of[s];
+        eng_stream *es = &e->streams[slot];
+        const int32_t tau = e->acc_tau[s];
+        if (s < g.n_draft) {
+            predicted += surrogate_accept(e, s, stride);
+            realised += tau - 1;
+        }
+        int32_t *evt = e->ev_tokens + (int64_t)slot * KDT_MAX_PATH;
+        const int32_t n = emit_tokens(es, e->acc_emit + (int64_t)s * KDT_MAX_PATH, tau, evt);
+        put_event(events, n_ev, es, evt, n, tau);
+        e->stats.tokens_emitted += (uint64_t)n;
+        e->stats.tau_hist[tau < 17 ? tau : 17]++;
+        e->commit_tau[s] = es->finish == KDT_FINISH_NONE ? tau : 0;
+    }
+
+    /* 7. KV commit of the accepted rows, then the new lengths */
+    const kdt_kv_layout *kl = &e->kv_layout;
+    kdt_kv_commit_params cp = {S, kl->n_layers, kl->row_bytes, kl->page_size, kl->n_pages, kl->cache,
+                               kl->layer_stride_bytes, NULL, kl->max_pages, e->b_prefix,
+                               e->acc_nodes, e->commit_tau};
+    /* the kernel indexes block tables by tree stream: gather the rows of this round's slots */
+    int32_t *bt = malloc(sizeof(int32_t) * (size_t)S * (size_t)kl->max_pages);
+    if (!bt) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine: block-table gather");
+    for (int32_t s = 0; s < S; s++)
+        memcpy(bt + (int64_t)s * kl->max_pages, kl->block_table + (int64_t)e->slot_of[s] * kl->max_pages,
+               sizeof(int32_t) * (size_t)kl->max_pages);
+    cp.block_table = bt;
+    st = e->kern->kv_commit(&cp, e->cuda_stream);
+    free(bt);
+    if (st != KDT_OK) return st;
+    for (int32_t s = 0; s < S && st == KDT_OK; s++) {
+        eng_stream *es = &e->streams[e->slot_of[s]];
+        if (e->commit_tau[s] == 0) continue;
+        es->prefix_len += e->commit_tau[s];
+        st = kdt_kv_stream_set_length(e->kv, e->slot_of[s], es->prefix_len);
+    }
+    if (st != KDT_OK) return st;
+    const double t4 = kdt_engine_now();
+
+    /* 8. drafter context: the taps of the accepted path (positions P .. P + tau - 1) */
+    if (want_taps) {
+        const int64_t row = (int64_t)e->n_taps * D;
+        for (int32_t s = 0; s < g.n_draft && st == KDT_OK; s++) {
+            eng_stream *es = &e->streams[e->slot_of[s]];
+            const int32_t tau = e->commit_tau[s];
+            if (tau == 0) continue;
+            for (int32_t k = 0; k < tau; k++) {
+                const int64_t node = (int64_t)s * stride + e->acc_nodes[(int64_t)s * KDT_MAX_PATH + k];
+                memcpy(e->feat + k * row, e->taps + node * row, sizeof(float) * (size_t)row);
+            }
+            st = kdt_dflash_ctx_append(e->drafter, es->dctx, e->feat, tau);
+        }
+        if (st != KDT_OK) return st;
+    }
+    const double t5 = kdt_engine_now();
+
+    /* 9. leave */
+    for (int32_t s = 0; s < S; s++) {
+        const int32_t slot = e->slot_of[s];
+        if (e->streams[slot].finish != KDT_FINISH_NONE) {
+            kdt_engine_release_stream(e, slot);
+            e->streams[slot].state = SLOT_FREE;
+        }
+    }
+
+    /* 10. stats and the auto controller */
+    e->stats.rounds++;
+    e->stats.stream_rounds += (uint64_t)S;
+    e->stats.t_draft += (t1 - t0) + (t5 - t4);
+    e->stats.t_build += t2 - t1;
+    e->stats.t_verify += t3 - t2;
+    e->stats.t_accept += t4 - t3;
+    kdt_budget_observe_round(&e->budget, (t1 - t0) + (t2 - t1) + (t4 - t3) + (t5 - t4), nodes_total,
+                             t3 - t2);
+    if (g.n_draft > 0) kdt_budget_observe_accept(&e->budget, predicted, realised);
+    return KDT_OK;
+}
+
+/* ---- step ---------------------------------------------------------------------------------- */
+
+kdt_status kdt_engine_step(kdt_engine *e, kdt_stream_event *events, int32_t max_events,
+                           int32_t *n_events) {
+    KDT_CHECK_ARG(e != NULL, "kdt_engine_step: engine is NULL");
+    KDT_CHECK_ARG(n_events != NULL, "kdt_engine_step: n_events is NULL");
+    *n_events = 0;
+    int32_t occupied = 0;
+    for (int32_t i = 0; i < e->max_streams; i++) occupied += e->streams[i].state != SLOT_FREE;
+    KDT_CHECK_ARG(events != NULL || occupied == 0, "kdt_engine_step: events is NULL");
+    KDT_CHECK_ARG(max_events >= occupied,
+                  "kdt_engine_step: max_events = %d, but %d streams may report (pass >= max_streams)",
+                  max_events, occupied);
+    kdt_status first_err = KDT_OK;
+
+    /* streams cancelled since the last step report and leave */
+    for (int32_t i = 0; i < e->max_streams; i++) {
+        eng_stream *s = &e->streams[i];
+        if (s->state != SLOT_CLOSING) continue;
+        put_event(events, n_events, s, e->ev_tokens + (int64_t)i * KDT_MAX_PATH, 0, 0);
+        s->state = SLOT_FREE;
+    }
+
+    /* the streams already decoding run this step's round; new ones prefill now, join next step */
+    int32_t round_slots[64], n_round = 0;
+    for (int32_t i = 0; i < e->max_streams; i++)
+        if (e->streams[i].state == SLOT_ACTIVE) round_slots[n_round++] = i;
+
+    for (;;) { /* prefill in arrival order */
+        int32_t slot = -1;
+        for (int32_t i = 0; i < e->max_streams; i++)
+            if (e->streams[i].state == SLOT_WAITING && (slot < 0 || e->arrival[i] < e->arrival[slot]))
+                slot = i;
+        if (slot < 0) break;
+        eng_stream *s = &e->streams[slot];
+        const double t0 = kdt_engine_now();
+        int32_t first = -1;
+        kdt_status st = prefill_stream(e, slot, &first);
+        e->stats.t_prefill += kdt_engine_now() - t0;
+        int32_t *evt = e->ev_tokens + (int64_t)slot * KDT_MAX_PATH;
+        int32_t n = 0;
+        if (st == KDT_OK) {
+            e->stats.prompt_tokens += (uint64_t)s->n_prompt;
+            n = emit_tokens(s, &first, 1, evt);
+            e->stats.tokens_emitted += (uint64_t)n;
+        } else {
+            if (first_err == KDT_OK) first_err = st;
+            s->finish = KDT_FINISH_ERROR;
+        }
+        put_event(events, n_events, s, evt, n, 0);
+        if (s->finish != KDT_FINISH_NONE) {
+            kdt_engine_release_stream(e, slot);
+            s->state = SLOT_FREE;
+        } else {
+            s->state = SLOT_ACTIVE;
+        }
+    }
+
+    if (n_round > 0) {
+        const int32_t before = *n_events;
+        kdt_status st = run_round(e, round_slots, n_round, events, n_events);
+        if (st != KDT_OK) {
+            /* the round failed part-way: its streams end with an error (their KV state is not
+             * trustworthy any more); events already written for them are replaced */
+            *n_events = before;
+            for (int32_t i = 0; i < n_round; i++) {
+                eng_stream *s = &e->streams[round_slots[i]];
+                if (s->state != SLOT_ACTIVE) continue;
+                s->finish = KDT_FINISH_ERROR;
+                put_event(events, n_events, s, e->ev_tokens + (int64_t)round_slots[i] * KDT_MAX_PATH, 0, 0);
+                kdt_engine_release_stream(e, round_slots[i]);
+                s->state = SLOT_FREE;
+            }
+            if (first_err == KDT_OK) first_err = st;
+        }
+    }
+    return first_err;
+}

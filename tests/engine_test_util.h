@@ -1,0 +1,350 @@
+/* engine_test_util.h - helpers for the engine and drafter tests (header-only, static):
+ *   - the TEST-ONLY oracle drafter: per-position logits from the target's own greedy
+ *     continuation, with seeded corruption, plugged in through kdt_engine_set_test_drafter();
+ *   - a writer for tiny random DFlash drafter checkpoints (z-lab layout);
+ *   - the plain-greedy reference (model API only: prefill + decode, no engine);
+ *   - a driver that runs a batch of prompts through an engine and collects every stream's output.
+ * Target checkpoints come from tests/fixtures/models/ (the model owner's fixtures) or from
+ * test_model_util.h's random writer.
+ */
+#ifndef KDT_ENGINE_TEST_UTIL_H
+#define KDT_ENGINE_TEST_UTIL_H
+
+#include "t.h"
+#include "test_model_util.h"
+
+#include "engine/engine_internal.h"
+#include "kdtree/engine.h"
+#include "kdtree/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ET_FIXTURE KDT_SOURCE_DIR "/tests/fixtures/models/kimi_tiny"
+
+static inline uint64_t et_hash(uint64_t a, uint64_t b) {
+    uint64_t s = a * 0x9e3779b97f4a7c15ull ^ (b + 0x632be59bd9b4e019ull);
+    return t_rand_u64(&s);
+}
+
+/* ---- the oracle drafter ----------------------------------------------------------------------
+ * For a stream whose history ends in the anchor at position n-1, the oracle computes the
+ * target's greedy continuation g_1..g_L (its own model + KV cache) and writes logits where, per
+ * position d and seeded by (seed, history, d):
+ *   with probability p_top        g_d ranks first (so acceptance runs deep),
+ *   else with probability p_second  a wrong token ranks first and g_d second (side branches),
+ *   else                           g_d gets a low logit (a miss, so trees get rejected).
+ * Other tokens get small seeded noise. The draws depend on the history only, never on call
+ * order, so one prompt drafts the same way in any batch. */
+#define ET_ORACLE_SLOTS 64
+#define ET_ORACLE_MAX_HIST 512
+
+typedef struct et_oracle {
+    kdt_model *model;
+    kdt_kv_cache *kv;         /* one cache stream per slot = stream_id % ET_ORACLE_SLOTS */
+    uint64_t seed;
+    double p_top, p_second;
+    int32_t *greedy;          /* [KDT_MAX_DEPTH] scratch */
+    int32_t *hist;            /* [slots][ET_ORACLE_MAX_HIST] tokens whose KV the slot holds */
+    int32_t *n_hist;          /* [slots] */
+    int64_t calls;
+} et_oracle;
+
+static inline int et_oracle_init(et_oracle *o, const char *model_dir, uint64_t seed, double p_top,
+                                 double p_second) {
+    memset(o, 0, sizeof *o);
+    kdt_model_options mo = {0, 0};
+    if (kdt_model_load(model_dir, &mo, &o->model) != KDT_OK) return -1;
+    const int32_t pages = (ET_ORACLE_MAX_HIST + KDT_MAX_DEPTH) / KDT_KV_PAGE_SIZE + 2;
+    kdt_kv_cache_options ko = {ET_ORACLE_SLOTS * pages, ET_ORACLE_SLOTS, pages};
+    if (kdt_kv_cache_create(o->model, &ko, &o->kv) != KDT_OK) return -1;
+    o->seed = seed;
+    o->p_top = p_top;
+    o->p_second = p_second;
+    o->greedy = calloc(KDT_MAX_DEPTH, sizeof(int32_t));
+    o->hist = calloc((size_t)ET_ORACLE_SLOTS * ET_ORACLE_MAX_HIST, sizeof(int32_t));
+    o->n_hist = calloc(ET_ORACLE_SLOTS, sizeof(int32_t));
+    return 0;
+}
+
+static inline void et_oracle_free(et_oracle *o) {
+    kdt_kv_cache_free(o->kv);
+    kdt_model_free(o->model);
+    free(o->greedy);
+    free(o->hist);
+    free(o->n_hist);
+}
+
+/* g_1..g_L: the target's greedy continuation after history[0..n). The slot's cache keeps the
+ * KV of the history it saw last; only the part after the common prefix is prefilled again. */
+static inline kdt_status et_oracle_greedy(et_oracle *o, int32_t slot, const int32_t *history, int32_t n,
+                                          int32_t L) {
+    int32_t *h = o->hist + (int64_t)slot * ET_ORACLE_MAX_HIST;
+    if (n > ET_ORACLE_MAX_HIST) return kdt_fail(KDT_ERR_CAPACITY, "oracle: history of %d tokens", n);
+    int32_t common = 0;
+    while (common < o->n_hist[slot] && common < n && h[common] == history[common]) common++;
+    if (common > n - 1) common = n - 1; /* the last token is prefilled again for its argmax */
+    kdt_status st = common > 0 ? kdt_kv_stream_set_length(o->kv, slot, common) : kdt_kv_stream_release(o->kv, slot);
+    if (st != KDT_OK) return st;
+    int32_t tok = -1;
+    kdt_model_outputs out = {0};
+    out.argmax = &tok;
+    out.last_only = 1;
+    st = kdt_model_prefill(o->model, o->kv, slot, history + common, n - common, &out);
+    if (st != KDT_OK) return st;
+    memcpy(h, history, sizeof(int32_t) * (size_t)n);
+    o->n_hist[slot] = n;
+    for (int32_t d = 0; d < L; d++) {
+        o->greedy[d] = tok;
+        if (d + 1 < L) {
+            kdt_model_outputs od = {0};
+            od.argmax = &tok;
+            int32_t sid = slot;
+            st = kdt_model_decode(o->model, o->kv, 1, &sid, &o->greedy[d], &od);
+            if (st != KDT_OK) return st;
+        }
+    }
+    return kdt_kv_stream_set_length(o->kv, slot, n); /* drop the continuation's KV */
+}
+
+static inline kdt_status et_oracle_draft(void *user, int32_t stream_id, const int32_t *history,
+                                         int32_t n_history, int32_t n_positions, int32_t vocab,
+                                         float *logits) {
+    et_oracle *o = user;
+    o->calls++;
+    kdt_status st = et_oracle_greedy(o, stream_id % ET_ORACLE_SLOTS, history, n_history, n_positions);
+    if (st != KDT_OK) return st;
+    uint64_t h = o->seed;
+    for (int32_t i = 0; i < n_history; i++) h = et_hash(h, (uint64_t)history[i]);
+    for (int32_t d = 0; d < n_positions; d++) {
+        float *row = logits + (int64_t)d * vocab;
+        uint64_t hd = et_hash(h, (uint64_t)d + 1000);
+        for (int32_t v = 0; v < vocab; v++) {
+            uint64_t x = et_hash(hd, (uint64_t)v);
+            row[v] = (float)((x >> 11) * (1.0 / 9007199254740992.0)); /* noise in [0, 1) */
+        }
+        const int32_t g = o->greedy[d];
+        uint64_t r = et_hash(hd, 77);
+        double u = (r >> 11) * (1.0 / 9007199254740992.0);
+        int32_t wrong = (int32_t)(et_hash(hd, 99) % (uint64_t)vocab);
+        if (wrong == g) wrong = (wrong + 1) % vocab;
+        if (u < o->p_top) {
+            row[g] = 8.0f;
+            row[wrong] = 5.0f;
+        } else if (u < o->p_top + o->p_second) {
+            row[wrong] = 8.0f;
+            row[g] = 6.0f;
+        } else {
+            row[wrong] = 8.0f;
+            row[g] = -4.0f;
+        }
+    }
+    return KDT_OK;
+}
+
+/* ---- plain greedy reference: model API only ----------------------------------------------- */
+static inline kdt_status et_greedy_reference(const char *model_dir, const int32_t *prompt, int32_t n,
+                                             int32_t n_new, int32_t *out_tokens) {
+    kdt_model *m = NULL;
+    kdt_kv_cache *kv = NULL;
+    kdt_model_options mo = {0, 0};
+    kdt_status st = kdt_model_load(model_dir, &mo, &m);
+    if (st != KDT_OK) return st;
+    kdt_kv_cache_options ko = {(n + n_new) / KDT_KV_PAGE_SIZE + 2, 1, 0};
+    st = kdt_kv_cache_create(m, &ko, &kv);
+    int32_t tok = -1;
+    if (st == KDT_OK) {
+        kdt_model_outputs out = {0};
+        out.argmax = &tok;
+        out.last_only = 1;
+        st = kdt_model_prefill(m, kv, 0, prompt, n, &out);
+    }
+    for (int32_t i = 0; i < n_new && st == KDT_OK; i++) {
+        out_tokens[i] = tok;
+        if (i + 1 < n_new) {
+            kdt_model_outputs od = {0};
+            od.argmax = &tok;
+            st = kdt_model_decode(m, kv, 1, NULL, &out_tokens[i], &od);
+        }
+    }
+    kdt_kv_cache_free(kv);
+    kdt_model_free(m);
+    return st;
+}
+
+/* ---- engine driver ------------------------------------------------------------------------ */
+typedef struct et_run {
+    int32_t n;                 /* streams */
+    int32_t *ids;              /* [n] stream ids */
+    int32_t **out;             /* [n][cap] emitted tokens */
+    int32_t *n_out;            /* [n] */
+    kdt_finish_reason *finish; /* [n] */
+    int32_t cap;
+    int64_t events_with_tau, tau_sum, tau_max, rounds;
+} et_run;
+
+static inline void et_run_free(et_run *r) {
+    for (int32_t i = 0; i < r->n; i++) free(r->out[i]);
+    free(r->out);
+    free(r->ids);
+    free(r->n_out);
+    free(r->finish);
+    memset(r, 0, sizeof *r);
+}
+
+/* Adds all prompts (params[i]) and steps until every stream finished. Returns the first error. */
+static inline kdt_status et_run_batch(kdt_engine *e, int32_t n, int32_t *const *prompts,
+                                      const int32_t *n_prompt, const kdt_gen_params *params,
+                                      et_run *r) {
+    memset(r, 0, sizeof *r);
+    r->n = n;
+    r->cap = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (params[i].max_new_tokens > r->cap) r->cap = params[i].max_new_tokens;
+    r->ids = calloc((size_t)n, sizeof(int32_t));
+    r->out = calloc((size_t)n, sizeof(int32_t *));
+    r->n_out = calloc((size_t)n, sizeof(int32_t));
+    r->finish = calloc((size_t)n, sizeof(kdt_finish_reason));
+    for (int32_t i = 0; i < n; i++) {
+        r->out[i] = calloc((size_t)r->cap + 1, sizeof(int32_t));
+        kdt_status st = kdt_engine_add(e, prompts[i], n_prompt[i], &params[i], &r->ids[i]);
+        if (st != KDT_OK) return st;
+    }
+    kdt_stream_event ev[64];
+    int guard = 0;
+    while (kdt_engine_busy(e)) {
+        int32_t n_ev = 0;
+        kdt_status st = kdt_engine_step(e, ev, 64, &n_ev);
+        if (st != KDT_OK) return st;
+        r->rounds++;
+        for (int32_t k = 0; k < n_ev; k++) {
+            int32_t i = 0;
+            while (i < n && r->ids[i] != ev[k].stream_id) i++;
+            if (i == n) return kdt_fail(KDT_ERR_INTERNAL, "event for unknown stream %d", ev[k].stream_id);
+            for (int32_t j = 0; j < ev[k].n_tokens && r->n_out[i] < r->cap; j++)
+                r->out[i][r->n_out[i]++] = ev[k].tokens[j];
+            if (ev[k].tau > 0) {
+                r->events_with_tau++;
+                r->tau_sum += ev[k].tau;
+                if (ev[k].tau > r->tau_max) r->tau_max = ev[k].tau;
+            }
+            if (ev[k].finish != KDT_FINISH_NONE) r->finish[i] = ev[k].finish;
+        }
+        if (++guard > 100000) return kdt_fail(KDT_ERR_INTERNAL, "engine never finished");
+    }
+    return KDT_OK;
+}
+
+/* ---- tiny DFlash drafter checkpoints --------------------------------------------------------- */
+typedef struct et_dflash_spec {
+    int hidden, inter, layers, heads, kv_heads, head_dim, block_size, mask_id, vocab;
+    int n_taps, taps[8];
+    int taps_top_level;   /* write mask_token_id / target_layer_ids at the top level */
+    int yarn;             /* YaRN rope_scaling (old form) */
+    double theta, factor;
+    uint64_t seed;
+    const char *skip_tensor;  /* leave this tensor out (bad-input tests) */
+    const char *bad_tensor;   /* write this tensor with one row too many */
+} et_dflash_spec;
+
+static inline et_dflash_spec et_dflash_default(int hidden, int vocab) {
+    et_dflash_spec s;
+    memset(&s, 0, sizeof s);
+    s.hidden = hidden;
+    s.inter = 48;
+    s.layers = 2;
+    s.heads = 4;
+    s.kv_heads = 2;
+    s.head_dim = 16;
+    s.block_size = 5;
+    s.mask_id = vocab - 3;
+    s.vocab = vocab;
+    s.n_taps = 2;
+    s.taps[0] = 0;
+    s.taps[1] = 1;
+    s.theta = 10000.0;
+    s.factor = 4.0;
+    s.seed = 4242;
+    return s;
+}
+
+/* Builds the drafter's tensors (kept in l for fp64 references) and writes DIR. */
+static inline void et_dflash_tensors(const et_dflash_spec *s, tm_list *l) {
+    uint64_t rng = s->seed;
+    const int D = s->hidden, hd = s->head_dim;
+    char n[128];
+#define ADD(name, r, c, kind)                                                         \
+    do {                                                                              \
+        int extra_ = s->bad_tensor && strcmp(s->bad_tensor, name) == 0;              \
+        if (!(s->skip_tensor && strcmp(s->skip_tensor, name) == 0))                  \
+            tm_add(l, "", name, (r) ? (r) + extra_ : 0, (r) ? (c) : (c) + extra_, kind, &rng); \
+    } while (0)
+    ADD("fc.weight", D, s->n_taps * D, 0);
+    ADD("hidden_norm.weight", 0, D, 1);
+    for (int L = 0; L < s->layers; L++) {
+        struct {
+            const char *suffix;
+            int r, c, kind;
+        } w[] = {{"input_layernorm.weight", 0, D, 1},
+                 {"post_attention_layernorm.weight", 0, D, 1},
+                 {"self_attn.q_proj.weight", s->heads * hd, D, 0},
+                 {"self_attn.k_proj.weight", s->kv_heads * hd, D, 0},
+                 {"self_attn.v_proj.weight", s->kv_heads * hd, D, 0},
+                 {"self_attn.o_proj.weight", D, s->heads * hd, 0},
+                 {"self_attn.q_norm.weight", 0, hd, 1},
+                 {"self_attn.k_norm.weight", 0, hd, 1},
+                 {"mlp.gate_proj.weight", s->inter, D, 0},
+                 {"mlp.up_proj.weight", s->inter, D, 0},
+                 {"mlp.down_proj.weight", D, s->inter, 0}};
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+            snprintf(n, sizeof n, "layers.%d.%s", L, w[i].suffix);
+            ADD(n, w[i].r, w[i].c, w[i].kind);
+        }
+    }
+    ADD("norm.weight", 0, D, 1);
+#undef ADD
+}
+
+static inline void et_dflash_write(const char *dir, const et_dflash_spec *s, tm_list *keep) {
+    mkdir(dir, 0755);
+    tm_list l = {0};
+    et_dflash_tensors(s, &l);
+    char path[600], taps[128] = "", rope[400], dfl[300], text[2048];
+    size_t o = 0;
+    for (int i = 0; i < s->n_taps; i++) o += (size_t)snprintf(taps + o, sizeof taps - o, "%s%d", i ? ", " : "", s->taps[i]);
+    if (s->yarn)
+        snprintf(rope, sizeof rope, "\"rope_theta\": %.17g, \"rope_scaling\": {\"type\": \"yarn\", \"factor\": %.17g, "
+                 "\"beta_fast\": 32.0, \"beta_slow\": 1.0, \"mscale\": 1.0, \"mscale_all_dim\": 1.0, "
+                 "\"original_max_position_embeddings\": 64}", s->theta, s->factor);
+    else
+        snprintf(rope, sizeof rope, "\"rope_theta\": %.17g, \"rope_scaling\": null", s->theta);
+    if (s->taps_top_level)
+        snprintf(dfl, sizeof dfl, "\"mask_token_id\": %d, \"target_layer_ids\": [%s]", s->mask_id, taps);
+    else
+        snprintf(dfl, sizeof dfl, "\"dflash_config\": {\"mask_token_id\": %d, \"target_layer_ids\": [%s]}",
+                 s->mask_id, taps);
+    snprintf(text, sizeof text,
+             "{\"architectures\": [\"DFlashDraftModel\"], \"model_type\": \"qwen3\", \"block_size\": %d, "
+             "\"hidden_size\": %d, \"intermediate_size\": %d, \"num_hidden_layers\": %d, "
+             "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, "
+             "\"rms_norm_eps\": 1e-06, \"max_position_embeddings\": 2048, \"vocab_size\": %d, "
+             "\"attention_bias\": false, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\", %s, %s}",
+             s->block_size, s->hidden, s->inter, s->layers, s->heads, s->kv_heads, s->head_dim, s->vocab,
+             rope, dfl);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    tm_write_bytes(path, text, strlen(text));
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    tm_write_safetensors(path, &l, 0, l.n, 0);
+    if (keep) *keep = l;
+    else tm_list_free(&l);
+}
+
+static inline const float *et_find(const tm_list *l, const char *name) {
+    for (int i = 0; i < l->n; i++)
+        if (strcmp(l->t[i].name, name) == 0) return l->t[i].data;
+    return NULL;
+}
+
+#endif
