@@ -59,6 +59,11 @@ if [ $BENCH = 1 ] && [ -x "$BUILD/bench_kernels" ]; then
   "$BUILD/bench_kernels" $BENCH_FLAGS --md "$LOG/bench.md" 2>&1 | tee "$LOG/bench.log" || fail=1
   echo "bench_kernels: $(( $(date +%s) - s )) s"
 fi
+if [ $BENCH = 1 ] && [ -x "$BUILD/bench_model" ]; then
+  s=$(date +%s)
+  "$BUILD/bench_model" $BENCH_FLAGS --md "$LOG/bench_model.md" 2>&1 | tee "$LOG/bench_model.log" || fail=1
+  echo "bench_model: $(( $(date +%s) - s )) s"
+fi
 if [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
   for t in "${TESTS[@]}"; do
     n=$(basename "$t")

@@ -74,6 +74,12 @@ typedef struct kdt_tree {
  * Output rows are sorted by descending log-prob; equal logits are ordered by ascending token id,
  * so the ids are identical on CPU and GPU. top_logp = logit - logsumexp(row), computed in fp32
  * (CPU and GPU agree to float rounding, not bitwise).
+ * Special values, same on CPU and GPU: a NaN logit counts as -inf, +inf as FLT_MAX (ties with
+ * FLT_MAX by id); a -inf logit gets top_logp -inf (an all -inf row gives -inf, never NaN).
+ * logits must be aligned to its element size. The CUDA launcher needs a 16-byte aligned
+ * workspace when kdt_topk_workspace_bytes() > 0 (0 for vocab < 8192). That size never decreases
+ * with n_rows or k (at most about 33 KB per row, for up to 1056 rows), so one buffer sized for
+ * the largest (n_rows, k) serves every smaller call.
  * ------------------------------------------------------------------------------------------- */
 typedef struct kdt_topk_params {
     int32_t n_rows;         /* R = S * L, 1.. */
@@ -102,6 +108,12 @@ kdt_status kdt_topk_logsoftmax_cuda(const kdt_topk_params *p, void *stream);
  * CPU and GPU trees identical bit for bit.
  * chain = 1 builds the DFlash baseline instead: node d (d = 1..min(B_s, L_s)) is the rank-0
  * token at depth d, parent d-1, in the same output format.
+ * A NaN sum (a NaN log-prob, or -inf + +inf) scores -inf. Rows that are not descending still
+ * give a well-defined (deterministic, identical) tree, only not the optimal one.
+ * The CPU twin rejects per-stream values out of range (budget, depth_limit, prefix_len >= 0);
+ * the CUDA launcher cannot read them, so its kernel clamps budget to 0..max_nodes-1 and
+ * depth_limit to 1..max_depth (same tree as the CPU on clamped input) and never goes out of
+ * bounds. Token ids are copied, not checked.
  * ------------------------------------------------------------------------------------------- */
 typedef struct kdt_tree_build_params {
     int32_t n_streams;          /* S, must equal out->n_streams */

@@ -225,6 +225,183 @@ kdt_status kdt_model_decode(const kdt_model *m, kdt_kv_cache *c, int32_t n_strea
 kdt_status kdt_model_verify(const kdt_model *m, kdt_kv_cache *c, const kdt_tree *tree,
                             const int32_t *stream_ids, const kdt_model_outputs *out);
 
+
+/* =============================================================================================
+ * GPU forward (src/model/cuda/; a build without CUDA links src/model/no_cuda/, where every
+ * function below returns KDT_ERR_NO_CUDA). Owned by the GPU-forward contributor; nothing above
+ * this line changes.
+ *
+ * kdt_gpu_model   the weights on one GPU: every 2-D weight as bf16 (quantized and F32/F16 weights
+ *                 are converted once at upload: FP8/INT4 dequantized exactly as weights.c does,
+ *                 then rounded to bf16), norms, router bias and the RoPE cos/sin table (computed on
+ *                 the host exactly as forward.c computes it) as fp32. Activations stay fp32.
+ * kdt_gpu_kv      the paged latent cache on the GPU: bf16 [n_layers][n_pages][64][row_stride]
+ *                 (row = [c_kv | k_pe] as on the CPU, row_stride = kv_lora + rope rounded up to 8,
+ *                 576 for Kimi/DeepSeek: the layout kdt_kv_commit_cuda() moves and
+ *                 kdt_verify_attn_cuda() reads), with the same stream/page/length rules as
+ *                 kdt_kv_cache. Block tables live on the GPU, mirrored on the host.
+ * kdt_gpu_runner  the scratch of one forward pass (sized by max_rows and max_keys), a CUDA stream,
+ *                 pinned staging for the batch description and the device outputs.
+ *
+ * Determinism and batch invariance: as on the CPU, every per-row result (logits, argmax, taps,
+ * KV row) is a function of the row's token, position and visible keys only, bit for bit: the
+ * GEMMs reduce every output over K in one fixed blocking (split-K counts depend on the weight
+ * shape only, never on the row count), the attention walks a row's visible keys in their list
+ * order (committed prefix, then its tree ancestors by slot) in fixed 32-key tiles and fixed
+ * 512-key splits (depending on the row's key count only), MoE rows are routed and weighted in
+ * a fixed order. So prefill, decode and tree verify of one path give identical bits, alone or in
+ * any batch; graph replays equal eager runs. The GPU does not reproduce the CPU's bits: the KV
+ * cache and the attention operands are bf16 (relative error ~1e-3 in the logits).
+ *
+ * Two ways to run:
+ *   synchronous  kdt_gpu_prefill / kdt_gpu_decode / kdt_gpu_verify: host inputs and outputs,
+ *                the semantics and checks of kdt_model_prefill / _decode / _verify.
+ *   asynchronous kdt_gpu_stage_* (host: validate, reserve pages, enqueue the copy of the batch
+ *                description) then kdt_gpu_run (kernels only: no host sync, no allocation, no
+ *                copy; capturable with kdt_gpu_graph_capture), outputs in the runner's device
+ *                buffers (kdt_gpu_runner_outputs). A captured graph replays whatever batch was
+ *                staged last, as long as its rows fit the graph's max_rows.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct kdt_gpu_model kdt_gpu_model;
+typedef struct kdt_gpu_kv kdt_gpu_kv;
+typedef struct kdt_gpu_runner kdt_gpu_runner;
+typedef struct kdt_gpu_graph kdt_gpu_graph;
+
+typedef struct kdt_gpu_options {
+    int32_t device;         /* CUDA device ordinal; it becomes the calling thread's device */
+    int32_t progress;       /* 1: a progress bar on stderr while uploading (terminal, CI != true) */
+    int32_t max_position;   /* RoPE table rows; 0 = max_position_embeddings */
+} kdt_gpu_options;
+
+/* Uploads the model's weights (shard by shard, in file order). opt may be NULL (device 0, no
+ * progress). The CPU model is only read and may be freed afterwards. */
+kdt_status kdt_model_to_gpu(const kdt_model *m, const kdt_gpu_options *opt, kdt_gpu_model **out);
+
+/* A model with random weights drawn on the GPU, for benchmarks and shape tests. config_json is a
+ * config.json text (parsed like kdt_model_load does). Linear weights ~ N(0, weight_std), norm
+ * weights 1 + U(-0.1, 0.1), router bias ~ N(0, router_bias_std). Embedding rows [0, V/2) are
+ * independent N(0, 1); rows [V/2, V) come in blocks of corr_block rows that share a N(0, 1) base
+ * plus corr_sigma * N(0, 1) noise each ("correlated tokens"). */
+typedef struct kdt_gpu_random_init {
+    uint64_t seed;
+    float weight_std;       /* 0 -> 0.02 */
+    float router_bias_std;  /* 0 -> 0.001 */
+    int32_t corr_block;     /* 0 -> 32 */
+    float corr_sigma;       /* 0 -> 0.05 */
+} kdt_gpu_random_init;
+kdt_status kdt_gpu_model_random(const char *config_json, const kdt_gpu_random_init *init,
+                                const kdt_gpu_options *opt, kdt_gpu_model **out);
+void kdt_gpu_model_free(kdt_gpu_model *g);
+const kdt_model_config *kdt_gpu_model_get_config(const kdt_gpu_model *g);
+
+/* Bytes of weights, for rooflines: one layer's attention part (norms, q/kv projections, kv_b,
+ * o_proj), its dense MLP (0 in MoE layers), router (+ bias), one routed expert, the shared
+ * expert(s); and the whole model on the device. */
+typedef struct kdt_gpu_weight_bytes {
+    size_t attention, dense_mlp, router, routed_expert, shared_expert;
+    size_t total;
+} kdt_gpu_weight_bytes;
+kdt_status kdt_gpu_model_weight_bytes(const kdt_gpu_model *g, int32_t layer, kdt_gpu_weight_bytes *out);
+
+/* ---- KV cache on the GPU (page rules as kdt_kv_cache; NaN-poisoned at creation) ------------ */
+kdt_status kdt_gpu_kv_create(const kdt_gpu_model *g, const kdt_kv_cache_options *opt, kdt_gpu_kv **out);
+void kdt_gpu_kv_free(kdt_gpu_kv *c);
+kdt_status kdt_gpu_kv_reset(kdt_gpu_kv *c);
+kdt_status kdt_gpu_kv_stream_reserve(kdt_gpu_kv *c, int32_t stream, int32_t n_slots);
+kdt_status kdt_gpu_kv_stream_release(kdt_gpu_kv *c, int32_t stream);
+int32_t kdt_gpu_kv_stream_length(const kdt_gpu_kv *c, int32_t stream);
+kdt_status kdt_gpu_kv_stream_set_length(kdt_gpu_kv *c, int32_t stream, int32_t len);
+int32_t kdt_gpu_kv_free_pages(const kdt_gpu_kv *c);
+/* Device pointers: cache (KDT_BF16), block_table. Page assignments made on the host since the
+ * last staged forward are copied to the device first (synchronously). */
+kdt_status kdt_gpu_kv_layout(kdt_gpu_kv *c, kdt_kv_layout *out);
+/* Reads row `slot` of stream `stream` in `layer` as fp32 [kv_lora + rope] (synchronous; tests). */
+kdt_status kdt_gpu_kv_read_row(kdt_gpu_kv *c, int32_t layer, int32_t stream, int32_t slot, float *row);
+
+/* ---- runner --------------------------------------------------------------------------------- */
+typedef struct kdt_gpu_runner_options {
+    int32_t max_rows;       /* rows of one pass: decode S, verify S * max_nodes, prefill chunk */
+    int32_t max_keys;       /* longest visible-key list (prefix + tree) a row may have;
+                               0 = the model's max_position_embeddings */
+    int32_t max_nodes;      /* verify: the largest tree stride (max_nodes) accepted; 0 = 64 */
+    int32_t max_taps;       /* taps per row in the output buffer, 0..KDT_MODEL_MAX_TAPS */
+    int32_t logits;         /* 1: keep a [max_rows][V] fp32 logits buffer */
+    int32_t attn_heads_per_item; /* 0 = automatic, 16 or 64 (tests; results do not change) */
+    void *stream;           /* cudaStream_t to run on; NULL = a stream the runner creates */
+} kdt_gpu_runner_options;
+
+kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_options *opt,
+                                 kdt_gpu_runner **out);
+void kdt_gpu_runner_free(kdt_gpu_runner *r);
+void *kdt_gpu_runner_stream(kdt_gpu_runner *r);
+kdt_status kdt_gpu_runner_sync(kdt_gpu_runner *r);
+
+/* Synchronous forward passes: kdt_model_prefill / _decode / _verify on the GPU (host arrays in
+ * and out; out may be NULL). prefill runs in chunks of max_rows rows. Outputs needing buffers the
+ * runner was not created with (logits without opt.logits, more than max_taps taps) are refused. */
+kdt_status kdt_gpu_prefill(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t stream, const int32_t *tokens,
+                           int32_t n, const kdt_model_outputs *out);
+kdt_status kdt_gpu_decode(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t n_streams,
+                          const int32_t *stream_ids, const int32_t *tokens,
+                          const kdt_model_outputs *out);
+kdt_status kdt_gpu_verify(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_tree *tree,
+                          const int32_t *stream_ids, const kdt_model_outputs *out);
+
+/* After verify + kdt_tree_accept_cpu: moves the accepted rows with kdt_kv_commit_cuda and sets
+ * each stream's length to prefix + tau (host arrays, as kdt_kv_cache_commit). Synchronous. */
+kdt_status kdt_gpu_kv_commit(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t n_streams,
+                             const int32_t *stream_ids, const int32_t *accepted, const int32_t *tau);
+/* Benchmark helper: fills slots 0..n_slots-1 of `stream` in every layer with N(0, 1) bf16 values
+ * (a stand-in for a prefilled context) and sets its length to n_slots. */
+kdt_status kdt_gpu_kv_fill_random(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t stream, int32_t n_slots,
+                                  uint64_t seed);
+
+/* Asynchronous form. Staging validates exactly like the synchronous calls, reserves pages,
+ * advances the host-side lengths (decode/prefill; verify records the written tree rows) and
+ * enqueues the copy of the batch description; rows are numbered in the order given (prefill:
+ * token i; decode: stream s; verify: stream-major over each tree's nodes). */
+kdt_status kdt_gpu_stage_prefill(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t stream,
+                                 const int32_t *tokens, int32_t n, int32_t last_only);
+kdt_status kdt_gpu_stage_decode(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t n_streams,
+                                const int32_t *stream_ids, const int32_t *tokens);
+kdt_status kdt_gpu_stage_verify(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_tree *tree,
+                                const int32_t *stream_ids);
+
+typedef struct kdt_gpu_run_config {
+    int32_t max_rows;       /* launch bound, 1..runner max_rows; staged rows must fit it */
+    int32_t logits;         /* write logits rows (needs runner opt.logits) */
+    int32_t argmax;         /* write the fused argmax */
+    int32_t n_taps;         /* 0..runner max_taps */
+    const int32_t *tap_layers; /* [n_taps] (copied) */
+} kdt_gpu_run_config;
+
+/* Enqueues the forward of the staged batch on the runner's stream (capturable). */
+kdt_status kdt_gpu_run(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_gpu_run_config *rc);
+
+/* The runner's device outputs, indexed like the CPU outputs of the staged call:
+ *   argmax [max_rows] int32, logits [max_rows][V] fp32 (NULL without opt.logits),
+ *   taps [max_rows][max_taps][D] fp32 (tap t of a row at [row][t]; NULL when max_taps is 0).
+ * Rows that the staged call does not produce are left as they were. */
+typedef struct kdt_gpu_outputs {
+    int32_t *argmax;
+    float *logits;
+    float *taps;
+    int32_t max_rows, vocab, max_taps, hidden;
+} kdt_gpu_outputs;
+kdt_status kdt_gpu_runner_outputs(kdt_gpu_runner *r, kdt_gpu_outputs *out);
+
+/* CUDA graph of kdt_gpu_run(r, c, rc); launch replays it on the runner's stream. */
+kdt_status kdt_gpu_graph_capture(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_gpu_run_config *rc,
+                                 kdt_gpu_graph **out);
+kdt_status kdt_gpu_graph_launch(kdt_gpu_graph *g);
+void kdt_gpu_graph_free(kdt_gpu_graph *g);
+
+/* How many rows of the last pass each expert of MoE layer `layer` received: counts[E] routed,
+ * counts[E] = shared-expert rows (synchronous). KDT_ERR_INVALID_ARG for a dense layer. */
+kdt_status kdt_gpu_runner_expert_counts(kdt_gpu_runner *r, int32_t layer, int32_t *counts);
+/* Benchmark helper: evicts the L2 cache by reading a buffer of 4x its size (clean lines only). */
+kdt_status kdt_gpu_runner_flush_l2(kdt_gpu_runner *r);
+
 #ifdef __cplusplus
 }
 #endif

@@ -12,7 +12,8 @@
  *   - the chunk's top-K: a candidate buffer in shared memory (CAP keys) behind a threshold key.
  *     After the first tile the threshold is the K-th largest of a set of per-thread (K <= 256) or
  *     per-vector (K <= 1024) maxima: each of those maxima is a distinct element, so at least K
- *     elements reach it and nothing below it can be in the top-K. A vector whose maximum is
+ *     elements reach it and nothing below it can be in the top-K (found by warp-sorting the
+ *     maxima and binary-searching ranks, not by an all-pairs count). A vector whose maximum is
  *     below the threshold costs one compare. When the buffer overflows, the CTA sorts it
  *     (bitonic), keeps the best K and raises the threshold to the K-th key; the elements that
  *     did not fit stay pending in their threads and are offered again, so no candidate is lost
@@ -34,9 +35,8 @@
 
 extern "C" kdt_status kdt_topk_check_args(const kdt_topk_params *p, const char *who);
 
-/* Bench-only override of the chunk count (0 = automatic). Not part of the API: bench_topk.c
- * declares it to sweep the split; it can only lower C (the workspace is sized for the automatic
- * C). */
+/* Bench/test-only override of the chunk count (0 = automatic). Not part of the API:
+ * bench_topk.c and the GPU test declare it to sweep the split; it can only lower C. */
 extern "C" int kdt_topk_bench_chunks;
 int kdt_topk_bench_chunks = 0;
 
@@ -87,11 +87,16 @@ Plan apply_override(Plan pl, int vocab) {
 /* Workspace layout for C > 1 (bytes, each part 16-aligned):
  *   keys  uint64 [R][C][K]   the chunk's best keys, descending
  *   lse   double [R][C]      the chunk's natural log-sum-exp (-inf if empty)
- *   count int32  [R][C]      keys written (min(K, chunk length)) */
+ *   count int32  [R][C]      keys written (min(K, chunk length))
+ * A call uses ws_used_bytes(R, C, K). kdt_topk_workspace_bytes() returns a bound instead that
+ * does not decrease with R or K (C * K <= MERGE_MAX, C <= MAX_CHUNKS, and C > 1 only while
+ * R < TARGET_CTAS), so one buffer sized for the largest shape serves every smaller call. */
 size_t align16(size_t x) { return (x + 15) & ~(size_t)15; }
 size_t ws_keys_bytes(int r, int c, int k) { return align16((size_t)r * c * k * 8); }
 size_t ws_lse_bytes(int r, int c) { return align16((size_t)r * c * 8); }
-size_t ws_count_bytes(int r, int c) { return align16((size_t)r * c * 4); }
+size_t ws_used_bytes(int r, int c, int k) {
+    return ws_keys_bytes(r, c, k) + ws_lse_bytes(r, c) + align16((size_t)r * c * 4);
+}
 
 struct Args {
     const unsigned char *logits; /* [R][row_stride] of the element type */
@@ -146,8 +151,27 @@ __device__ __forceinline__ float sanitize(float v) {
 
 /* Element types: a 16-byte vector holds N values. */
 template <typename T> struct Elem;
+/* Word q (0 .. 4 * UNROLL - 1) of a tile held in registers, without dynamic register indexing
+ * (which would put the tile in local memory). Used for the rare candidates only. */
+__device__ __forceinline__ uint32_t tile_word(const uint4 (&w)[UNROLL], int q) {
+    uint32_t r = 0;
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+        r = q == 4 * u ? w[u].x : r;
+        r = q == 4 * u + 1 ? w[u].y : r;
+        r = q == 4 * u + 2 ? w[u].z : r;
+        r = q == 4 * u + 3 ? w[u].w : r;
+    }
+    return r;
+}
+
 template <> struct Elem<uint16_t> { /* bf16 bits */
     static constexpr int N = 8;
+    /* Element b (vector b / 8, lane b % 8) of a tile. */
+    static __device__ __forceinline__ float from_tile(const uint4 (&w)[UNROLL], int b) {
+        const uint32_t q = tile_word(w, b >> 1);
+        return __uint_as_float((b & 1) ? (q & 0xffff0000u) : (q << 16));
+    }
     static __device__ __forceinline__ void unpack(const uint4 w, float (&v)[8]) {
         const uint32_t u[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
@@ -162,6 +186,9 @@ template <> struct Elem<uint16_t> { /* bf16 bits */
 };
 template <> struct Elem<float> {
     static constexpr int N = 4;
+    static __device__ __forceinline__ float from_tile(const uint4 (&w)[UNROLL], int b) {
+        return __uint_as_float(tile_word(w, b));
+    }
     static __device__ __forceinline__ void unpack(const uint4 w, float (&v)[4]) {
         v[0] = __uint_as_float(w.x);
         v[1] = __uint_as_float(w.y);
@@ -280,27 +307,63 @@ __device__ void compact(ChunkSmem<CAP> &sm, int k) {
     __syncthreads();
 }
 
-/* The K-th largest of vals[0..n) (n = THREADS or THREADS * UNROLL) becomes the threshold value,
- * if it beats the current one. Rank = #larger + #equal at lower index, so exactly one entry has
- * rank k - 1 (n >= k). vals must be NaN-free for that; on the fast path a NaN only happens when
- * the chunk is redone anyway. */
-template <int CAP>
-__device__ void threshold_from_maxima(ChunkSmem<CAP> &sm, int n, int k) {
-    __syncthreads();
-    const float4 *g4 = (const float4 *)sm.group_max;
-    for (int i = threadIdx.x; i < n; i += THREADS) {
-        const float x = sm.group_max[i];
-        int rank = 0;
-        for (int j = 0; j < n; j += 4) {
-            const float4 y = g4[j >> 2]; /* broadcast reads */
-            rank += (y.x > x) | ((y.x == x) & (j < i));
-            rank += (y.y > x) | ((y.y == x) & (j + 1 < i));
-            rank += (y.z > x) | ((y.z == x) & (j + 2 < i));
-            rank += (y.w > x) | ((y.w == x) & (j + 3 < i));
+/* Entries of a descending list of 32 floats that are >= x (GE) or > x (!GE): 0..32. */
+template <bool GE>
+__device__ __forceinline__ int count_above(const float *list, float x) {
+    int lo = 0;
+#pragma unroll
+    for (int s = 32; s > 0; s >>= 1) {
+        if (lo + s <= 32) {
+            const float y = list[lo + s - 1];
+            if (GE ? y >= x : y > x) lo += s;
         }
-        if (rank == k - 1 && x > sm.thr_val) {
-            sm.thr_val = x;
-            sm.thr_key = (uint64_t)order_key(x) << 32; /* value x, any id */
+    }
+    return lo;
+}
+
+/* The K-th largest of the PER * THREADS values vals (entry u * THREADS + tid holds vals[u])
+ * becomes the threshold value if it beats the current one (K <= PER * THREADS). Each warp sorts
+ * its 32-entry lists in registers (shuffle bitonic) into group_max; an entry's rank is then its
+ * position in its list plus binary-searched counts in the other lists, with ties broken by
+ * list index, so the ranks are a permutation and exactly one entry has rank k - 1. About
+ * 50 (PER = 1) or 800 (PER = 4) instructions a thread instead of PER^2 * THREADS compares.
+ * vals must be NaN-free; on the fast path a NaN only happens when the chunk is redone anyway. */
+template <int CAP, int PER>
+__device__ void threshold_from_maxima(ChunkSmem<CAP> &sm, const float (&vals)[PER], int k) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    constexpr int LISTS = PER * WARPS;
+    const float thr0 = sm.thr_val; /* published by an earlier barrier; written below */
+    float x[PER];
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        float y = vals[u];
+#pragma unroll
+        for (int kk = 2; kk <= 32; kk <<= 1) {
+#pragma unroll
+            for (int j = kk >> 1; j > 0; j >>= 1) {
+                const float o = __shfl_xor_sync(0xffffffffu, y, j);
+                const bool take_max = ((lane & j) == 0) == ((lane & kk) == 0);
+                y = take_max ? fmaxf(y, o) : fminf(y, o);
+            }
+        }
+        x[u] = y;
+        sm.group_max[(u * WARPS + warp) * 32 + lane] = y; /* list u * WARPS + warp, descending */
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        const int list = u * WARPS + warp;
+        if (lane >= k || !(x[u] > thr0)) continue; /* rank >= lane, or no gain */
+        int rank = lane;
+        for (int l = 0; l < LISTS; l++) {
+            if (l == list) continue;
+            rank += l < list ? count_above<true>(sm.group_max + l * 32, x[u])
+                             : count_above<false>(sm.group_max + l * 32, x[u]);
+            if (rank >= k) break;
+        }
+        if (rank == k - 1) { /* exactly one writer */
+            sm.thr_val = x[u];
+            sm.thr_key = (uint64_t)order_key(x[u]) << 32; /* value x, any id */
         }
     }
     __syncthreads();
@@ -373,15 +436,12 @@ __device__ bool chunk_pass(const Args &a, ChunkSmem<CAP> &sm, const unsigned cha
         }
         if (t == 0 && k <= THREADS * UNROLL) {
             if (k <= THREADS) {
-                float m = vmax[0];
+                float m[1] = {vmax[0]};
 #pragma unroll
-                for (int u = 1; u < UNROLL; u++) m = fmaxf(m, vmax[u]);
-                sm.group_max[tid] = m;
-                threshold_from_maxima(sm, THREADS, k);
+                for (int u = 1; u < UNROLL; u++) m[0] = fmaxf(m[0], vmax[u]);
+                threshold_from_maxima<CAP, 1>(sm, m, k);
             } else {
-#pragma unroll
-                for (int u = 0; u < UNROLL; u++) sm.group_max[u * THREADS + tid] = vmax[u];
-                threshold_from_maxima(sm, THREADS * UNROLL, k);
+                threshold_from_maxima<CAP, UNROLL>(sm, vmax, k);
             }
         }
         /* Candidates of this tile: bit u * N + i for element i of vector u, set when the value
@@ -402,8 +462,9 @@ __device__ bool chunk_pass(const Args &a, ChunkSmem<CAP> &sm, const unsigned cha
             }
         }
         /* Offer them; a candidate that finds the buffer full stays pending for the next round,
-         * after the CTA has compacted the buffer. Rare, so values are re-read (L1/L2 hits)
-         * rather than kept unpacked in registers. */
+         * after the CTA has compacted the buffer. The values come from the tile still held in
+         * registers (a select chain, no local memory), so no global re-read sits in this loop:
+         * a re-read was a dependent L2/HBM round trip per candidate that every tile waited on. */
         for (;;) {
             bool overflow = false;
             uint32_t todo = pending;
@@ -412,7 +473,7 @@ __device__ bool chunk_pass(const Args &a, ChunkSmem<CAP> &sm, const unsigned cha
                 todo &= todo - 1;
                 const int j = t * TILE + (b / N) * THREADS + tid;
                 const int64_t e = body + (int64_t)j * N + (b % N);
-                float x = Elem<T>::scalar(row, e);
+                float x = Elem<T>::from_tile(w, b);
                 if (SAN) x = sanitize(x);
                 const uint64_t key = make_key(x, (int32_t)e);
                 if (key >= thr_key) {
@@ -551,25 +612,26 @@ cudaError_t launch_chunks(const Args &a, int n_rows, cudaStream_t stream) {
 extern "C" size_t kdt_topk_workspace_bytes(int32_t n_rows, int32_t vocab, int32_t k) {
     if (n_rows < 1 || vocab < 1 || vocab > KDT_MAX_VOCAB || k < 1 || k > KDT_MAX_TOPK || k > vocab)
         return 0;
-    const Plan pl = make_plan(n_rows, vocab, k);
-    if (pl.chunks == 1) return 0;
-    return ws_keys_bytes(n_rows, pl.chunks, k) + ws_lse_bytes(n_rows, pl.chunks) +
-           ws_count_bytes(n_rows, pl.chunks);
+    if (vocab < 2 * MIN_CHUNK) return 0; /* never split */
+    const size_t rows = n_rows < TARGET_CTAS ? (size_t)n_rows : (size_t)TARGET_CTAS;
+    return rows * ((size_t)MERGE_MAX * 8 + (size_t)MAX_CHUNKS * 12) + 64;
 }
 
 extern "C" kdt_status kdt_topk_logsoftmax_cuda(const kdt_topk_params *p, void *stream) {
     static const char *who = "kdt_topk_logsoftmax_cuda";
     kdt_status st = kdt_topk_check_args(p, who);
     if (st != KDT_OK) return st;
-    const size_t need = kdt_topk_workspace_bytes(p->n_rows, p->vocab, p->k);
+    const Plan pl = apply_override(make_plan(p->n_rows, p->vocab, p->k), p->vocab);
+    /* Only what this call uses is required (kdt_topk_workspace_bytes() is an upper bound). */
+    const size_t need = pl.chunks > 1 ? ws_used_bytes(p->n_rows, pl.chunks, p->k) : 0;
     KDT_CHECK_ARG(p->workspace_bytes >= need,
-                  "%s: workspace_bytes = %zu, kdt_topk_workspace_bytes(%d, %d, %d) = %zu", who,
-                  p->workspace_bytes, p->n_rows, p->vocab, p->k, need);
+                  "%s: workspace_bytes = %zu, this call needs %zu (size it with "
+                  "kdt_topk_workspace_bytes(%d, %d, %d) = %zu)", who, p->workspace_bytes, need,
+                  p->n_rows, p->vocab, p->k, kdt_topk_workspace_bytes(p->n_rows, p->vocab, p->k));
     KDT_CHECK_ARG(need == 0 || p->workspace != NULL, "%s: workspace is NULL (%zu bytes needed)",
                   who, need);
     KDT_CHECK_ARG(need == 0 || (uintptr_t)p->workspace % 16 == 0,
                   "%s: workspace is not 16-byte aligned", who);
-    const Plan pl = apply_override(make_plan(p->n_rows, p->vocab, p->k), p->vocab);
     Args a;
     a.logits = (const unsigned char *)p->logits;
     a.row_stride = p->row_stride;
@@ -583,13 +645,11 @@ extern "C" kdt_status kdt_topk_logsoftmax_cuda(const kdt_topk_params *p, void *s
     a.ws_lse = NULL;
     a.ws_count = NULL;
     if (pl.chunks > 1) {
-        /* Carve with the automatic C's layout; an override only uses a prefix of each part. */
-        const Plan full = make_plan(p->n_rows, p->vocab, p->k);
         unsigned char *ws = (unsigned char *)p->workspace;
         a.ws_keys = (uint64_t *)ws;
-        a.ws_lse = (double *)(ws + ws_keys_bytes(p->n_rows, full.chunks, p->k));
-        a.ws_count = (int32_t *)(ws + ws_keys_bytes(p->n_rows, full.chunks, p->k) +
-                                 ws_lse_bytes(p->n_rows, full.chunks));
+        a.ws_lse = (double *)(ws + ws_keys_bytes(p->n_rows, pl.chunks, p->k));
+        a.ws_count = (int32_t *)(ws + ws_keys_bytes(p->n_rows, pl.chunks, p->k) +
+                                 ws_lse_bytes(p->n_rows, pl.chunks));
     }
     cudaStream_t s = (cudaStream_t)stream;
     cudaError_t e = p->dtype == KDT_BF16 ? launch_chunks<uint16_t>(a, p->n_rows, s)

@@ -11,9 +11,12 @@
  *      warp reductions (__reduce_max_sync) over the packed key: the high words (score order
  *      keys), then the low words (depth/parent/rank tie bits) among lanes holding that high word.
  *      Every lane then knows the popped candidate and its score (the key is invertible) and
- *      computes its successors' keys identically; the lane that held it overwrites that slot
- *      with the next sibling (or the child when there is no sibling), and when there are both,
- *      the child goes to the next free slot. No shared-memory frontier, no barrier per pop.
+ *      computes the child's key identically; the lane that held it writes the node record and
+ *      refills that slot with the next sibling, whose key was precomputed when the slot was
+ *      filled (or with the child when there is no sibling); when there are both, the child goes
+ *      to the next free slot. Slots carry their parent's score, so no lane reads a record
+ *      written by another lane during the pops: no shared-memory frontier, no barrier per pop,
+ *      and nothing for racecheck to flag.
  *   3. After the pops, lanes write the nodes in parallel: token gathered from top_ids, links,
  *      position, score, and the ancestor mask row by walking up the parents (depth <= 16).
  * Per-stream values live in device memory and cannot be checked by the launcher; the kernel
@@ -77,74 +80,87 @@ __device__ __forceinline__ uint64_t make_key(float score, int depth, int parent,
 }
 
 /* Builds one stream's pop sequence into sm; returns the node count. M = frontier registers per
- * lane, 32 * M >= max(1, max_nodes - 1). */
+ * lane, 32 * M >= max(1, max_nodes - 1).
+ * Slot m of a lane holds a candidate: its key (0 = empty), the node index of its previous
+ * sibling (-1 for rank 0), its parent's score, and the precomputed key of its next sibling
+ * (0 = none). With the parent score in the slot no lane ever reads another lane's node record
+ * during the pops, and the popped slot's replacement (usually that sibling) is ready without a
+ * shared-memory load. The node records (tie bits, score, links) are written by the winning lane
+ * only and read after the caller's __syncwarp: race-free by construction. */
 template <int M>
 __device__ int run_heap(const Smem &sm, int budget, int depth_limit, int kc, int lane) {
-    uint64_t slot_key[M];  /* 0 = empty */
-    int32_t slot_prev[M];  /* node index of the previous sibling, -1 for rank 0 */
+    uint64_t slot_key[M], slot_sib[M];
+    int32_t slot_prev[M];
+    float slot_ps[M];
 #pragma unroll
     for (int m = 0; m < M; m++) {
         slot_key[m] = 0;
+        slot_sib[m] = 0;
         slot_prev[m] = -1;
+        slot_ps[m] = 0.0f;
     }
-    if (lane == 0) slot_key[0] = make_key(add_score(0.0f, sm.logp[0]), 1, 0, 0);
-    uint64_t best = slot_key[0]; /* this lane's best slot key and its register index */
-    int best_m = 0;
+    if (lane == 0) {
+        slot_key[0] = make_key(add_score(0.0f, sm.logp[0]), 1, 0, 0);
+        if (1 < kc) slot_sib[0] = make_key(add_score(0.0f, sm.logp[1]), 1, 0, 1);
+    }
+    uint64_t best = slot_key[0]; /* this lane's best slot key */
     int n = 1, n_slots = 1;
     for (;;) {
         const uint32_t hi = __reduce_max_sync(FULL, (uint32_t)(best >> 32));
         if (hi == 0) break; /* frontier exhausted */
         const uint32_t lo =
             __reduce_max_sync(FULL, (uint32_t)(best >> 32) == hi ? (uint32_t)best : 0u);
-        const bool winner = best == (((uint64_t)hi << 32) | lo);
+        const uint64_t popped = ((uint64_t)hi << 32) | lo;
         const int d = kdt_tb_depth(lo), par = kdt_tb_parent(lo), r = kdt_tb_rank(lo);
         const float sp = __uint_as_float(kdt_tb_key_to_bits(hi));
         const int i = n++;
-        /* Every lane writes the same value: each later reads its own write, no sync needed. */
-        sm.node_tie[i] = lo;
-        sm.node_score[i] = sp;
-        if (winner) {
-            int prev = -1;
+        const bool has_child = d < depth_limit && n <= budget;
+        /* Loads every lane may need, issued together (addresses are warp-uniform). */
+        const float lp_child = has_child ? sm.logp[d * kc] : 0.0f;
+        const float lp_child_sib = has_child && 1 < kc ? sm.logp[d * kc + 1] : 0.0f;
+        const float lp_sib2 = r + 2 < kc && n <= budget ? sm.logp[(d - 1) * kc + r + 2] : 0.0f;
+        const uint64_t child_key = has_child ? make_key(add_score(sp, lp_child), d + 1, i, 0) : 0;
+        const uint64_t child_sib =
+            has_child && 1 < kc ? make_key(add_score(sp, lp_child_sib), d + 1, i, 1) : 0;
 #pragma unroll
-            for (int m = 0; m < M; m++)
-                if (m == best_m) prev = slot_prev[m];
+        for (int m = 0; m < M; m++) {
+            if (slot_key[m] != popped) continue; /* exactly one slot of one lane matches */
+            sm.node_tie[i] = lo;
+            sm.node_score[i] = sp;
             if (r == 0) sm.first_child[par] = i;
-            else sm.next_sib[prev] = i;
+            else sm.next_sib[slot_prev[m]] = i;
+            const uint64_t sib = slot_sib[m];
+            if (sib != 0) { /* next sibling takes the slot; the child (if any) is appended */
+                slot_key[m] = sib;
+                slot_prev[m] = i;
+                slot_sib[m] = r + 2 < kc ? make_key(add_score(slot_ps[m], lp_sib2), d, par, r + 2) : 0;
+            } else {
+                slot_key[m] = child_key;
+                slot_prev[m] = -1;
+                slot_ps[m] = sp;
+                slot_sib[m] = child_sib;
+            }
         }
         if (n > budget) break; /* the last pop's successors are never needed */
-        /* r + 1 <= i < budget < kc whenever kc < top_k, so the staged ranks cover the sibling */
-        const bool has_sib = r + 1 < kc;
-        const bool has_child = d < depth_limit;
-        const uint64_t sib_key =
-            has_sib ? make_key(add_score(sm.node_score[par], sm.logp[(d - 1) * kc + r + 1]), d, par, r + 1)
-                    : 0;
-        const uint64_t child_key = has_child ? make_key(add_score(sp, sm.logp[d * kc]), d + 1, i, 0) : 0;
-        const uint64_t repl = has_sib ? sib_key : child_key;
-        const int repl_prev = has_sib ? i : -1;
-        const bool append = has_sib && has_child;
+        /* The winner kept the sibling (r + 1 < kc, warp-uniform) and the child needs a slot. */
+        const bool append = r + 1 < kc && has_child;
         const int app_lane = n_slots & 31, app_m = n_slots >> 5;
 #pragma unroll
         for (int m = 0; m < M; m++) {
-            if (winner && m == best_m) {
-                slot_key[m] = repl;
-                slot_prev[m] = repl_prev;
-            }
             if (append && lane == app_lane && m == app_m) {
                 slot_key[m] = child_key;
                 slot_prev[m] = -1;
+                slot_ps[m] = sp;
+                slot_sib[m] = child_sib;
             }
         }
         n_slots += append;
         const int used_m = (n_slots + 31) >> 5; /* registers in use, warp-uniform */
         best = slot_key[0];
-        best_m = 0;
 #pragma unroll
         for (int m = 1; m < M; m++) {
             if (m >= used_m) break;
-            if (slot_key[m] > best) {
-                best = slot_key[m];
-                best_m = m;
-            }
+            if (slot_key[m] > best) best = slot_key[m];
         }
     }
     return n;
@@ -196,7 +212,7 @@ __global__ void __launch_bounds__(32) tree_build_kernel(const Args a) {
         sm.first_child[i] = -1;
         sm.next_sib[i] = -1;
     }
-    sm.node_score[0] = 0.0f; /* all lanes: see run_heap */
+    if (lane == 0) sm.node_score[0] = 0.0f;
     __syncwarp();
 
     /* 2. pops (or the chain) */

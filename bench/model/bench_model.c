@@ -1,0 +1,419 @@
+/* bench_model.c - benchmark of the GPU forward (kdt_gpu_*), a program of its own (bench_model).
+ *
+ * 1. Tiny models (the tests/fixtures/models checkpoints): decode steps per second at S = 1, 8, 64 streams
+ *    (64-token contexts, argmax output), as CUDA-graph replays.
+ * 2. One Kimi K2.6 MoE layer at true dimensions with random bf16 weights drawn on the GPU
+ *    (hidden 7168, 64 heads, q_lora 1536, kv_lora 512, rope 64, nope 128, v 128, 384 experts
+ *    top-8 + 1 shared, moe_intermediate 2048, sigmoid noaux_tc routing, routed scale 2.827, YaRN
+ *    factor 64 / theta 50000 / beta 1, 1; weights N(0, 0.02), router bias N(0, 0.001) so routing
+ *    is near-uniform, see research/kimi-layer-cost.md). Contexts of 4096 random latent rows.
+ *    Timed per layer (embedding gather included, no lm_head): decode at S = 1, 8, 64 and tree
+ *    verify of one stream with N = 9, 17, 33, 65 nodes (random tree shapes), each with random
+ *    tokens and with correlated tokens (rows sharing a base embedding, sigma 0.05). For each:
+ *    distinct experts touched D, the bytes floor (D routed experts + the shared expert +
+ *    attention and router weights + KV read and written, over the measured copy bandwidth),
+ *    time / floor, and verify / decode(S = 1) time.
+ * Timing: CUDA-graph replays, L2 evicted by a 4x-L2 read before each replay, CUDA events around
+ * the replay, median of 25 (7 with --quick) after 3 warm-ups. A table is printed last; --md FILE
+ * writes it as markdown. Needs ~40 GB of GPU memory for part 2 (skipped when it does not fit).
+ *
+ *   bench_model [--quick] [--md FILE] [--only tiny|kimi] */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kdtree/model.h"
+
+#ifndef KDT_SOURCE_DIR
+#define KDT_SOURCE_DIR "."
+#endif
+
+#define BENCH_OK(call)                                                                          \
+    do {                                                                                        \
+        kdt_status st_ = (call);                                                                \
+        if (st_ != KDT_OK) {                                                                    \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, kdt_last_error());    \
+            exit(1);                                                                            \
+        }                                                                                       \
+    } while (0)
+#define CUDA_OK(call)                                                                           \
+    do {                                                                                        \
+        cudaError_t e_ = (call);                                                                \
+        if (e_ != cudaSuccess) {                                                                \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                            \
+        }                                                                                       \
+    } while (0)
+
+static int quick;
+
+typedef struct row {
+    char model[24], mode[16], variant[12];
+    int S, N;
+    int distinct;       /* -1: not a MoE measurement */
+    double us, floor_us, ratio_decode;
+    double tok_per_s;
+} row;
+
+static row rows[64];
+static int n_rows;
+
+static uint64_t rng_state = 0x1234567;
+static uint64_t rnd(void) {
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static int rnd_int(int n) { return (int)(rnd() % (uint64_t)n); }
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* median replay time of graph g in microseconds; flush: evict L2 before each replay */
+static double time_graph(kdt_gpu_runner *r, kdt_gpu_graph *g, int samples, int flush) {
+    cudaStream_t s = (cudaStream_t)kdt_gpu_runner_stream(r);
+    cudaEvent_t a, b;
+    CUDA_OK(cudaEventCreate(&a));
+    CUDA_OK(cudaEventCreate(&b));
+    for (int i = 0; i < 3; i++) BENCH_OK(kdt_gpu_graph_launch(g));
+    BENCH_OK(kdt_gpu_runner_sync(r));
+    double *t = malloc(sizeof(double) * (size_t)samples);
+    for (int i = 0; i < samples; i++) {
+        if (flush) BENCH_OK(kdt_gpu_runner_flush_l2(r));
+        CUDA_OK(cudaEventRecord(a, s));
+        BENCH_OK(kdt_gpu_graph_launch(g));
+        CUDA_OK(cudaEventRecord(b, s));
+        CUDA_OK(cudaEventSynchronize(b));
+        float ms = 0;
+        CUDA_OK(cudaEventElapsedTime(&ms, a, b));
+        t[i] = ms * 1000.0;
+    }
+    qsort(t, (size_t)samples, sizeof(double), cmp_double);
+    const double med = t[samples / 2];
+    free(t);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return med;
+}
+
+/* device-to-device copy bandwidth, bytes read + written per second / 1e9 */
+static double copy_bandwidth(void) {
+    const size_t bytes = (size_t)1 << 31;
+    void *x, *y;
+    if (cudaMalloc(&x, bytes) != cudaSuccess) return 0;
+    if (cudaMalloc(&y, bytes) != cudaSuccess) {
+        cudaFree(x);
+        return 0;
+    }
+    CUDA_OK(cudaMemset(x, 0x3c, bytes));
+    cudaEvent_t a, b;
+    CUDA_OK(cudaEventCreate(&a));
+    CUDA_OK(cudaEventCreate(&b));
+    double t[16];
+    const int n = quick ? 5 : 11;
+    for (int i = 0; i < n + 2; i++) {
+        CUDA_OK(cudaEventRecord(a, 0));
+        CUDA_OK(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, 0));
+        CUDA_OK(cudaEventRecord(b, 0));
+        CUDA_OK(cudaEventSynchronize(b));
+        float ms;
+        CUDA_OK(cudaEventElapsedTime(&ms, a, b));
+        if (i >= 2) t[i - 2] = ms;
+    }
+    qsort(t, (size_t)n, sizeof(double), cmp_double);
+    cudaFree(x);
+    cudaFree(y);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return 2.0 * (double)bytes / (t[n / 2] * 1e-3) / 1e9;
+}
+
+/* ---- part 1: tiny models ---------------------------------------------------------------------- */
+static void bench_tiny(const char *name) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tests/fixtures/models/%s", KDT_SOURCE_DIR, name);
+    kdt_model *m = NULL;
+    kdt_model_options mo = {0, 0};
+    if (kdt_model_load(dir, &mo, &m) != KDT_OK) {
+        fprintf(stderr, "bench_model: %s: %s (skipped)\n", name, kdt_last_error());
+        return;
+    }
+    kdt_gpu_model *g = NULL;
+    kdt_gpu_options go = {0, 0, 0};
+    BENCH_OK(kdt_model_to_gpu(m, &go, &g));
+    const int V = kdt_model_get_config(m)->vocab_size, ctx = 64;
+    const int Ss[3] = {1, 8, 64};
+    for (int k = 0; k < 3; k++) {
+        const int S = Ss[k];
+        kdt_gpu_runner_options ro = {S > ctx ? S : ctx, 0, 0, 0, 0, 0, NULL};
+        kdt_gpu_runner *r;
+        BENCH_OK(kdt_gpu_runner_create(g, &ro, &r));
+        kdt_kv_cache_options ko = {S * 4 + 4, S, 0};
+        kdt_gpu_kv *kv;
+        BENCH_OK(kdt_gpu_kv_create(g, &ko, &kv));
+        int32_t *tok = malloc(sizeof(int32_t) * (size_t)(S > ctx ? S : ctx));
+        for (int s = 0; s < S; s++) {
+            for (int i = 0; i < ctx; i++) tok[i] = rnd_int(V);
+            BENCH_OK(kdt_gpu_prefill(r, kv, s, tok, ctx, NULL));
+        }
+        for (int s = 0; s < S; s++) tok[s] = rnd_int(V);
+        BENCH_OK(kdt_gpu_stage_decode(r, kv, S, NULL, tok));
+        const kdt_gpu_run_config rc = {S, 0, 1, 0, NULL};
+        kdt_gpu_graph *gr;
+        BENCH_OK(kdt_gpu_graph_capture(r, kv, &rc, &gr));
+        const double us = time_graph(r, gr, quick ? 50 : 200, 0);
+        row *w = &rows[n_rows++];
+        memset(w, 0, sizeof *w);
+        snprintf(w->model, sizeof w->model, "%s", name);
+        snprintf(w->mode, sizeof w->mode, "decode");
+        snprintf(w->variant, sizeof w->variant, "random");
+        w->S = S;
+        w->N = 1;
+        w->distinct = -1;
+        w->us = us;
+        w->tok_per_s = S / (us * 1e-6);
+        printf("  %-12s decode S=%-3d %8.1f us/step  %10.0f tokens/s\n", name, S, us, w->tok_per_s);
+        kdt_gpu_graph_free(gr);
+        kdt_gpu_kv_free(kv);
+        kdt_gpu_runner_free(r);
+        free(tok);
+    }
+    kdt_gpu_model_free(g);
+    kdt_model_free(m);
+}
+
+/* ---- part 2: one Kimi K2.6 MoE layer ---------------------------------------------------------- */
+static const char *KIMI_LAYER_CONFIG =
+    "{\"model_type\": \"kimi_k2\", \"vocab_size\": 4096, \"hidden_size\": 7168, \"intermediate_size\": 18432,"
+    " \"moe_intermediate_size\": 2048, \"num_hidden_layers\": 1, \"num_attention_heads\": 64,"
+    " \"num_key_value_heads\": 64, \"q_lora_rank\": 1536, \"kv_lora_rank\": 512, \"qk_nope_head_dim\": 128,"
+    " \"qk_rope_head_dim\": 64, \"v_head_dim\": 128, \"n_routed_experts\": 384, \"num_experts_per_tok\": 8,"
+    " \"n_shared_experts\": 1, \"n_group\": 1, \"topk_group\": 1, \"first_k_dense_replace\": 0,"
+    " \"moe_layer_freq\": 1, \"norm_topk_prob\": true, \"routed_scaling_factor\": 2.827,"
+    " \"scoring_func\": \"sigmoid\", \"topk_method\": \"noaux_tc\", \"rms_norm_eps\": 1e-05,"
+    " \"max_position_embeddings\": 262144, \"tie_word_embeddings\": false, \"rope_theta\": 50000.0,"
+    " \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 64.0, \"beta_fast\": 1.0, \"beta_slow\": 1.0,"
+    " \"mscale\": 1.0, \"mscale_all_dim\": 1.0, \"original_max_position_embeddings\": 4096},"
+    " \"bos_token_id\": 1, \"eos_token_id\": 2}";
+
+enum { PREFIX = 4096, CORR_BLOCK = 32 };
+
+/* token of `variant` for stream s: random -> the independent half of the vocabulary; corr -> the
+ * stream's block of correlated rows */
+static int32_t pick_token(int corr, int s, int V) {
+    if (!corr) return rnd_int(V / 2);
+    const int blocks = (V / 2) / CORR_BLOCK;
+    return V / 2 + (s % blocks) * CORR_BLOCK + rnd_int(CORR_BLOCK);
+}
+
+typedef struct tree_buf {
+    kdt_tree t;
+    int32_t n_nodes[1], token[128], parent[128], depth[128], fc[128], ns[128], pos[128];
+    float score[128];
+    uint64_t mask[128 * 2];
+} tree_buf;
+
+/* one random tree of n nodes (depth <= 16: chains half of the time, else a random earlier node) */
+static void random_tree(tree_buf *b, int n, int prefix, int corr, int V) {
+    const int N = n, W = (N + 63) / 64;
+    memset(b, 0, sizeof *b);
+    b->t = (kdt_tree){1, N, b->n_nodes, b->token, b->parent, b->depth, b->fc, b->ns, b->pos, b->score, b->mask};
+    b->n_nodes[0] = n;
+    for (int i = 0; i < n; i++) {
+        int p = -1;
+        if (i > 0) {
+            do {
+                p = (rnd() & 1) ? i - 1 : rnd_int(i);
+            } while (b->depth[p] >= 16);
+        }
+        b->parent[i] = p;
+        b->depth[i] = i ? b->depth[p] + 1 : 0;
+        b->pos[i] = prefix + b->depth[i];
+        b->token[i] = pick_token(corr, 0, V);
+        b->fc[i] = b->ns[i] = -1;
+        for (int w = 0; w < W; w++) b->mask[i * W + w] = i ? b->mask[p * W + w] : 0;
+        b->mask[i * W + i / 64] |= (uint64_t)1 << (i % 64);
+    }
+}
+
+static int distinct_experts(kdt_gpu_runner *r, int E) {
+    int32_t *counts = malloc(sizeof(int32_t) * (size_t)(E + 1));
+    BENCH_OK(kdt_gpu_runner_expert_counts(r, 0, counts));
+    int d = 0;
+    for (int e = 0; e < E; e++) d += counts[e] > 0;
+    free(counts);
+    return d;
+}
+
+static void bench_kimi(double copy_gbps) {
+    size_t free_b = 0, total_b = 0;
+    CUDA_OK(cudaMemGetInfo(&free_b, &total_b));
+    if (free_b < ((size_t)40 << 30)) {
+        printf("  Kimi layer skipped: %.1f GB of GPU memory free, ~40 GB needed\n", free_b / 1e9);
+        return;
+    }
+    kdt_gpu_random_init init = {2026, 0, 0, CORR_BLOCK, 0};
+    kdt_gpu_options go = {0, 0, 8192};
+    kdt_gpu_model *g;
+    BENCH_OK(kdt_gpu_model_random(KIMI_LAYER_CONFIG, &init, &go, &g));
+    const kdt_model_config *c = kdt_gpu_model_get_config(g);
+    kdt_gpu_weight_bytes wb;
+    BENCH_OK(kdt_gpu_model_weight_bytes(g, 0, &wb));
+    printf("  Kimi K2.6 layer: %.2f GB on the GPU; attention %.1f MB, router %.1f MB, expert %.1f MB, shared "
+           "%.1f MB\n", wb.total / 1e9, wb.attention / 1e6, wb.router / 1e6, wb.routed_expert / 1e6,
+           wb.shared_expert / 1e6);
+    const int V = c->vocab_size, E = c->n_routed_experts, Smax = 64, Nmax = 65;
+    const double row_bytes = (double)(c->kv_lora_rank + c->qk_rope_head_dim) * 2;
+    kdt_gpu_runner_options ro = {Nmax, PREFIX + Nmax + 1, Nmax, 0, 0, 0, NULL};
+    kdt_gpu_runner *r;
+    BENCH_OK(kdt_gpu_runner_create(g, &ro, &r));
+    kdt_kv_cache_options ko = {Smax * ((PREFIX + Nmax + 63) / 64 + 1), Smax, 0};
+    kdt_gpu_kv *kv;
+    BENCH_OK(kdt_gpu_kv_create(g, &ko, &kv));
+    for (int s = 0; s < Smax; s++) BENCH_OK(kdt_gpu_kv_fill_random(r, kv, s, PREFIX, 1000 + s));
+    const int samples = quick ? 7 : 25;
+    double decode1[2] = {0, 0};
+    const int Ss[3] = {1, 8, 64};
+    for (int corr = 0; corr < 2; corr++)
+        for (int k = 0; k < 3; k++) {
+            const int S = Ss[k];
+            int32_t tok[64];
+            for (int s = 0; s < S; s++) tok[s] = pick_token(corr, s, V);
+            BENCH_OK(kdt_gpu_stage_decode(r, kv, S, NULL, tok));
+            const kdt_gpu_run_config rc = {S, 0, 0, 0, NULL};
+            kdt_gpu_graph *gr;
+            BENCH_OK(kdt_gpu_graph_capture(r, kv, &rc, &gr));
+            const double us = time_graph(r, gr, samples, 1);
+            const int D = distinct_experts(r, E);
+            const double bytes = (double)D * wb.routed_expert + wb.shared_expert + wb.attention + wb.router +
+                                 S * ((PREFIX + 1) * row_bytes + row_bytes);
+            row *w = &rows[n_rows++];
+            memset(w, 0, sizeof *w);
+            snprintf(w->model, sizeof w->model, "kimi-k2.6 layer");
+            snprintf(w->mode, sizeof w->mode, "decode");
+            snprintf(w->variant, sizeof w->variant, corr ? "corr0.05" : "random");
+            w->S = S;
+            w->N = 1;
+            w->distinct = D;
+            w->us = us;
+            w->floor_us = bytes / (copy_gbps * 1e3);
+            if (S == 1) decode1[corr] = us;
+            w->ratio_decode = us / decode1[corr];
+            printf("  decode S=%-2d %-8s D=%3d %9.1f us  floor %8.1f us  %.2fx\n", S, w->variant, D, us, w->floor_us,
+                   us / w->floor_us);
+            kdt_gpu_graph_free(gr);
+            for (int s = 0; s < S; s++) BENCH_OK(kdt_gpu_kv_stream_set_length(kv, s, PREFIX));
+        }
+    const int Ns[4] = {9, 17, 33, 65};
+    for (int corr = 0; corr < 2; corr++)
+        for (int k = 0; k < 4; k++) {
+            const int N = Ns[k];
+            tree_buf tb;
+            random_tree(&tb, N, PREFIX, corr, V);
+            BENCH_OK(kdt_gpu_stage_verify(r, kv, &tb.t, NULL));
+            const kdt_gpu_run_config rc = {N, 0, 0, 0, NULL};
+            kdt_gpu_graph *gr;
+            BENCH_OK(kdt_gpu_graph_capture(r, kv, &rc, &gr));
+            const double us = time_graph(r, gr, samples, 1);
+            const int D = distinct_experts(r, E);
+            const double bytes = (double)D * wb.routed_expert + wb.shared_expert + wb.attention + wb.router +
+                                 (PREFIX + N) * row_bytes + N * row_bytes;
+            row *w = &rows[n_rows++];
+            memset(w, 0, sizeof *w);
+            snprintf(w->model, sizeof w->model, "kimi-k2.6 layer");
+            snprintf(w->mode, sizeof w->mode, "verify");
+            snprintf(w->variant, sizeof w->variant, corr ? "corr0.05" : "random");
+            w->S = 1;
+            w->N = N;
+            w->distinct = D;
+            w->us = us;
+            w->floor_us = bytes / (copy_gbps * 1e3);
+            w->ratio_decode = us / decode1[corr];
+            printf("  verify N=%-2d %-8s D=%3d %9.1f us  floor %8.1f us  %.2fx  (%.2fx decode)\n", N, w->variant, D,
+                   us, w->floor_us, us / w->floor_us, w->ratio_decode);
+            kdt_gpu_graph_free(gr);
+            BENCH_OK(kdt_gpu_kv_stream_set_length(kv, 0, PREFIX));
+        }
+    kdt_gpu_kv_free(kv);
+    kdt_gpu_runner_free(r);
+    kdt_gpu_model_free(g);
+}
+
+static void print_table(FILE *f, int md, const char *dev, double copy_gbps) {
+    if (md) {
+        fprintf(f, "## bench_model (%s, copy %.0f GB/s)\n\n", dev, copy_gbps);
+        fprintf(f, "| model | mode | tokens | S | N | D | time (us) | tokens/s | floor (us) | time/floor | vs decode S=1 |\n");
+        fprintf(f, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    } else {
+        fprintf(f, "\n== bench_model summary (%s, copy %.0f GB/s) ==\n", dev, copy_gbps);
+        fprintf(f, "%-16s %-7s %-9s %3s %3s %4s %10s %11s %10s %10s %9s\n", "model", "mode", "tokens", "S", "N", "D",
+                "time_us", "tokens/s", "floor_us", "time/floor", "vs_dec1");
+    }
+    for (int i = 0; i < n_rows; i++) {
+        const row *w = &rows[i];
+        char d[16] = "-", fl[32] = "-", rt[32] = "-", vs[32] = "-", tps[32] = "-";
+        if (w->distinct >= 0) snprintf(d, sizeof d, "%d", w->distinct);
+        if (w->floor_us > 0) {
+            snprintf(fl, sizeof fl, "%.1f", w->floor_us);
+            snprintf(rt, sizeof rt, "%.2f", w->us / w->floor_us);
+            snprintf(vs, sizeof vs, "%.2f", w->ratio_decode);
+        }
+        snprintf(tps, sizeof tps, "%.0f", (w->S * (w->mode[0] == 'v' ? w->N : 1)) / (w->us * 1e-6));
+        if (md)
+            fprintf(f, "| %s | %s | %s | %d | %d | %s | %.1f | %s | %s | %s | %s |\n", w->model, w->mode, w->variant,
+                    w->S, w->N, d, w->us, tps, fl, rt, vs);
+        else
+            fprintf(f, "%-16s %-7s %-9s %3d %3d %4s %10.1f %11s %10s %10s %9s\n", w->model, w->mode, w->variant, w->S,
+                    w->N, d, w->us, tps, fl, rt, vs);
+    }
+    if (md) fprintf(f, "\n");
+}
+
+int main(int argc, char **argv) {
+    const char *md_path = NULL, *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--md") && i + 1 < argc) md_path = argv[++i];
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [--quick] [--md FILE] [--only tiny|kimi]\n", argv[0]);
+            return 2;
+        }
+    }
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
+        fprintf(stderr, "bench_model: no CUDA device\n");
+        return 1;
+    }
+    struct cudaDeviceProp prop;
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    const double copy_gbps = copy_bandwidth();
+    printf("bench_model: %s, %d SMs, L2 %d MB, copy bandwidth %.0f GB/s%s\n", prop.name, prop.multiProcessorCount,
+           prop.l2CacheSize >> 20, copy_gbps, quick ? " (quick)" : "");
+    if (!only || !strcmp(only, "tiny")) {
+        printf("-- tiny models: decode --\n");
+        bench_tiny("kimi_tiny");
+        bench_tiny("dsv3_tiny");
+        bench_tiny("nolora_tiny");
+    }
+    if (!only || !strcmp(only, "kimi")) {
+        printf("-- Kimi K2.6, one MoE layer, context %d --\n", PREFIX);
+        bench_kimi(copy_gbps);
+    }
+    print_table(stdout, 0, prop.name, copy_gbps);
+    if (md_path) {
+        FILE *f = fopen(md_path, "w");
+        if (!f) {
+            perror(md_path);
+            return 2;
+        }
+        print_table(f, 1, prop.name, copy_gbps);
+        fclose(f);
+    }
+    return 0;
+}

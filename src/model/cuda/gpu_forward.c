@@ -1,0 +1,1038 @@
+/* gpu_forward.c - the GPU forward pass: the runner (scratch, stream, staging, outputs), staging of
+ * prefill / decode / verify batches, the kernel sequence of one pass (kdt_gpu_run), CUDA graphs,
+ * the synchronous host API, KV commit and the benchmark helpers.
+ *
+ * A pass is a list of rows (query tokens) described on the host (kdt_grow: token, position, cache
+ * slot, visible keys, output indices) and copied to the device with one cudaMemcpyAsync from
+ * pinned staging. kdt_gpu_run then only enqueues kernels that read the row count and the row
+ * descriptions from device memory, so it never syncs, allocates or copies: a captured graph
+ * serves every later batch that fits its max_rows.
+ *
+ * Per layer (R rows; partials = split-K partial sums, finished by the next kernel):
+ *   xn = RMSNorm(x)                          k_rmsnorm
+ *   [q_a | kv_a] xn                          GEMM -> post_a: qa = RMSNorm(q_a xn); cache row =
+ *                                            [RMSNorm(c_kv) | RoPE(k_pe)] (bf16)
+ *   q = q_b qa                               GEMM -> post_q: q_nope, RoPE(q_pe) -> q_abs[.., d_c:]
+ *   q_lat = W_UK^T q_nope (per head)         GEMM -> sum -> q_abs[.., :d_c]
+ *   o_lat = attention over the cache         attention partials -> combine
+ *   o = W_UV o_lat (per head)                GEMM -> sum -> heads
+ *   x += o_proj heads; xn = RMSNorm(x)       GEMM -> post_o
+ *   dense: x += down(silu(gate xn) * up xn)  GEMM -> SwiGLU -> GEMM -> residual
+ *   MoE: router GEMM -> route -> plan -> grouped gate/up -> SwiGLU -> grouped down -> combine
+ *   taps
+ * then for the rows that want outputs: RMSNorm -> lm_head with the fused argmax (+ logits). */
+#include "gpu_internal.h"
+
+#include "model/model_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define LOG2E 1.4426950408889634f
+
+static kdt_status cuda_fail(cudaError_t e, const char *what) {
+    return kdt_fail(KDT_ERR_CUDA, "%s: %s", what, cudaGetErrorString(e));
+}
+
+#define TRY(x)                                 \
+    do {                                       \
+        kdt_status try_st_ = (x);              \
+        if (try_st_ != KDT_OK) return try_st_; \
+    } while (0)
+
+static kdt_status ralloc(kdt_gpu_runner *r, void **p, size_t bytes, const char *what) {
+    *p = NULL;
+    if (bytes == 0) return KDT_OK;
+    if (r->n_allocs == r->cap_allocs) {
+        int32_t cap = r->cap_allocs ? 2 * r->cap_allocs : 64;
+        void **a = realloc(r->allocs, (size_t)cap * sizeof *a);
+        if (!a) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "GPU runner: allocation list");
+        r->allocs = a;
+        r->cap_allocs = cap;
+    }
+    const cudaError_t e = cudaMalloc(p, bytes);
+    if (e != cudaSuccess)
+        return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "GPU runner: %s: %zu MB: %s", what, bytes >> 20, cudaGetErrorString(e));
+    r->allocs[r->n_allocs++] = *p;
+    return KDT_OK;
+}
+
+static size_t align16(size_t v) { return (v + 15) & ~(size_t)15; }
+
+/* The most attention splits a row with up to max_keys keys can have (n_splits is not monotone
+ * above 64 * KDT_G_ATT_SPLIT keys, where the split grows instead). */
+static int32_t max_row_splits(int32_t max_keys) {
+    return max_keys > 64 * KDT_G_ATT_SPLIT ? KDT_G_ATT_MAX_SPLITS : kdt_attn_n_splits(max_keys);
+}
+
+/* GEMM stages: 4 when two CTAs of 4 fit an SM (H100/H200), else what fits (results never
+ * depend on it). */
+static int32_t pick_stages(const kdt_gpu_model *g) {
+    int per_sm = 0;
+    cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, g->device);
+    for (int32_t s = 4; s >= 2; s--)
+        if (2 * kdt_gemm_smem_bytes(s) + 2048 <= (size_t)per_sm && kdt_gemm_smem_bytes(s) <= g->smem_optin) return s;
+    for (int32_t s = 4; s >= 2; s--)
+        if (kdt_gemm_smem_bytes(s) <= g->smem_optin) return s;
+    return 2;
+}
+
+static int hg64_supported(const kdt_gpu_model *g) {
+    const size_t b = kdt_attn_smem_bytes(64, g->cfg.kv_lora_rank, g->cfg.kv_lora_rank + g->cfg.qk_rope_head_dim);
+    return b > 0 && b <= g->smem_optin;
+}
+
+void kdt_gpu_runner_free(kdt_gpu_runner *r) {
+    if (!r) return;
+    if (r->stream) cudaStreamSynchronize(r->stream);
+    for (int32_t i = 0; i < r->n_allocs; i++) cudaFree(r->allocs[i]);
+    free(r->allocs);
+    for (int i = 0; i < 2; i++) {
+        if (r->h_stage[i]) cudaFreeHost(r->h_stage[i]);
+        if (r->stage_done[i]) cudaEventDestroy(r->stage_done[i]);
+    }
+    if (r->commit_buf) cudaFree(r->commit_buf);
+    if (r->flush_buf) cudaFree(r->flush_buf);
+    if (r->own_stream && r->stream) cudaStreamDestroy(r->stream);
+    free(r);
+}
+
+kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_options *opt, kdt_gpu_runner **out) {
+    KDT_CHECK_ARG(out, "kdt_gpu_runner_create: out is NULL");
+    *out = NULL;
+    KDT_CHECK_ARG(g && opt, "kdt_gpu_runner_create: model or options is NULL");
+    const kdt_model_config *c = &g->cfg;
+    kdt_gpu_runner_options o = *opt;
+    if (o.max_keys == 0) o.max_keys = c->max_position_embeddings;
+    if (o.max_nodes == 0) o.max_nodes = 64;
+    KDT_CHECK_ARG(o.max_rows >= 1 && o.max_rows <= (1 << 16), "kdt_gpu_runner_create: max_rows = %d (1..65536)",
+                  o.max_rows);
+    KDT_CHECK_ARG(o.max_keys >= 1 && o.max_keys <= (1 << 28), "kdt_gpu_runner_create: max_keys = %d", o.max_keys);
+    KDT_CHECK_ARG(o.max_nodes >= 1 && o.max_nodes <= KDT_MAX_NODES, "kdt_gpu_runner_create: max_nodes = %d (1..%d)",
+                  o.max_nodes, KDT_MAX_NODES);
+    KDT_CHECK_ARG(o.max_taps >= 0 && o.max_taps <= KDT_MODEL_MAX_TAPS, "kdt_gpu_runner_create: max_taps = %d (0..%d)",
+                  o.max_taps, KDT_MODEL_MAX_TAPS);
+    KDT_CHECK_ARG(o.logits == 0 || o.logits == 1, "kdt_gpu_runner_create: logits = %d (0 or 1)", o.logits);
+    KDT_CHECK_ARG(o.attn_heads_per_item == 0 || o.attn_heads_per_item == 16 || o.attn_heads_per_item == 64,
+                  "kdt_gpu_runner_create: attn_heads_per_item = %d (0, 16 or 64)", o.attn_heads_per_item);
+    if (o.attn_heads_per_item == 64 && !hg64_supported(g))
+        return kdt_fail(KDT_ERR_UNSUPPORTED,
+                        "kdt_gpu_runner_create: 64 heads per attention item do not fit this device's shared memory "
+                        "with kv_lora_rank %d", c->kv_lora_rank);
+    cudaError_t e = cudaSetDevice(g->device);
+    if (e != cudaSuccess) return cuda_fail(e, "kdt_gpu_runner_create");
+    kdt_gpu_runner *r = calloc(1, sizeof *r);
+    if (!r) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "kdt_gpu_runner_create");
+    r->g = g;
+    r->opt = o;
+    kdt_status st = KDT_OK;
+    const int32_t R = o.max_rows, D = c->hidden_size, H = c->n_heads, dn = c->qk_nope_head_dim,
+                  dr = c->qk_rope_head_dim, dv = c->v_head_dim, dc = c->kv_lora_rank, dq = dc + dr,
+                  ql = c->q_lora_rank, E = c->n_routed_experts, K = c->n_experts_per_tok, V = c->vocab_size;
+    const int32_t stages = pick_stages(g);
+    if (o.stream) {
+        r->stream = (cudaStream_t)o.stream;
+    } else {
+        if ((e = cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+            free(r);
+            return cuda_fail(e, "kdt_gpu_runner_create: stream");
+        }
+        r->own_stream = 1;
+    }
+#define STEP(x)                           \
+    do {                                  \
+        if (st == KDT_OK) st = (x);       \
+    } while (0)
+    STEP(kdt_gemm_init(stages));
+    STEP(kdt_attn_init(16, dc, dq));
+    if (hg64_supported(g)) STEP(kdt_attn_init(64, dc, dq));
+
+    /* staging layout: header | rows | head rows | block-table updates | mask rows */
+    r->mask_words_max = KDT_MASK_WORDS(o.max_nodes);
+    const int32_t cap_updates = 4 * R + 1024;
+    r->cap_updates = cap_updates;
+    r->stages = stages;
+    r->off_rows = align16(sizeof(kdt_gstage_hdr));
+    r->off_head = align16(r->off_rows + (size_t)R * sizeof(kdt_grow));
+    r->off_updates = align16(r->off_head + (size_t)R * sizeof(int32_t));
+    r->off_masks = align16(r->off_updates + (size_t)cap_updates * 2 * sizeof(int32_t));
+    r->stage_bytes = align16(r->off_masks + (size_t)R * r->mask_words_max * sizeof(uint64_t));
+    for (int i = 0; i < 2 && st == KDT_OK; i++) {
+        if ((e = cudaHostAlloc((void **)&r->h_stage[i], r->stage_bytes, cudaHostAllocDefault)) != cudaSuccess ||
+            (e = cudaEventCreateWithFlags(&r->stage_done[i], cudaEventDisableTiming)) != cudaSuccess ||
+            (e = cudaEventRecord(r->stage_done[i], r->stream)) != cudaSuccess)
+            st = cuda_fail(e, "kdt_gpu_runner_create: staging");
+        else memset(r->h_stage[i], 0, r->stage_bytes);
+    }
+    STEP(ralloc(r, (void **)&r->d_stage, r->stage_bytes, "staging"));
+    if (st == KDT_OK && (e = cudaMemset(r->d_stage, 0, r->stage_bytes)) != cudaSuccess) st = cuda_fail(e, "staging");
+
+    /* split-K partial buffer: the largest splits x rows x N over the dense GEMMs */
+    size_t part = 0;
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const kdt_gpu_layer *L = &g->layers[l];
+        const kdt_gmat *mats[] = {&L->w_a, &L->q_b, &L->uk_t, &L->uv, &L->o_proj, &L->router, &L->dense_gu, &L->dense_down};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+            if (!mats[i]->w) continue;
+            int32_t splits, chunk;
+            kdt_gemm_plan(mats[i]->rows, mats[i]->ld, mats[i]->batch, &splits, &chunk);
+            const size_t need = (size_t)splits * R * (size_t)mats[i]->rows * (size_t)mats[i]->batch;
+            if (need > part) part = need;
+        }
+    }
+    r->part_floats = part;
+    r->max_splits_total = R * max_row_splits(o.max_keys);
+    const int32_t E_tot = E + g->has_shared;
+    r->max_pairs = E > 0 ? R * K + (g->has_shared ? R : 0) : 0;
+    r->max_items = E > 0 ? E_tot + (r->max_pairs + KDT_G_BM - 1) / KDT_G_BM + 1 : 0;
+    r->ld_h = (int32_t)kdt_g_round_up(g->max_inter_pad, 4);
+    const int32_t n_vtiles = (V + KDT_G_BN - 1) / KDT_G_BN;
+    const size_t f = sizeof(float);
+    STEP(ralloc(r, (void **)&r->x, (size_t)R * D * f, "x"));
+    STEP(ralloc(r, (void **)&r->xn, (size_t)R * D * f, "xn"));
+    if (ql > 0) STEP(ralloc(r, (void **)&r->qa, (size_t)R * ql * f, "qa"));
+    STEP(ralloc(r, (void **)&r->q_nope, (size_t)R * H * dn * f, "q_nope"));
+    STEP(ralloc(r, (void **)&r->q_abs, (size_t)R * H * dq * f, "q_abs"));
+    STEP(ralloc(r, (void **)&r->o_lat, (size_t)R * H * dc * f, "o_lat"));
+    STEP(ralloc(r, (void **)&r->heads, (size_t)R * H * dv * f, "heads"));
+    STEP(ralloc(r, (void **)&r->part, part * f, "split-K partials"));
+    STEP(ralloc(r, (void **)&r->att_o, (size_t)r->max_splits_total * H * dc * f, "attention partials"));
+    STEP(ralloc(r, (void **)&r->att_m, (size_t)r->max_splits_total * H * f, "attention partials"));
+    STEP(ralloc(r, (void **)&r->att_l, (size_t)r->max_splits_total * H * f, "attention partials"));
+    if (E > 0) {
+        STEP(ralloc(r, (void **)&r->sel, (size_t)R * K * sizeof(int32_t), "MoE selection"));
+        STEP(ralloc(r, (void **)&r->wgt, (size_t)R * K * f, "MoE weights"));
+        STEP(ralloc(r, (void **)&r->pos_of, (size_t)R * K * sizeof(int32_t), "MoE pairs"));
+        STEP(ralloc(r, (void **)&r->pos_shared, (size_t)R * sizeof(int32_t), "MoE pairs"));
+        STEP(ralloc(r, (void **)&r->pair_row, (size_t)r->max_pairs * sizeof(int32_t), "MoE pairs"));
+        STEP(ralloc(r, (void **)&r->pair_expert, (size_t)r->max_pairs * sizeof(int32_t), "MoE pairs"));
+        STEP(ralloc(r, (void **)&r->items, (size_t)r->max_items * 3 * sizeof(int32_t), "MoE items"));
+        STEP(ralloc(r, (void **)&r->moe_counts, 2 * sizeof(int32_t), "MoE counts"));
+        STEP(ralloc(r, (void **)&r->expert_counts, (size_t)c->n_layers * (E + 1) * sizeof(int32_t), "expert counts"));
+        STEP(ralloc(r, (void **)&r->moe_part, (size_t)r->max_pairs * 2 * g->max_inter_pad * f, "MoE partials"));
+        STEP(ralloc(r, (void **)&r->moe_y, (size_t)r->max_pairs * D * f, "MoE outputs"));
+        if (st == KDT_OK && (e = cudaMemset(r->expert_counts, 0, (size_t)c->n_layers * (E + 1) * 4)) != cudaSuccess)
+            st = cuda_fail(e, "expert counts");
+    }
+    STEP(ralloc(r, (void **)&r->h, (size_t)(r->max_pairs > R ? r->max_pairs : R) * r->ld_h * f, "MLP hidden"));
+    STEP(ralloc(r, (void **)&r->xn_head, (size_t)R * D * f, "head rows"));
+    STEP(ralloc(r, (void **)&r->am_val, (size_t)n_vtiles * R * f, "argmax partials"));
+    STEP(ralloc(r, (void **)&r->am_idx, (size_t)n_vtiles * R * sizeof(int32_t), "argmax partials"));
+    STEP(ralloc(r, (void **)&r->d_argmax, (size_t)R * sizeof(int32_t), "argmax"));
+    if (o.logits) STEP(ralloc(r, (void **)&r->d_logits, (size_t)R * V * f, "logits"));
+    if (o.max_taps) STEP(ralloc(r, (void **)&r->d_taps, (size_t)R * o.max_taps * D * f, "taps"));
+#undef STEP
+    if (st == KDT_OK && (e = cudaDeviceSynchronize()) != cudaSuccess) st = cuda_fail(e, "kdt_gpu_runner_create");
+    if (st != KDT_OK) {
+        kdt_gpu_runner_free(r);
+        return st;
+    }
+    *out = r;
+    return KDT_OK;
+}
+
+void *kdt_gpu_runner_stream(kdt_gpu_runner *r) { return r ? (void *)r->stream : NULL; }
+
+kdt_status kdt_gpu_runner_sync(kdt_gpu_runner *r) {
+    KDT_CHECK_ARG(r, "kdt_gpu_runner_sync: runner is NULL");
+    const cudaError_t e = cudaStreamSynchronize(r->stream);
+    return e == cudaSuccess ? KDT_OK : cuda_fail(e, "GPU forward");
+}
+
+kdt_status kdt_gpu_runner_outputs(kdt_gpu_runner *r, kdt_gpu_outputs *out) {
+    KDT_CHECK_ARG(r && out, "kdt_gpu_runner_outputs: NULL argument");
+    out->argmax = r->d_argmax;
+    out->logits = r->d_logits;
+    out->taps = r->d_taps;
+    out->max_rows = r->opt.max_rows;
+    out->vocab = r->g->cfg.vocab_size;
+    out->max_taps = r->opt.max_taps;
+    out->hidden = r->g->cfg.hidden_size;
+    return KDT_OK;
+}
+
+/* ---- staging ------------------------------------------------------------------------------- */
+
+typedef struct stage_view {
+    kdt_gstage_hdr *hdr;
+    kdt_grow *rows;
+    int32_t *head;
+    int32_t *updates;
+    uint64_t *masks;
+} stage_view;
+
+/* The host buffer the next stage fills (waits until its previous copy has left). */
+static kdt_status stage_begin(kdt_gpu_runner *r, stage_view *v) {
+    const int i = r->stage_idx ^ 1;
+    const cudaError_t e = cudaEventSynchronize(r->stage_done[i]);
+    if (e != cudaSuccess) return cuda_fail(e, "GPU staging");
+    unsigned char *b = r->h_stage[i];
+    v->hdr = (kdt_gstage_hdr *)b;
+    v->rows = (kdt_grow *)(b + r->off_rows);
+    v->head = (int32_t *)(b + r->off_head);
+    v->updates = (int32_t *)(b + r->off_updates);
+    v->masks = (uint64_t *)(b + r->off_masks);
+    memset(v->hdr, 0, sizeof *v->hdr);
+    return KDT_OK;
+}
+
+/* Finishes the row list (attention split offsets, head rows), takes the pending block-table
+ * entries, and enqueues the copy plus the table update. */
+static kdt_status stage_end(kdt_gpu_runner *r, kdt_gpu_kv *c, stage_view *v, int32_t n_rows, size_t mask_words) {
+    int32_t splits = 0, n_head = 0;
+    for (int32_t i = 0; i < n_rows; i++) {
+        v->rows[i].split_off = splits;
+        splits += kdt_attn_n_splits(v->rows[i].n_keys);
+        if (v->rows[i].out_index >= 0) v->head[n_head++] = i;
+    }
+    if (splits > r->max_splits_total)
+        return kdt_fail(KDT_ERR_INTERNAL, "GPU staging: %d attention splits exceed the workspace (%d)", splits,
+                        r->max_splits_total);
+    v->hdr->n_rows = n_rows;
+    v->hdr->n_head = n_head;
+    v->hdr->total_splits = splits;
+    if (c->n_pending > r->cap_updates) { /* rare: a large reservation outside a pass */
+        cudaError_t e = cudaStreamSynchronize(r->stream);
+        if (e != cudaSuccess) return cuda_fail(e, "GPU staging");
+        TRY(kdt_gkv_flush_pending_sync(c));
+    }
+    const int32_t nu = (int32_t)c->n_pending;
+    memcpy(v->updates, c->pending, (size_t)nu * 2 * sizeof(int32_t));
+    c->n_pending = 0;
+    v->hdr->n_updates = nu;
+    const size_t bytes = r->off_masks + mask_words * sizeof(uint64_t);
+    const int i = r->stage_idx ^ 1;
+    cudaError_t e = cudaMemcpyAsync(r->d_stage, r->h_stage[i], bytes, cudaMemcpyHostToDevice, r->stream);
+    if (e == cudaSuccess) e = cudaEventRecord(r->stage_done[i], r->stream);
+    if (e != cudaSuccess) return cuda_fail(e, "GPU staging copy");
+    r->stage_idx = i;
+    r->staged_rows = n_rows;
+    if (nu > 0)
+        TRY(kdt_op_scatter(c->d_block_table, (const int32_t *)(r->d_stage + r->off_updates),
+                           (const kdt_gstage_hdr *)r->d_stage, nu, r->stream));
+    return KDT_OK;
+}
+
+static kdt_status check_kv(const char *fn, const kdt_gpu_runner *r, const kdt_gpu_kv *c) {
+    KDT_CHECK_ARG(r && c, "%s: runner or cache is NULL", fn);
+    const kdt_model_config *m = &r->g->cfg;
+    KDT_CHECK_ARG(c->n_layers == m->n_layers && c->row_elems == m->kv_lora_rank + m->qk_rope_head_dim,
+                  "%s: the KV cache was made for another model", fn);
+    return KDT_OK;
+}
+
+static kdt_status check_token(const char *fn, const kdt_gpu_runner *r, int32_t tok, const char *what, int64_t i) {
+    if (tok < 0 || tok >= r->g->cfg.vocab_size)
+        return kdt_fail(KDT_ERR_INVALID_ARG, "%s: %s[%lld] = %d is not a token id (vocab %d)", fn, what, (long long)i,
+                        tok, r->g->cfg.vocab_size);
+    return KDT_OK;
+}
+
+/* Positions beyond the RoPE table / keys beyond the attention workspace. */
+static kdt_status check_reach(const char *fn, const kdt_gpu_runner *r, int32_t stream, int64_t last_pos,
+                              int64_t last_keys) {
+    if (last_pos >= r->g->cfg.max_position_embeddings)
+        return kdt_fail(KDT_ERR_CAPACITY, "%s: stream %d: position %lld reaches max_position_embeddings %d", fn, stream,
+                        (long long)last_pos, r->g->cfg.max_position_embeddings);
+    if (last_pos >= r->g->rope_rows)
+        return kdt_fail(KDT_ERR_CAPACITY, "%s: stream %d: position %lld is beyond the GPU RoPE table (%d rows)", fn,
+                        stream, (long long)last_pos, r->g->rope_rows);
+    if (last_keys > r->opt.max_keys)
+        return kdt_fail(KDT_ERR_CAPACITY, "%s: stream %d: %lld visible keys, the runner was sized for %d", fn, stream,
+                        (long long)last_keys, r->opt.max_keys);
+    return KDT_OK;
+}
+
+kdt_status kdt_gpu_stage_prefill(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t stream, const int32_t *tokens, int32_t n,
+                                 int32_t last_only) {
+    static const char fn[] = "kdt_gpu_stage_prefill";
+    TRY(check_kv(fn, r, c));
+    KDT_CHECK_ARG(tokens, "%s: tokens is NULL", fn);
+    KDT_CHECK_ARG(n >= 1 && n <= r->opt.max_rows, "%s: n = %d (1..%d, the runner's max_rows)", fn, n, r->opt.max_rows);
+    KDT_CHECK_ARG(stream >= 0 && stream < c->max_streams, "%s: stream %d (0..%d)", fn, stream, c->max_streams - 1);
+    for (int32_t i = 0; i < n; i++) TRY(check_token(fn, r, tokens[i], "tokens", i));
+    const int32_t len = c->length[stream];
+    if ((int64_t)len + n > r->g->cfg.max_position_embeddings)
+        return kdt_fail(KDT_ERR_CAPACITY, "%s: stream %d: %d + %d tokens exceed max_position_embeddings %d", fn, stream,
+                        len, n, r->g->cfg.max_position_embeddings);
+    TRY(check_reach(fn, r, stream, (int64_t)len + n - 1, (int64_t)len + n));
+    const int32_t need = len + n;
+    TRY(kdt_gkv_reserve_many(c, 1, &stream, &need));
+    stage_view v;
+    memset(&v, 0, sizeof v);
+    TRY(stage_begin(r, &v));
+    for (int32_t i = 0; i < n; i++) {
+        kdt_grow *w = &v.rows[i];
+        memset(w, 0, sizeof *w);
+        w->stream = stream;
+        w->token = tokens[i];
+        w->pos = w->slot = len + i;
+        w->n_prefix = w->n_keys = len + i + 1; /* causal: itself and everything before */
+        w->mask_off = -1;
+        w->out_index = last_only ? (i == n - 1 ? 0 : -1) : i;
+        w->tap_index = i;
+    }
+    TRY(stage_end(r, c, &v, n, 0));
+    c->length[stream] = c->written[stream] = len + n;
+    return KDT_OK;
+}
+
+kdt_status kdt_gpu_stage_decode(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t n_streams, const int32_t *stream_ids,
+                                const int32_t *tokens) {
+    static const char fn[] = "kdt_gpu_stage_decode";
+    TRY(check_kv(fn, r, c));
+    KDT_CHECK_ARG(tokens, "%s: tokens is NULL", fn);
+    KDT_CHECK_ARG(n_streams >= 1 && n_streams <= c->max_streams && n_streams <= r->opt.max_rows,
+                  "%s: n_streams = %d (1..%d)", fn, n_streams,
+                  c->max_streams < r->opt.max_rows ? c->max_streams : r->opt.max_rows);
+    int32_t *ids = malloc((size_t)n_streams * 2 * sizeof(int32_t));
+    uint8_t *seen = calloc((size_t)c->max_streams, 1);
+    kdt_status st = KDT_OK;
+    if (!ids || !seen) {
+        st = kdt_fail(KDT_ERR_OUT_OF_MEMORY, "%s", fn);
+        goto done;
+    }
+    int32_t *need = ids + n_streams;
+    stage_view v;
+    memset(&v, 0, sizeof v);
+    for (int32_t s = 0; s < n_streams; s++) {
+        const int32_t id = stream_ids ? stream_ids[s] : s;
+        if (id < 0 || id >= c->max_streams || seen[id]) {
+            st = kdt_fail(KDT_ERR_INVALID_ARG, "%s: stream_ids[%d] = %d is out of range or repeated", fn, s, id);
+            goto done;
+        }
+        seen[id] = 1;
+        ids[s] = id;
+        if ((st = check_token(fn, r, tokens[s], "tokens", s)) != KDT_OK) goto done;
+        if (c->length[id] >= r->g->cfg.max_position_embeddings) {
+            st = kdt_fail(KDT_ERR_CAPACITY, "%s: stream %d is at max_position_embeddings %d", fn, id,
+                          r->g->cfg.max_position_embeddings);
+            goto done;
+        }
+        if ((st = check_reach(fn, r, id, c->length[id], (int64_t)c->length[id] + 1)) != KDT_OK) goto done;
+        need[s] = c->length[id] + 1;
+    }
+    if ((st = kdt_gkv_reserve_many(c, n_streams, ids, need)) != KDT_OK) goto done;
+    if ((st = stage_begin(r, &v)) != KDT_OK) goto done;
+    for (int32_t s = 0; s < n_streams; s++) {
+        kdt_grow *w = &v.rows[s];
+        memset(w, 0, sizeof *w);
+        w->stream = ids[s];
+        w->token = tokens[s];
+        w->pos = w->slot = c->length[ids[s]];
+        w->n_prefix = w->n_keys = w->slot + 1;
+        w->mask_off = -1;
+        w->out_index = w->tap_index = s;
+    }
+    if ((st = stage_end(r, c, &v, n_streams, 0)) != KDT_OK) goto done;
+    for (int32_t s = 0; s < n_streams; s++) c->length[ids[s]] = c->written[ids[s]] = need[s];
+done:
+    free(ids);
+    free(seen);
+    return st;
+}
+
+/* One stream of a tree against the layout contract (as forward.c checks it); P = its length. */
+static kdt_status check_tree_stream(const kdt_gpu_runner *r, const kdt_tree *t, int32_t s, int32_t P, int32_t stream) {
+    static const char fn[] = "kdt_gpu_verify";
+    const int32_t n = t->n_nodes[s], W = KDT_MASK_WORDS(t->max_nodes);
+    const int64_t base = (int64_t)s * t->max_nodes;
+    if (n < 1 || n > t->max_nodes)
+        return kdt_fail(KDT_ERR_MALFORMED_TREE, "%s: stream %d: n_nodes = %d (1..%d)", fn, s, n, t->max_nodes);
+    int32_t max_depth = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t p = t->parent[base + i], d = t->depth[base + i];
+        const int32_t want_depth = i == 0 ? 0 : (p >= 0 && p < i ? t->depth[base + p] + 1 : -1);
+        if ((i == 0 && p != -1) || (i > 0 && (p < 0 || p >= i)))
+            return kdt_fail(KDT_ERR_MALFORMED_TREE, "%s: stream %d: node %d has parent %d", fn, s, i, p);
+        if (d != want_depth)
+            return kdt_fail(KDT_ERR_MALFORMED_TREE, "%s: stream %d: node %d has depth %d, expected %d", fn, s, i, d,
+                            want_depth);
+        if (t->position[base + i] != P + d)
+            return kdt_fail(KDT_ERR_MALFORMED_TREE,
+                            "%s: stream %d: node %d has position %d, expected stream length %d + depth %d", fn, s, i,
+                            t->position[base + i], P, d);
+        if ((int64_t)P + d >= r->g->cfg.max_position_embeddings)
+            return kdt_fail(KDT_ERR_CAPACITY, "%s: stream %d: position %d reaches max_position_embeddings %d", fn, s,
+                            P + d, r->g->cfg.max_position_embeddings);
+        TRY(check_token(fn, r, t->token[base + i], "tree token", base + i));
+        const uint64_t *row = t->anc_mask + (base + i) * W;
+        const uint64_t *prow = i ? t->anc_mask + (base + p) * W : NULL;
+        for (int32_t w = 0; w < W; w++) {
+            uint64_t want = prow ? prow[w] : 0;
+            if (w == i / 64) want |= (uint64_t)1 << (i % 64);
+            if (row[w] != want)
+                return kdt_fail(KDT_ERR_MALFORMED_TREE,
+                                "%s: stream %d: ancestor mask of node %d is not {itself} + its parent's", fn, s, i);
+        }
+        if (d > max_depth) max_depth = d;
+    }
+    return check_reach(fn, r, stream, (int64_t)P + max_depth, (int64_t)P + max_depth + 1);
+}
+
+kdt_status kdt_gpu_stage_verify(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_tree *tree, const int32_t *stream_ids) {
+    static const char fn[] = "kdt_gpu_verify";
+    TRY(check_kv(fn, r, c));
+    KDT_CHECK_ARG(tree, "%s: tree is NULL", fn);
+    const int32_t S = tree->n_streams, N = tree->max_nodes;
+    KDT_CHECK_ARG(S >= 1 && S <= c->max_streams, "%s: n_streams = %d (1..%d)", fn, S, c->max_streams);
+    KDT_CHECK_ARG(N >= 1 && N <= KDT_MAX_NODES, "%s: max_nodes = %d (1..%d)", fn, N, KDT_MAX_NODES);
+    KDT_CHECK_ARG(tree->n_nodes && tree->token && tree->parent && tree->depth && tree->position && tree->anc_mask,
+                  "%s: a tree array (n_nodes, token, parent, depth, position, anc_mask) is NULL", fn);
+    KDT_CHECK_ARG(N <= r->opt.max_nodes, "%s: max_nodes = %d, the runner was made for %d", fn, N, r->opt.max_nodes);
+    KDT_CHECK_ARG((int64_t)S * N <= r->opt.max_rows, "%s: %d streams x max_nodes %d exceed the runner's max_rows %d",
+                  fn, S, N, r->opt.max_rows);
+    const int32_t W = KDT_MASK_WORDS(N);
+    int32_t *ids = malloc((size_t)S * 2 * sizeof(int32_t));
+    uint8_t *seen = calloc((size_t)c->max_streams, 1);
+    kdt_status st = KDT_OK;
+    if (!ids || !seen) {
+        st = kdt_fail(KDT_ERR_OUT_OF_MEMORY, "%s", fn);
+        goto done;
+    }
+    int32_t *need = ids + S;
+    stage_view v;
+    memset(&v, 0, sizeof v);
+    for (int32_t s = 0; s < S; s++) {
+        const int32_t id = stream_ids ? stream_ids[s] : s;
+        if (id < 0 || id >= c->max_streams || seen[id]) {
+            st = kdt_fail(KDT_ERR_INVALID_ARG, "%s: stream_ids[%d] = %d is out of range or repeated", fn, s, id);
+            goto done;
+        }
+        seen[id] = 1;
+        ids[s] = id;
+        if ((st = check_tree_stream(r, tree, s, c->length[id], id)) != KDT_OK) goto done;
+        need[s] = c->length[id] + tree->n_nodes[s];
+    }
+    if ((st = kdt_gkv_reserve_many(c, S, ids, need)) != KDT_OK) goto done;
+    if ((st = stage_begin(r, &v)) != KDT_OK) goto done;
+    int32_t k = 0;
+    for (int32_t s = 0; s < S; s++) {
+        const int32_t P = c->length[ids[s]];
+        for (int32_t i = 0; i < tree->n_nodes[s]; i++, k++) {
+            const int64_t idx = (int64_t)s * N + i;
+            kdt_grow *w = &v.rows[k];
+            memset(w, 0, sizeof *w);
+            w->stream = ids[s];
+            w->token = tree->token[idx];
+            w->pos = tree->position[idx];
+            w->slot = P + i;
+            w->n_prefix = P;
+            int32_t bits = 0;
+            for (int32_t q = 0; q < W; q++) {
+                v.masks[(int64_t)k * W + q] = tree->anc_mask[idx * W + q];
+                bits += __builtin_popcountll(tree->anc_mask[idx * W + q]);
+            }
+            w->n_keys = P + bits;
+            w->mask_off = k * W;
+            w->mask_words = W;
+            w->out_index = w->tap_index = (int32_t)idx;
+        }
+    }
+    if ((st = stage_end(r, c, &v, k, (size_t)k * W)) != KDT_OK) goto done;
+    for (int32_t s = 0; s < S; s++) c->written[ids[s]] = need[s];
+done:
+    free(ids);
+    free(seen);
+    return st;
+}
+
+/* ---- the pass --------------------------------------------------------------------------------- */
+
+typedef struct pass {
+    kdt_gpu_runner *r;
+    kdt_gpu_kv *c;
+    const kdt_gpu_model *g;
+    cudaStream_t s;
+    int32_t M;                  /* launch bound */
+    int32_t stages;
+    const kdt_gstage_hdr *hdr;
+    const kdt_grow *rows;
+    const int32_t *head;
+    const uint64_t *masks;
+    const int32_t *m_dev;
+} pass;
+
+/* partials of X W^T into r->part as [splits][M][ldy] (+ y_batch per batch); returns the split count */
+static kdt_status gemm(pass *p, const float *x, int64_t ldx, int64_t x_batch, int32_t kx, const kdt_gmat *w,
+                       int64_t ldy, int64_t y_batch, int32_t *splits, int64_t *split_stride) {
+    int32_t k_chunk;
+    kdt_gemm_plan(w->rows, w->ld, w->batch, splits, &k_chunk);
+    *split_stride = (int64_t)p->M * ldy;
+    if ((size_t)*splits * (size_t)*split_stride > p->r->part_floats)
+        return kdt_fail(KDT_ERR_INTERNAL, "GPU forward: split-K partials overflow");
+    kdt_gemm_args a;
+    memset(&a, 0, sizeof a);
+    a.x = x;
+    a.ldx = ldx;
+    a.x_batch = x_batch;
+    a.kx = kx;
+    a.w = w->w;
+    a.ldw = w->ld;
+    a.w_batch = w->batch_stride;
+    a.n = w->rows;
+    a.y = p->r->part;
+    a.ldy = ldy;
+    a.y_split = *split_stride;
+    a.y_batch = y_batch;
+    a.m_dev = p->m_dev;
+    a.m_max = p->M;
+    a.batch = w->batch;
+    a.splits = *splits;
+    a.k_chunk = k_chunk;
+    return kdt_gemm_launch(&a, p->stages, p->s);
+}
+
+static kdt_status attention(pass *p, int32_t l) {
+    const kdt_gpu_model *g = p->g;
+    const kdt_model_config *c = &g->cfg;
+    kdt_gpu_runner *r = p->r;
+    int32_t hg = r->opt.attn_heads_per_item;
+    if (hg == 0) hg = (hg64_supported(g) && c->n_heads >= 64 && p->M >= 16) ? 64 : 16;
+    const int32_t n_hg = (c->n_heads + hg - 1) / hg;
+    const int64_t bound = (int64_t)p->M * max_row_splits(r->opt.max_keys) * n_hg;
+    const int64_t cap = (int64_t)g->n_sm * (hg == 16 ? 2 : 1);
+    kdt_attn_args a;
+    memset(&a, 0, sizeof a);
+    a.q_abs = r->q_abs;
+    a.kv = p->c->cache + (int64_t)l * p->c->layer_stride;
+    a.row_stride = p->c->row_stride;
+    a.page_size = p->c->page_size;
+    a.n_pages = p->c->n_pages;
+    a.max_pages = p->c->max_pages;
+    a.block_table = p->c->d_block_table;
+    a.hdr = p->hdr;
+    a.rows = p->rows;
+    a.masks = p->masks;
+    a.att_o = r->att_o;
+    a.att_m = r->att_m;
+    a.att_l = r->att_l;
+    a.o_lat = r->o_lat;
+    a.H = c->n_heads;
+    a.dc = c->kv_lora_rank;
+    a.dq = c->kv_lora_rank + c->qk_rope_head_dim;
+    a.scale_log2 = c->softmax_scale * LOG2E;
+    a.heads_per_item = hg;
+    a.grid = (int32_t)(bound < cap ? bound : cap);
+    a.max_rows = p->M;
+    return kdt_attn_launch(&a, p->s);
+}
+
+static kdt_status moe(pass *p, const kdt_gpu_layer *L, int32_t l) {
+    const kdt_gpu_model *g = p->g;
+    const kdt_model_config *c = &g->cfg;
+    kdt_gpu_runner *r = p->r;
+    const int32_t D = c->hidden_size, E = c->n_routed_experts, K = c->n_experts_per_tok;
+    int32_t splits;
+    int64_t ss;
+    TRY(gemm(p, r->xn, D, 0, D, &L->router, E, 0, &splits, &ss));
+    TRY(kdt_op_route(r->part, splits, ss, L->router_bias, c, p->hdr, r->sel, r->wgt, p->M, p->s));
+    TRY(kdt_op_moe_plan(p->hdr, r->sel, K, E, g->has_shared, p->M, r->pair_row, r->pair_expert, r->pos_of,
+                        r->pos_shared, r->items, r->moe_counts, r->expert_counts + (int64_t)l * (E + 1), p->s));
+    const int32_t max_pairs = p->M * K + (g->has_shared ? p->M : 0);
+    const int32_t E_tot = E + g->has_shared;
+    int32_t item_bound = (p->M * K + g->has_shared) < E_tot ? p->M * K + g->has_shared : E_tot;
+    item_bound += (max_pairs + KDT_G_BM - 1) / KDT_G_BM;
+    const int32_t ldp = 2 * g->max_inter_pad;
+    kdt_grouped_args a;
+    memset(&a, 0, sizeof a);
+    a.which = 0;
+    a.x = r->xn;
+    a.ldx = D;
+    a.pair_row = r->pair_row;
+    a.experts = L->experts;
+    a.items = r->items;
+    a.n_items = r->moe_counts;
+    a.y = r->moe_part;
+    a.ldy = ldp;
+    a.n_max = ldp;
+    a.kd = D;
+    a.grid_items = item_bound < 128 ? item_bound : 128;
+    TRY(kdt_grouped_launch(&a, p->stages, p->s));
+    TRY(kdt_op_swiglu(r->moe_part, 1, 0, ldp, r->moe_counts + 1, max_pairs, r->pair_expert, L->experts, 0, r->h,
+                      r->ld_h, p->s));
+    a.which = 1;
+    a.x = r->h;
+    a.ldx = r->ld_h;
+    a.y = r->moe_y;
+    a.ldy = D;
+    a.n_max = D;
+    TRY(kdt_grouped_launch(&a, p->stages, p->s));
+    return kdt_op_moe_combine(r->x, r->moe_y, D, K, r->pos_of, r->pos_shared, r->wgt, g->has_shared, p->hdr, p->M,
+                              p->s);
+}
+
+static kdt_status dense_mlp(pass *p, const kdt_gpu_layer *L) {
+    kdt_gpu_runner *r = p->r;
+    const int32_t D = p->g->cfg.hidden_size;
+    int32_t splits;
+    int64_t ss;
+    TRY(gemm(p, r->xn, D, 0, D, &L->dense_gu, L->dense_gu.rows, 0, &splits, &ss));
+    TRY(kdt_op_swiglu(r->part, splits, ss, L->dense_gu.rows, p->m_dev, p->M, NULL, NULL, L->dense_inter, r->h, r->ld_h,
+                      p->s));
+    TRY(gemm(p, r->h, r->ld_h, 0, L->dense_inter, &L->dense_down, D, 0, &splits, &ss));
+    return kdt_op_residual(r->x, r->part, splits, ss, D, p->m_dev, p->M, p->s);
+}
+
+static kdt_status layer(pass *p, int32_t l, const kdt_gpu_run_config *rc) {
+    const kdt_gpu_model *g = p->g;
+    const kdt_model_config *c = &g->cfg;
+    const kdt_gpu_layer *L = &g->layers[l];
+    kdt_gpu_runner *r = p->r;
+    kdt_gpu_kv *kv = p->c;
+    const int32_t D = c->hidden_size, H = c->n_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
+                  dv = c->v_head_dim, dc = c->kv_lora_rank, dq = dc + dr, ql = c->q_lora_rank, dqk = dn + dr;
+    int32_t splits;
+    int64_t ss;
+    TRY(kdt_op_rmsnorm(r->x, NULL, L->input_norm, c->rms_norm_eps, D, r->xn, p->m_dev, p->M, p->s));
+    TRY(gemm(p, r->xn, D, 0, D, &L->w_a, L->w_a.rows, 0, &splits, &ss));
+    TRY(kdt_op_post_a(r->part, splits, ss, L->w_a.rows, ql, dc, dr, L->q_a_norm, L->kv_a_norm, g->rope_cs,
+                      c->rope_interleave, p->hdr, p->rows, kv->cache + (int64_t)l * kv->layer_stride,
+                      kv->d_block_table, kv->max_pages, kv->page_size, kv->n_pages, kv->row_stride, r->qa, p->M, p->s));
+    if (ql > 0) TRY(gemm(p, r->qa, ql, 0, ql, &L->q_b, (int64_t)H * dqk, 0, &splits, &ss));
+    else TRY(gemm(p, r->xn, D, 0, D, &L->q_b, (int64_t)H * dqk, 0, &splits, &ss));
+    TRY(kdt_op_post_q(r->part, splits, ss, H * dqk, H, dn, dr, dc, g->rope_cs, c->rope_interleave, p->hdr, p->rows,
+                      r->q_nope, r->q_abs, p->M, p->s));
+    TRY(gemm(p, r->q_nope, (int64_t)H * dn, dn, dn, &L->uk_t, (int64_t)H * dc, dc, &splits, &ss));
+    TRY(kdt_op_sum_splits(r->part, splits, ss, H * dc, H, dc, dc, r->q_abs, H * dq, dq, p->m_dev, p->M, p->s));
+    TRY(attention(p, l));
+    TRY(gemm(p, r->o_lat, (int64_t)H * dc, dc, dc, &L->uv, (int64_t)H * dv, dv, &splits, &ss));
+    TRY(kdt_op_sum_splits(r->part, splits, ss, H * dv, H, dv, dv, r->heads, H * dv, dv, p->m_dev, p->M, p->s));
+    TRY(gemm(p, r->heads, (int64_t)H * dv, 0, H * dv, &L->o_proj, D, 0, &splits, &ss));
+    TRY(kdt_op_post_o(r->x, r->part, splits, ss, L->post_norm, c->rms_norm_eps, D, r->xn, p->m_dev, p->M, p->s));
+    if (L->is_moe) TRY(moe(p, L, l));
+    else TRY(dense_mlp(p, L));
+    for (int32_t t = 0; t < rc->n_taps; t++)
+        if (rc->tap_layers[t] == l)
+            TRY(kdt_op_taps(r->x, D, p->hdr, p->rows, r->d_taps, r->opt.max_taps, t, p->M, p->s));
+    return KDT_OK;
+}
+
+kdt_status kdt_gpu_run(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_gpu_run_config *rc) {
+    static const char fn[] = "kdt_gpu_run";
+    TRY(check_kv(fn, r, c));
+    KDT_CHECK_ARG(rc, "%s: config is NULL", fn);
+    const kdt_model_config *cfg = &r->g->cfg;
+    KDT_CHECK_ARG(rc->max_rows >= 1 && rc->max_rows <= r->opt.max_rows, "%s: max_rows = %d (1..%d)", fn, rc->max_rows,
+                  r->opt.max_rows);
+    KDT_CHECK_ARG(!rc->logits || r->d_logits, "%s: logits requested but the runner has no logits buffer", fn);
+    KDT_CHECK_ARG(rc->n_taps >= 0 && rc->n_taps <= r->opt.max_taps, "%s: n_taps = %d (0..%d)", fn, rc->n_taps,
+                  r->opt.max_taps);
+    KDT_CHECK_ARG(rc->n_taps == 0 || rc->tap_layers, "%s: n_taps = %d but tap_layers is NULL", fn, rc->n_taps);
+    for (int32_t t = 0; t < rc->n_taps; t++)
+        KDT_CHECK_ARG(rc->tap_layers[t] >= 0 && rc->tap_layers[t] < cfg->n_layers, "%s: tap_layers[%d] = %d (0..%d)",
+                      fn, t, rc->tap_layers[t], cfg->n_layers - 1);
+    KDT_CHECK_ARG(r->staged_rows <= rc->max_rows, "%s: %d staged rows exceed max_rows %d", fn, r->staged_rows,
+                  rc->max_rows);
+    pass p;
+    p.r = r;
+    p.c = c;
+    p.g = r->g;
+    p.s = r->stream;
+    p.M = rc->max_rows;
+    p.stages = r->stages;
+    p.hdr = (const kdt_gstage_hdr *)r->d_stage;
+    p.rows = (const kdt_grow *)(r->d_stage + r->off_rows);
+    p.head = (const int32_t *)(r->d_stage + r->off_head);
+    p.masks = (const uint64_t *)(r->d_stage + r->off_masks);
+    p.m_dev = &p.hdr->n_rows;
+    const int32_t D = cfg->hidden_size;
+    TRY(kdt_op_embed(p.hdr, p.rows, &r->g->embed, r->x, D, p.M, p.s));
+    for (int32_t l = 0; l < cfg->n_layers; l++) TRY(layer(&p, l, rc));
+    if (rc->logits || rc->argmax) {
+        TRY(kdt_op_rmsnorm(r->x, p.head, r->g->final_norm, cfg->rms_norm_eps, D, r->xn_head, &p.hdr->n_head, p.M, p.s));
+        kdt_head_args h;
+        memset(&h, 0, sizeof h);
+        h.x = r->xn_head;
+        h.kx = D;
+        h.w = r->g->lm_head;
+        h.m_dev = &p.hdr->n_head;
+        h.m_max = p.M;
+        h.rows = p.rows;
+        h.head_rows = p.head;
+        h.logits = rc->logits ? r->d_logits : NULL;
+        h.am_val = r->am_val;
+        h.am_idx = r->am_idx;
+        h.am_ld = r->opt.max_rows;
+        TRY(kdt_head_launch(&h, p.stages, p.s));
+        if (rc->argmax)
+            TRY(kdt_op_argmax_final(r->am_val, r->am_idx, r->opt.max_rows, (cfg->vocab_size + KDT_G_BN - 1) / KDT_G_BN,
+                                    p.hdr, p.head, p.rows, r->d_argmax, p.M, p.s));
+    }
+    return KDT_OK;
+}
+
+/* ---- graphs -------------------------------------------------------------------------------- */
+
+kdt_status kdt_gpu_graph_capture(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_gpu_run_config *rc, kdt_gpu_graph **out) {
+    KDT_CHECK_ARG(out, "kdt_gpu_graph_capture: out is NULL");
+    *out = NULL;
+    KDT_CHECK_ARG(r && c && rc, "kdt_gpu_graph_capture: NULL argument");
+    kdt_gpu_graph *gr = calloc(1, sizeof *gr);
+    if (!gr) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "kdt_gpu_graph_capture");
+    cudaError_t e = cudaStreamBeginCapture(r->stream, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) {
+        free(gr);
+        return cuda_fail(e, "kdt_gpu_graph_capture: begin");
+    }
+    kdt_status st = kdt_gpu_run(r, c, rc);
+    cudaGraph_t graph = NULL;
+    e = cudaStreamEndCapture(r->stream, &graph);
+    if (st == KDT_OK && e != cudaSuccess) st = cuda_fail(e, "kdt_gpu_graph_capture: end");
+    if (st == KDT_OK && (e = cudaGraphInstantiate(&gr->exec, graph, 0)) != cudaSuccess)
+        st = cuda_fail(e, "kdt_gpu_graph_capture: instantiate");
+    if (st != KDT_OK) {
+        if (graph) cudaGraphDestroy(graph);
+        free(gr);
+        return st;
+    }
+    gr->r = r;
+    gr->graph = graph;
+    gr->max_rows = rc->max_rows;
+    *out = gr;
+    return KDT_OK;
+}
+
+kdt_status kdt_gpu_graph_launch(kdt_gpu_graph *g) {
+    KDT_CHECK_ARG(g, "kdt_gpu_graph_launch: graph is NULL");
+    KDT_CHECK_ARG(g->r->staged_rows <= g->max_rows, "kdt_gpu_graph_launch: %d staged rows, the graph holds %d",
+                  g->r->staged_rows, g->max_rows);
+    const cudaError_t e = cudaGraphLaunch(g->exec, g->r->stream);
+    return e == cudaSuccess ? KDT_OK : cuda_fail(e, "kdt_gpu_graph_launch");
+}
+
+void kdt_gpu_graph_free(kdt_gpu_graph *g) {
+    if (!g) return;
+    if (g->exec) cudaGraphExecDestroy(g->exec);
+    if (g->graph) cudaGraphDestroy(g->graph);
+    free(g);
+}
+
+/* ---- synchronous API ------------------------------------------------------------------------ */
+
+static kdt_status check_outputs(const char *fn, const kdt_gpu_runner *r, const kdt_model_outputs *out) {
+    if (!out) return KDT_OK;
+    KDT_CHECK_ARG(out->n_taps >= 0 && out->n_taps <= KDT_MODEL_MAX_TAPS, "%s: n_taps = %d (0..%d)", fn, out->n_taps,
+                  KDT_MODEL_MAX_TAPS);
+    if (out->n_taps > 0) {
+        KDT_CHECK_ARG(out->tap_layers && out->taps, "%s: n_taps = %d but tap_layers or taps is NULL", fn, out->n_taps);
+        for (int32_t t = 0; t < out->n_taps; t++)
+            KDT_CHECK_ARG(out->tap_layers[t] >= 0 && out->tap_layers[t] < r->g->cfg.n_layers,
+                          "%s: tap_layers[%d] = %d (0..%d)", fn, t, out->tap_layers[t], r->g->cfg.n_layers - 1);
+        KDT_CHECK_ARG(out->n_taps <= r->opt.max_taps, "%s: %d taps, the runner holds %d", fn, out->n_taps,
+                      r->opt.max_taps);
+    }
+    KDT_CHECK_ARG(!out->logits || r->d_logits, "%s: logits requested from a runner made without logits", fn);
+    return KDT_OK;
+}
+
+static kdt_gpu_run_config run_config(int32_t rows, const kdt_model_outputs *out) {
+    kdt_gpu_run_config rc = {rows, 0, 0, 0, NULL};
+    if (out) {
+        rc.logits = out->logits != NULL;
+        rc.argmax = out->argmax != NULL;
+        rc.n_taps = out->n_taps;
+        rc.tap_layers = out->tap_layers;
+    }
+    return rc;
+}
+
+/* Copies n output rows (device rows dev0.., host rows host0..). want_head: logits/argmax too. */
+static kdt_status fetch(kdt_gpu_runner *r, const kdt_model_outputs *out, int64_t dev0, int64_t host0, int64_t n,
+                        int want_head, int want_taps) {
+    if (!out || n <= 0) return KDT_OK;
+    const int64_t V = r->g->cfg.vocab_size, D = r->g->cfg.hidden_size;
+    cudaError_t e = cudaSuccess;
+    if (want_head && out->argmax)
+        e = cudaMemcpy(out->argmax + host0, r->d_argmax + dev0, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess && want_head && out->logits)
+        e = cudaMemcpy(out->logits + host0 * V, r->d_logits + dev0 * V, (size_t)(n * V) * sizeof(float),
+                       cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess && want_taps && out->n_taps > 0)
+        e = cudaMemcpy2D(out->taps + host0 * out->n_taps * D, (size_t)out->n_taps * D * sizeof(float),
+                         r->d_taps + dev0 * r->opt.max_taps * D, (size_t)r->opt.max_taps * D * sizeof(float),
+                         (size_t)out->n_taps * D * sizeof(float), (size_t)n, cudaMemcpyDeviceToHost);
+    return e == cudaSuccess ? KDT_OK : cuda_fail(e, "GPU forward: outputs");
+}
+
+kdt_status kdt_gpu_decode(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t n_streams, const int32_t *stream_ids,
+                          const int32_t *tokens, const kdt_model_outputs *out) {
+    static const char fn[] = "kdt_gpu_decode";
+    KDT_CHECK_ARG(r, "%s: runner is NULL", fn);
+    TRY(check_outputs(fn, r, out));
+    TRY(kdt_gpu_stage_decode(r, c, n_streams, stream_ids, tokens));
+    const kdt_gpu_run_config rc = run_config(n_streams, out);
+    TRY(kdt_gpu_run(r, c, &rc));
+    TRY(kdt_gpu_runner_sync(r));
+    return fetch(r, out, 0, 0, n_streams, 1, 1);
+}
+
+kdt_status kdt_gpu_verify(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_tree *tree, const int32_t *stream_ids,
+                          const kdt_model_outputs *out) {
+    static const char fn[] = "kdt_gpu_verify";
+    KDT_CHECK_ARG(r, "%s: runner is NULL", fn);
+    TRY(check_outputs(fn, r, out));
+    TRY(kdt_gpu_stage_verify(r, c, tree, stream_ids));
+    const kdt_gpu_run_config rc = run_config(tree->n_streams * tree->max_nodes, out);
+    TRY(kdt_gpu_run(r, c, &rc));
+    TRY(kdt_gpu_runner_sync(r));
+    for (int32_t s = 0; s < tree->n_streams; s++) {
+        const int64_t row0 = (int64_t)s * tree->max_nodes;
+        TRY(fetch(r, out, row0, row0, tree->n_nodes[s], 1, 1));
+    }
+    return KDT_OK;
+}
+
+kdt_status kdt_gpu_prefill(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t stream, const int32_t *tokens, int32_t n,
+                           const kdt_model_outputs *out) {
+    static const char fn[] = "kdt_gpu_prefill";
+    KDT_CHECK_ARG(r, "%s: runner is NULL", fn);
+    TRY(check_kv(fn, r, c));
+    TRY(check_outputs(fn, r, out));
+    KDT_CHECK_ARG(tokens, "%s: tokens is NULL", fn);
+    KDT_CHECK_ARG(n >= 1, "%s: n = %d", fn, n);
+    KDT_CHECK_ARG(stream >= 0 && stream < c->max_streams, "%s: stream %d (0..%d)", fn, stream, c->max_streams - 1);
+    /* everything is checked and every page reserved before the first chunk runs */
+    for (int32_t i = 0; i < n; i++) TRY(check_token(fn, r, tokens[i], "tokens", i));
+    const int32_t len = c->length[stream];
+    if ((int64_t)len + n > r->g->cfg.max_position_embeddings)
+        return kdt_fail(KDT_ERR_CAPACITY, "%s: stream %d: %d + %d tokens exceed max_position_embeddings %d", fn, stream,
+                        len, n, r->g->cfg.max_position_embeddings);
+    TRY(check_reach(fn, r, stream, (int64_t)len + n - 1, (int64_t)len + n));
+    const int32_t need = len + n;
+    TRY(kdt_gkv_reserve_many(c, 1, &stream, &need));
+    const int32_t chunk = r->opt.max_rows;
+    const int last_only = out && out->last_only;
+    for (int32_t i0 = 0; i0 < n; i0 += chunk) {
+        const int32_t m = n - i0 < chunk ? n - i0 : chunk;
+        const int last = i0 + m == n;
+        TRY(kdt_gpu_stage_prefill(r, c, stream, tokens + i0, m, last_only));
+        kdt_gpu_run_config rc = run_config(m, out);
+        if (last_only && !last) rc.logits = rc.argmax = 0;
+        TRY(kdt_gpu_run(r, c, &rc));
+        TRY(kdt_gpu_runner_sync(r));
+        if (last_only) {
+            TRY(fetch(r, out, 0, i0, m, 0, 1));
+            if (last) TRY(fetch(r, out, 0, 0, 1, 1, 0));
+        } else {
+            TRY(fetch(r, out, 0, i0, m, 1, 1));
+        }
+    }
+    return KDT_OK;
+}
+
+/* ---- KV commit and helpers ------------------------------------------------------------------ */
+
+kdt_status kdt_gpu_kv_commit(kdt_gpu_runner *r, kdt_gpu_kv *k, int32_t n_streams, const int32_t *stream_ids,
+                             const int32_t *accepted, const int32_t *tau) {
+    static const char fn[] = "kdt_gpu_kv_commit";
+    TRY(check_kv(fn, r, k));
+    KDT_CHECK_ARG(accepted && tau, "%s: NULL argument", fn);
+    KDT_CHECK_ARG(n_streams >= 1 && n_streams <= k->max_streams, "%s: n_streams = %d", fn, n_streams);
+    for (int32_t i = 0; i < n_streams; i++) {
+        const int32_t s = stream_ids ? stream_ids[i] : i;
+        KDT_CHECK_ARG(s >= 0 && s < k->max_streams, "%s: stream_ids[%d] = %d", fn, i, s);
+        for (int32_t j = 0; j < i; j++)
+            KDT_CHECK_ARG((stream_ids ? stream_ids[j] : j) != s, "%s: stream %d listed twice", fn, s);
+        const int32_t t = tau[i], tree_rows = k->written[s] - k->length[s];
+        KDT_CHECK_ARG(t >= 0 && t <= KDT_MAX_PATH && t <= tree_rows, "%s: stream %d: tau %d (tree has %d rows)", fn, s,
+                      t, tree_rows);
+        for (int32_t a = 0; a < t; a++) {
+            const int32_t node = accepted[(int64_t)i * KDT_MAX_PATH + a];
+            const int32_t prev = a ? accepted[(int64_t)i * KDT_MAX_PATH + a - 1] : -1;
+            KDT_CHECK_ARG(!(node <= prev || node >= tree_rows || (a == 0 && node != 0)), "%s: stream %d: accepted[%d] = %d",
+                          fn, s, a, node);
+        }
+    }
+    cudaError_t e = cudaStreamSynchronize(r->stream);
+    if (e != cudaSuccess) return cuda_fail(e, fn);
+    TRY(kdt_gkv_flush_pending_sync(k));
+    const size_t n_table = (size_t)n_streams * k->max_pages;
+    const size_t bytes = (n_table + (size_t)n_streams * (2 + KDT_MAX_PATH)) * sizeof(int32_t);
+    if (bytes > r->commit_bytes) {
+        if (r->commit_buf) cudaFree(r->commit_buf);
+        r->commit_buf = NULL;
+        r->commit_bytes = 0;
+        if ((e = cudaMalloc((void **)&r->commit_buf, bytes)) != cudaSuccess) return cuda_fail(e, fn);
+        r->commit_bytes = bytes;
+    }
+    int32_t *h = malloc(bytes);
+    if (!h) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "%s", fn);
+    int32_t *table = h, *prefix = h + n_table, *tau_h = prefix + n_streams, *acc = tau_h + n_streams;
+    for (int32_t i = 0; i < n_streams; i++) {
+        const int32_t s = stream_ids ? stream_ids[i] : i;
+        memcpy(table + (size_t)i * k->max_pages, k->block_table + (int64_t)s * k->max_pages,
+               (size_t)k->max_pages * sizeof(int32_t));
+        prefix[i] = k->length[s];
+        tau_h[i] = tau[i];
+    }
+    memcpy(acc, accepted, (size_t)n_streams * KDT_MAX_PATH * sizeof(int32_t));
+    e = cudaMemcpyAsync(r->commit_buf, h, bytes, cudaMemcpyHostToDevice, r->stream); /* pageable: staged */
+    if (e == cudaSuccess) e = cudaStreamSynchronize(r->stream);
+    free(h);
+    if (e != cudaSuccess) return cuda_fail(e, fn);
+    const int32_t *d = r->commit_buf;
+    kdt_kv_commit_params p;
+    memset(&p, 0, sizeof p);
+    p.n_streams = n_streams;
+    p.n_layers = k->n_layers;
+    p.row_bytes = k->row_stride * 2;
+    p.page_size = k->page_size;
+    p.n_pages = k->n_pages;
+    p.cache = k->cache;
+    p.layer_stride_bytes = k->layer_stride * 2;
+    p.block_table = d;
+    p.max_pages = k->max_pages;
+    p.prefix_len = d + n_table;
+    p.tau = d + n_table + n_streams;
+    p.accepted = d + n_table + 2 * (size_t)n_streams;
+    TRY(kdt_kv_commit_cuda(&p, r->stream));
+    TRY(kdt_gpu_runner_sync(r));
+    for (int32_t i = 0; i < n_streams; i++) {
+        const int32_t s = stream_ids ? stream_ids[i] : i;
+        if (tau[i] > 0) TRY(kdt_gpu_kv_stream_set_length(k, s, k->length[s] + tau[i]));
+    }
+    return KDT_OK;
+}
+
+kdt_status kdt_gpu_kv_fill_random(kdt_gpu_runner *r, kdt_gpu_kv *k, int32_t stream, int32_t n_slots, uint64_t seed) {
+    static const char fn[] = "kdt_gpu_kv_fill_random";
+    TRY(check_kv(fn, r, k));
+    KDT_CHECK_ARG(stream >= 0 && stream < k->max_streams, "%s: stream %d (0..%d)", fn, stream, k->max_streams - 1);
+    KDT_CHECK_ARG(n_slots >= 1 && n_slots <= k->max_position, "%s: n_slots = %d", fn, n_slots);
+    TRY(kdt_gkv_reserve_many(k, 1, &stream, &n_slots));
+    cudaError_t e = cudaStreamSynchronize(r->stream);
+    if (e != cudaSuccess) return cuda_fail(e, fn);
+    TRY(kdt_gkv_flush_pending_sync(k));
+    TRY(kdt_op_fill_kv(k->cache, k->layer_stride, k->n_layers, k->d_block_table + (int64_t)stream * k->max_pages,
+                       k->page_size, k->row_stride, k->row_elems, n_slots, seed, r->stream));
+    TRY(kdt_gpu_runner_sync(r));
+    k->length[stream] = k->written[stream] = n_slots;
+    return KDT_OK;
+}
+
+kdt_status kdt_gpu_runner_expert_counts(kdt_gpu_runner *r, int32_t layer, int32_t *counts) {
+    KDT_CHECK_ARG(r && counts, "kdt_gpu_runner_expert_counts: NULL argument");
+    const kdt_model_config *c = &r->g->cfg;
+    KDT_CHECK_ARG(layer >= 0 && layer < c->n_layers && r->g->layers[layer].is_moe,
+                  "kdt_gpu_runner_expert_counts: layer %d is not a MoE layer", layer);
+    TRY(kdt_gpu_runner_sync(r));
+    const cudaError_t e = cudaMemcpy(counts, r->expert_counts + (int64_t)layer * (c->n_routed_experts + 1),
+                                     (size_t)(c->n_routed_experts + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost);
+    return e == cudaSuccess ? KDT_OK : cuda_fail(e, "kdt_gpu_runner_expert_counts");
+}
+
+kdt_status kdt_gpu_runner_flush_l2(kdt_gpu_runner *r) {
+    KDT_CHECK_ARG(r, "kdt_gpu_runner_flush_l2: runner is NULL");
+    if (!r->flush_buf) {
+        int l2 = 0;
+        cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, r->g->device);
+        const size_t bytes = (size_t)(l2 > 0 ? l2 : (64 << 20)) * 4;
+        cudaError_t e = cudaMalloc((void **)&r->flush_buf, bytes + 16);
+        if (e == cudaSuccess) e = cudaMemsetAsync(r->flush_buf, 0x3c, bytes + 16, r->stream); /* finite floats */
+        if (e != cudaSuccess) return cuda_fail(e, "kdt_gpu_runner_flush_l2");
+        r->flush_bytes = bytes;
+    }
+    return kdt_op_flush_read(r->flush_buf, (int64_t)(r->flush_bytes / sizeof(float)),
+                             r->flush_buf + r->flush_bytes / sizeof(float), r->stream);
+}

@@ -1,0 +1,335 @@
+/* gpu_internal.h - what the GPU forward's files share (src/model/cuda/): the device weight
+ * layout of kdt_gpu_model, the GPU KV cache and runner structs, the staged batch description
+ * (one row per query token), and the launchers of the kernels in gpu_gemm.cu, gpu_attn.cu and
+ * gpu_ops.cu. Plain C so gpu_kv.c can include it; not part of the public API.
+ *
+ * Conventions: every 2-D weight is bf16 [rows][ld] with ld = cols rounded up to 64 and the
+ * padding columns zero (the GEMM walks K in 64-wide blocks); activations are fp32; "rows" are
+ * the query tokens of one pass (R <= max_rows), numbered as staged; M (the row count) is read
+ * from device memory by every kernel, so one launch sequence serves any batch that fits it. */
+#ifndef KDT_GPU_INTERNAL_H
+#define KDT_GPU_INTERNAL_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kdtree/model.h"
+#include "common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KDT_G_BK 64           /* K block of the GEMM: every weight ld is a multiple of it */
+#define KDT_G_BN 64           /* output columns per GEMM CTA */
+#define KDT_G_BM 64           /* rows per GEMM pass */
+#define KDT_G_GU_BLOCK 32     /* gate/up interleave: 32 gate rows then 32 up rows per 64 */
+#define KDT_G_ATT_TILE 32     /* keys per attention tile */
+#define KDT_G_ATT_SPLIT 512   /* keys per attention split (rows with <= 32768 keys) */
+#define KDT_G_ATT_MAX_SPLITS 64
+#define KDT_G_SPLIT_TARGET 264 /* CTAs the split-K rule aims at (2 x 132 SMs), a constant so
+                                  results never depend on the device */
+
+static inline int64_t kdt_g_round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+/* A bf16 weight on the device: `batch` matrices [rows][ld] at batch_stride elements apart. */
+typedef struct kdt_gmat {
+    uint16_t *w;
+    int32_t rows, cols, ld;
+    int32_t batch;
+    int64_t batch_stride;
+} kdt_gmat;
+
+/* One expert of the grouped MoE GEMMs (device array per layer: E routed, then the shared
+ * expert(s) as one more). */
+typedef struct kdt_gpu_expert {
+    const uint16_t *gu;     /* [2 * i_pad][ld_d]: per 64 rows, 32 gate rows then 32 up rows */
+    const uint16_t *down;   /* [D][ld_i] */
+    int32_t inter;          /* I */
+    int32_t i_pad;          /* I rounded up to 32 */
+    int32_t ld_d;           /* ld of gu (D rounded up to 64) */
+    int32_t ld_i;           /* ld of down (I rounded up to 64) */
+} kdt_gpu_expert;
+
+typedef struct kdt_gpu_layer {
+    float *input_norm, *post_norm;  /* [D] */
+    float *q_a_norm;                /* [q_lora] or NULL */
+    float *kv_a_norm;               /* [d_c] */
+    kdt_gmat w_a;                   /* [q_lora + d_c + d_r][D]: q_a rows, then kv_a rows */
+    kdt_gmat q_b;                   /* [H * (d_n + d_r)][q_lora] (or q_proj [..][D]) */
+    kdt_gmat uk_t;                  /* batch H: [d_c][d_n]  W_UK[h] transposed */
+    kdt_gmat uv;                    /* batch H: [d_v][d_c]  W_UV[h] */
+    kdt_gmat o_proj;                /* [D][H * d_v] */
+    int32_t is_moe;
+    kdt_gmat dense_gu;              /* [2 * i_pad][D] interleaved like kdt_gpu_expert.gu */
+    kdt_gmat dense_down;            /* [D][I] */
+    int32_t dense_inter;
+    kdt_gmat router;                /* [E][D] */
+    float *router_bias;             /* [E] */
+    kdt_gmat experts_gu;            /* batch E: [2 * i_pad][D] */
+    kdt_gmat experts_down;          /* batch E: [D][I] */
+    kdt_gmat shared_gu, shared_down;/* n_shared * I wide; rows 0 when there is none */
+    kdt_gpu_expert *experts;        /* device [E + has_shared] */
+    int32_t n_expert_desc;
+} kdt_gpu_layer;
+
+struct kdt_gpu_model {
+    kdt_model_config cfg;
+    int32_t device;
+    int32_t n_sm;
+    size_t smem_optin;              /* max dynamic shared memory per block */
+    kdt_gmat embed;                 /* [V][D] */
+    kdt_gmat lm_head;               /* [V][D] (may share embed's memory) */
+    float *final_norm;              /* [D] */
+    float *rope_cs;                 /* [rope_rows][d_r / 2] (cos, sin) pairs, attention factor in */
+    int32_t rope_rows;
+    int32_t kv_row_stride;          /* elements per cache row: d_c + d_r rounded up to 8 */
+    kdt_gpu_layer *layers;          /* host array [n_layers] */
+    int32_t has_shared;
+    int32_t max_inter_pad;          /* widest i_pad over routed / shared / dense MLPs */
+    void **allocs;                  /* every cudaMalloc of the model, freed together */
+    int32_t n_allocs, cap_allocs;
+    size_t total_bytes;
+};
+
+/* ---- the GPU KV cache (page logic mirrors kv_cache.c) ----------------------------------- */
+struct kdt_gpu_kv {
+    int32_t device;
+    int32_t n_layers, n_pages, page_size, row_elems, row_stride, max_streams, max_pages;
+    int32_t max_position;
+    uint16_t *cache;                /* device bf16 [n_layers][n_pages][page_size][row_stride] */
+    int64_t layer_stride;           /* elements */
+    int32_t *d_block_table;         /* device [max_streams][max_pages] */
+    int32_t *block_table;           /* host mirror */
+    int32_t *n_stream_pages, *length, *written, *free_list;
+    int32_t n_free;
+    int32_t *pending;               /* (table index, page) pairs not yet on the device */
+    int64_t n_pending, cap_pending;
+};
+
+/* Ensures every stream in streams[0..n) has pages for need[i] slots; all-or-nothing. New
+ * entries go to the pending list. */
+kdt_status kdt_gkv_reserve_many(kdt_gpu_kv *c, int32_t n, const int32_t *streams, const int32_t *need);
+/* Copies every pending block-table entry to the device now (synchronous). */
+kdt_status kdt_gkv_flush_pending_sync(kdt_gpu_kv *c);
+
+/* ---- one staged pass ---------------------------------------------------------------------- */
+/* A query row. Visible keys, in list order: slots 0..n_prefix-1, then slot n_prefix + j for
+ * every bit j set in its mask row (verify), ascending. n_keys counts them. */
+typedef struct kdt_grow {
+    int32_t stream;     /* cache stream (block-table row) */
+    int32_t token;
+    int32_t pos;        /* RoPE position */
+    int32_t slot;       /* where its KV row is written */
+    int32_t n_prefix;
+    int32_t n_keys;
+    int32_t mask_off;   /* first uint64 of its mask row in the staged masks, -1 = none */
+    int32_t mask_words;
+    int32_t split_off;  /* its first attention split (prefix sum over rows) */
+    int32_t out_index;  /* logits / argmax row, -1 = none */
+    int32_t tap_index;  /* taps row, -1 = none */
+    int32_t pad;
+} kdt_grow;
+
+typedef struct kdt_gstage_hdr {
+    int32_t n_rows;
+    int32_t n_head;         /* rows that need the lm_head (out_index >= 0) */
+    int32_t total_splits;   /* attention splits over all rows */
+    int32_t n_updates;      /* block-table updates (applied by the staging itself) */
+    int32_t pad[4];
+} kdt_gstage_hdr;
+
+struct kdt_gpu_runner {
+    const kdt_gpu_model *g;
+    kdt_gpu_runner_options opt;
+    cudaStream_t stream;
+    int32_t own_stream;
+    /* staging: the same byte layout in pinned host memory (two, alternating) and on the device */
+    unsigned char *h_stage[2];
+    cudaEvent_t stage_done[2];
+    int32_t stage_idx;
+    unsigned char *d_stage;
+    size_t off_rows, off_head, off_updates, off_masks, stage_bytes;
+    int32_t cap_updates, mask_words_max;
+    int32_t staged_rows;            /* rows of the last staged pass (host copy) */
+    int32_t stages;                 /* GEMM pipeline depth for this device */
+    int32_t max_splits_total;       /* attention partial slots */
+    /* activations and scratch (device) */
+    float *x, *xn;                  /* [max_rows][D] */
+    float *qa;                      /* [max_rows][q_lora] */
+    float *q_nope;                  /* [max_rows][H][d_n] */
+    float *q_abs;                   /* [max_rows][H][d_c + d_r] */
+    float *o_lat;                   /* [max_rows][H][d_c] */
+    float *heads;                   /* [max_rows][H * d_v] */
+    float *part;                    /* split-K partials of the dense GEMMs */
+    size_t part_floats;
+    float *att_o, *att_m, *att_l;   /* attention partials [splits][H][d_c], [splits][H] */
+    int32_t *sel;                   /* [max_rows][top_k] selected experts, ascending */
+    float *wgt;                     /* [max_rows][top_k] their weights */
+    int32_t *pos_of;                /* [max_rows][top_k] pair index of (row, slot) */
+    int32_t *pos_shared;            /* [max_rows] pair index of the row's shared-expert pair */
+    int32_t *pair_row, *pair_expert;/* [max_pairs] */
+    int32_t *items;                 /* [max_items][3] (expert, first pair, rows) */
+    int32_t *moe_counts;            /* [2]: n_items, n_pairs */
+    int32_t *expert_counts;         /* [n_layers][E + 1] rows per expert, last pass */
+    int32_t max_pairs, max_items;
+    float *moe_part;                /* [max_pairs][2 * max_inter_pad] */
+    float *h;                       /* [max(max_pairs, max_rows)][ld of the widest MLP] */
+    int32_t ld_h;
+    float *moe_y;                   /* [max_pairs][D] */
+    float *xn_head;                 /* [max_rows][D] */
+    float *am_val;                  /* [vocab tiles][max_rows] */
+    int32_t *am_idx;
+    /* outputs */
+    int32_t *d_argmax;              /* [max_rows] */
+    float *d_logits;                /* [max_rows][V] or NULL */
+    float *d_taps;                  /* [max_rows][max_taps][D] or NULL */
+    /* misc */
+    int32_t *commit_buf;            /* device scratch for kdt_gpu_kv_commit */
+    size_t commit_bytes;
+    float *flush_buf;
+    size_t flush_bytes;
+    void **allocs;
+    int32_t n_allocs, cap_allocs;
+};
+
+struct kdt_gpu_graph {
+    kdt_gpu_runner *r;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    int32_t max_rows;               /* the captured launch bound */
+};
+
+/* ---- kernel launchers (all asynchronous on `s`; they only fail on launch errors) ---------- */
+/* Split-K rule of the dense GEMMs: a function of the weight shape only. */
+void kdt_gemm_plan(int32_t n, int32_t ldw, int32_t batch, int32_t *splits, int32_t *k_chunk);
+
+/* Y_s[m][n] = sum over K-split s of X[m][k] W[n][k]: partials, summed by the caller's next kernel
+ * in split order. Batch b uses x + b*x_batch, w + b*w_batch, y + b*y_batch. */
+typedef struct kdt_gemm_args {
+    const float *x; int64_t ldx, x_batch; int32_t kx;  /* X fp32 [M][ldx]; columns >= kx read as 0 */
+    const int32_t *x_rows;                             /* optional: pass row m reads X row x_rows[m] */
+    const uint16_t *w; int32_t ldw; int64_t w_batch; int32_t n;
+    float *y; int64_t ldy, y_split, y_batch;
+    const int32_t *m_dev; int32_t m_max;               /* rows: *m_dev on the device, <= m_max */
+    int32_t batch, splits, k_chunk;
+} kdt_gemm_args;
+kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cudaStream_t s);
+
+/* Grouped MoE GEMM over the item list: which = 0 gate/up (X rows gathered by pair_row, K = D,
+ * N = 2 i_pad of the item's expert), 1 down (X = h rows in pair order, K = I, N = D). */
+typedef struct kdt_grouped_args {
+    int32_t which;
+    const float *x; int64_t ldx;
+    const int32_t *pair_row;
+    const kdt_gpu_expert *experts;
+    const int32_t *items, *n_items;
+    float *y; int64_t ldy;
+    int32_t n_max, kd;          /* widest N over experts; D (gate/up K) */
+    int32_t grid_items;
+} kdt_grouped_args;
+kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s);
+
+/* lm_head with the fused argmax: per 64-column vocabulary tile, every head row's best (value,
+ * id) goes to am_val/am_idx [tile][row]; logits rows are written when logits != NULL. */
+typedef struct kdt_head_args {
+    const float *x; int32_t kx;                 /* xn_head [n_head][kx] */
+    kdt_gmat w;                                 /* lm_head (by value) */
+    const int32_t *m_dev; int32_t m_max;        /* n_head */
+    const kdt_grow *rows; const int32_t *head_rows;
+    float *logits;                              /* [..][V] at out_index, or NULL */
+    float *am_val; int32_t *am_idx; int32_t am_ld;
+} kdt_head_args;
+kdt_status kdt_head_launch(const kdt_head_args *a, int32_t stages, cudaStream_t s);
+/* Dynamic shared memory of the GEMM kernels with `stages` pipeline stages. */
+size_t kdt_gemm_smem_bytes(int32_t stages);
+
+/* Attention (gpu_attn.cu). */
+typedef struct kdt_attn_args {
+    const float *q_abs;             /* [R][H][dq] */
+    const uint16_t *kv;             /* one layer [n_pages][page][row_stride] */
+    int32_t row_stride, page_size, n_pages, max_pages;
+    const int32_t *block_table;
+    const kdt_gstage_hdr *hdr; const kdt_grow *rows; const uint64_t *masks;
+    float *att_o, *att_m, *att_l;
+    float *o_lat;                   /* [R][H][d_c] */
+    int32_t H, dc, dq;
+    float scale_log2;
+    int32_t heads_per_item;         /* 16 or 64 */
+    int32_t grid, max_rows;
+} kdt_attn_args;
+kdt_status kdt_attn_launch(const kdt_attn_args *a, cudaStream_t s);
+/* Keys per split of a row with n_keys visible keys (the one rule). */
+int32_t kdt_attn_split_keys(int32_t n_keys);
+int32_t kdt_attn_n_splits(int32_t n_keys);
+/* Shared memory the attention kernel needs (0 if the configuration is not supported). */
+size_t kdt_attn_smem_bytes(int32_t heads_per_item, int32_t dc, int32_t dq);
+
+
+/* Raise the shared-memory limits of the kernel instances a runner uses (before any capture). */
+kdt_status kdt_gemm_init(int32_t stages);
+kdt_status kdt_attn_init(int32_t heads_per_item, int32_t dc, int32_t dq);
+
+/* Row-wise kernels (gpu_ops.cu). m_dev / n_dev: the row count on the device; max_rows: the
+ * launch bound. Partials are [splits][rows][ldp] at split_stride floats apart. */
+kdt_status kdt_op_scatter(int32_t *table, const int32_t *updates, const kdt_gstage_hdr *hdr, int32_t max_n,
+                          cudaStream_t s);
+kdt_status kdt_op_embed(const kdt_gstage_hdr *hdr, const kdt_grow *rows, const kdt_gmat *embed, float *x, int32_t D,
+                        int32_t max_rows, cudaStream_t s);
+kdt_status kdt_op_rmsnorm(const float *x, const int32_t *rowmap, const float *w, float eps, int32_t D, float *out,
+                          const int32_t *m_dev, int32_t max_rows, cudaStream_t s);
+kdt_status kdt_op_post_a(const float *part, int32_t splits, int64_t split_stride, int32_t ldp, int32_t q_lora,
+                         int32_t dc, int32_t dr, const float *q_a_norm, const float *kv_a_norm, const float *rope_cs,
+                         int32_t interleave, const kdt_gstage_hdr *hdr, const kdt_grow *rows, uint16_t *cache,
+                         const int32_t *block_table, int32_t max_pages, int32_t page_size, int32_t n_pages,
+                         int32_t row_stride, float *qa, int32_t max_rows, cudaStream_t s);
+kdt_status kdt_op_post_q(const float *part, int32_t splits, int64_t split_stride, int32_t ldp, int32_t H, int32_t dn,
+                         int32_t dr, int32_t dc, const float *rope_cs, int32_t interleave, const kdt_gstage_hdr *hdr,
+                         const kdt_grow *rows, float *q_nope, float *q_abs, int32_t max_rows, cudaStream_t s);
+kdt_status kdt_op_sum_splits(const float *part, int32_t splits, int64_t split_stride, int32_t ldp, int32_t batch,
+                             int32_t p_bstride, int32_t ncols, float *dst, int32_t ldd, int32_t d_bstride,
+                             const int32_t *m_dev, int32_t max_rows, cudaStream_t s);
+kdt_status kdt_op_post_o(float *x, const float *part, int32_t splits, int64_t split_stride, const float *w, float eps,
+                         int32_t D, float *xn, const int32_t *m_dev, int32_t max_rows, cudaStream_t s);
+kdt_status kdt_op_residual(float *x, const float *part, int32_t splits, int64_t split_stride, int32_t D,
+                           const int32_t *m_dev, int32_t max_rows, cudaStream_t s);
+kdt_status kdt_op_swiglu(const float *part, int32_t splits, int64_t split_stride, int32_t ldp, const int32_t *n_dev,
+                         int32_t max_n, const int32_t *pair_expert, const kdt_gpu_expert *experts, int32_t inter,
+                         float *h, int32_t ldh, cudaStream_t s);
+size_t kdt_op_route_smem(int32_t E, int32_t G);
+kdt_status kdt_op_route(const float *part, int32_t splits, int64_t split_stride, const float *bias,
+                        const kdt_model_config *cfg, const kdt_gstage_hdr *hdr, int32_t *sel, float *wgt,
+                        int32_t max_rows, cudaStream_t s);
+size_t kdt_op_plan_smem(int32_t E_tot);
+kdt_status kdt_op_moe_plan(const kdt_gstage_hdr *hdr, const int32_t *sel, int32_t K, int32_t E, int32_t has_shared,
+                           int32_t max_rows, int32_t *pair_row, int32_t *pair_expert, int32_t *pos_of,
+                           int32_t *pos_shared, int32_t *items, int32_t *counts, int32_t *expert_counts,
+                           cudaStream_t s);
+kdt_status kdt_op_moe_combine(float *x, const float *y, int32_t D, int32_t K, const int32_t *pos_of,
+                              const int32_t *pos_shared, const float *wgt, int32_t has_shared,
+                              const kdt_gstage_hdr *hdr, int32_t max_rows, cudaStream_t s);
+kdt_status kdt_op_taps(const float *x, int32_t D, const kdt_gstage_hdr *hdr, const kdt_grow *rows, float *taps,
+                       int32_t max_taps, int32_t t, int32_t max_rows, cudaStream_t s);
+kdt_status kdt_op_argmax_final(const float *am_val, const int32_t *am_idx, int32_t am_ld, int32_t n_tiles,
+                               const kdt_gstage_hdr *hdr, const int32_t *head_rows, const kdt_grow *rows,
+                               int32_t *argmax, int32_t max_rows, cudaStream_t s);
+kdt_status kdt_op_fill_mat(uint16_t *w, int64_t rows, int32_t cols, int32_t ld, float std, uint64_t seed,
+                           cudaStream_t s);
+kdt_status kdt_op_fill_embed(uint16_t *w, int32_t V, int32_t D, int32_t ld, int32_t block, float sigma, uint64_t seed,
+                             cudaStream_t s);
+kdt_status kdt_op_fill_vec(float *v, int32_t n, int32_t mode, float std, uint64_t seed, cudaStream_t s);
+kdt_status kdt_op_fill_kv(uint16_t *cache, int64_t layer_stride, int32_t n_layers, const int32_t *table_row,
+                          int32_t page_size, int32_t row_stride, int32_t row_elems, int32_t n_slots, uint64_t seed,
+                          cudaStream_t s);
+kdt_status kdt_op_flush_read(const float *buf, int64_t n_floats, float *sink, cudaStream_t s);
+
+/* Model layout (gpu_upload.c): checks the configuration is supported and allocates every
+ * device weight of g (g->cfg set); the caller fills them. */
+kdt_status kdt_gpu_model_alloc(kdt_gpu_model *g, const kdt_gpu_options *opt, const float *rope_inv_freq,
+                               int32_t share_lm_head);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
