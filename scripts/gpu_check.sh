@@ -49,7 +49,7 @@ fail=0
 for t in "${TESTS[@]}"; do
   n=$(basename "$t")
   s=$(date +%s)
-  if "$t" >"$LOG/$n.log" 2>&1; then RES[$n]=pass; else RES[$n]=FAIL; fail=1; fi
+  if timeout "${KDT_TEST_LIMIT:-600}" "$t" >"$LOG/$n.log" 2>&1; then RES[$n]=pass; else RES[$n]=FAIL; fail=1; fi
   SECS[$n]=$(( $(date +%s) - s ))
   echo "--- $n: ${RES[$n]} (${SECS[$n]} s): $(tail -1 "$LOG/$n.log")"
   [ "${RES[$n]}" = pass ] || tail -30 "$LOG/$n.log"
