@@ -2,20 +2,17 @@
  * GPU (no host walk). The flags are defined in cpu/tree_accept.c; this kernel evaluates the same
  * per-node predicates in parallel, so outputs match the CPU twin bit for bit.
  *
- * Per stream (one warp, up to WARPS_PER_CTA_MAX streams per CTA) there is ONE global round trip:
- *   1. lanes load n_nodes and all six node arrays (parent, depth, token, first_child,
- *      next_sibling, target) for every slot < max_nodes (always in bounds, so nothing waits for
- *      n_nodes), clear the per-warp tables while the loads are in flight, and stage the values in
- *      shared memory;
- *   2. per-node checks read only shared memory (gathers at the parent or link target), with
- *      three small tables:
+ * Per stream (one warp, WARPS_PER_CTA streams per CTA):
+ *   1. lanes load their nodes (lane l owns nodes l, l+32, ...); the first PREFETCH_CHUNKS chunks
+ *      are loaded before n_nodes arrives, so the two global round trips overlap;
+ *   2. per-node checks (parent, depth, links), gathers of depth/parent/target at the parent or
+ *      link target; three small per-warp shared tables:
  *        seen[]   bitmap of counted in-links (atomicOr; a bit already set = second in-link),
- *        dup[]    open-addressing set of node indices keyed by (parent, token) (atomicCAS on the
- *                 index; an occupied slot with an equal key = DUP_TOKEN),
+ *        dup[]    open-addressing set of (parent, token) keys (atomicCAS; equal key = DUP_TOKEN),
  *        child[]  child[p] = the child of p whose token equals target[p] (the walk's next hop);
  *   3. flags OR-reduced over the warp; a clean tree is walked by following child[] from the root
  *      (every hop goes one level deeper, so at most L + 1 <= KDT_MAX_PATH nodes);
- *   4. lanes 0..KDT_MAX_PATH-1 write one row element each (emit from the staged target).
+ *   4. lanes 0..KDT_MAX_PATH-1 write one row element each.
  * Every index is range-checked before it is dereferenced; the loops are bounded by n_nodes.
  */
 #include <cuda_runtime.h>
@@ -29,19 +26,19 @@ extern "C" kdt_status kdt_tree_accept_check_args(const kdt_tree_accept_params *p
 namespace {
 
 constexpr int WARPS_PER_CTA_MAX = 4;
-constexpr int LOAD_CHUNKS = 4;           /* 32-node chunks whose loads are in flight together */
+constexpr int PREFETCH_CHUNKS = 5;       /* nodes 0..159 (B <= 159) load before n_nodes arrives */
 constexpr int SMEM_BUDGET = 48 * 1024;   /* default dynamic shared memory limit per CTA */
-constexpr int EMPTY_SLOT = -1;
+constexpr uint64_t EMPTY_KEY = ~0ull;    /* keys have a parent >= 0, so bit 63 is clear */
 
-/* Per-warp shared layout, sized by max_nodes on the host (all int32). */
+/* Per-warp shared layout, sized by max_nodes on the host. */
 struct WarpSmemLayout {
-    int hash_cap;     /* power of two >= 2 * max_nodes (min 32): dup[hash_cap] node indices */
-    int nodes_off;    /* words: 6 staged arrays of max_nodes each (parent, depth, token, fc, ns,
-                         target), then child[max_nodes], then seen[ceil(max_nodes/32)] */
-    int words;        /* per warp, even (8-byte multiple) */
+    int hash_cap;     /* power of two >= 2 * max_nodes (min 32) */
+    int child_off;    /* bytes: int32 child[max_nodes] after the hash table */
+    int seen_off;     /* bytes: uint32 seen[ceil(max_nodes/32)] */
+    int bytes;        /* per warp, multiple of 8 */
 };
 
-inline int pow2_at_least(int x) {
+__host__ __device__ inline int pow2_at_least(int x) {
     int v = 1;
     while (v < x) v <<= 1;
     return v;
@@ -51,14 +48,14 @@ inline WarpSmemLayout warp_smem_layout(int max_nodes) {
     WarpSmemLayout w;
     w.hash_cap = pow2_at_least(2 * max_nodes);
     if (w.hash_cap < 32) w.hash_cap = 32;
-    w.nodes_off = w.hash_cap;
-    w.words = w.nodes_off + 7 * max_nodes + (max_nodes + 31) / 32;
-    w.words += w.words & 1;
+    w.child_off = w.hash_cap * 8;
+    w.seen_off = w.child_off + ((max_nodes * 4 + 7) & ~7);
+    w.bytes = w.seen_off + ((((max_nodes + 31) / 32) * 4 + 7) & ~7);
     return w;
 }
 
-__device__ __forceinline__ uint32_t hash_key(uint32_t par, uint32_t tok) {
-    uint32_t h = tok * 0x9E3779B1u ^ par * 0x85EBCA77u;
+__device__ __forceinline__ uint32_t hash_key(uint64_t key) {
+    uint32_t h = (uint32_t)key * 0x9E3779B1u ^ (uint32_t)(key >> 32) * 0x85EBCA77u;
     h ^= h >> 15;
     h *= 0x2C1B3C6Du;
     h ^= h >> 12;
@@ -82,13 +79,19 @@ struct TreeArgs {
     WarpSmemLayout smem;
 };
 
-/* One warp's staged copy of its tree and its tables (pointers into shared memory). */
-struct WarpTables {
-    int *dup;                                 /* [hash_cap] node index or EMPTY_SLOT */
-    const int *par, *dep, *tok, *fc, *ns, *tgt; /* [max_nodes] staged node arrays */
-    int *child;                               /* [max_nodes] */
-    uint32_t *seen;                           /* [ceil(max_nodes/32)] */
+struct NodeIn {
+    int par, dep, tok, fc, ns;
 };
+
+__device__ __forceinline__ NodeIn load_node(const TreeArgs &a, int64_t base, int i) {
+    NodeIn v;
+    v.par = __ldg(a.parent + base + i);
+    v.dep = __ldg(a.depth + base + i);
+    v.tok = __ldg(a.token + base + i);
+    v.fc = __ldg(a.first_child + base + i);
+    v.ns = __ldg(a.next_sibling + base + i);
+    return v;
+}
 
 /* Counts one in-link of node x; a second one is BAD_LINK. */
 __device__ __forceinline__ int mark_in_link(uint32_t *seen, int x) {
@@ -97,33 +100,34 @@ __device__ __forceinline__ int mark_in_link(uint32_t *seen, int x) {
 }
 
 /* Flags of node i of a stream with n nodes (the per-node predicates of cpu/tree_accept.c). */
-__device__ __forceinline__ int check_node(const WarpTables &t, int n, int i, int max_depth,
-                                          int hash_mask) {
-    const int par = t.par[i], dep = t.dep[i], tok = t.tok[i], fc = t.fc[i], ns = t.ns[i];
+__device__ __forceinline__ int check_node(const TreeArgs &a, int64_t base, int n, int i,
+                                          const NodeIn v, unsigned long long *dup_set,
+                                          int hash_mask, int *child, uint32_t *seen) {
     int f = 0;
-    const bool parent_ok = i > 0 && par >= 0 && par < i;
-    const bool fc_fwd = fc > i && fc < n, ns_fwd = ns > i && ns < n;
+    const bool parent_ok = i > 0 && v.par >= 0 && v.par < i;
+    const bool fc_fwd = v.fc > i && v.fc < n, ns_fwd = v.ns > i && v.ns < n;
     /* Gathers with clamped (always in-bounds) indices, issued together. */
-    const int par_c = parent_ok ? par : 0;
-    const int dep_par = t.dep[par_c];
-    const int tgt_par = t.tgt[par_c];
-    const int par_of_fc = t.par[fc_fwd ? fc : 0];
-    const int par_of_ns = t.par[ns_fwd ? ns : 0];
+    const int par_c = parent_ok ? v.par : 0;
+    const int dep_par = __ldg(a.depth + base + par_c);
+    const int tgt_par = __ldg(a.target + base + par_c);
+    const int par_of_fc = __ldg(a.parent + base + (fc_fwd ? v.fc : 0));
+    const int par_of_ns = __ldg(a.parent + base + (ns_fwd ? v.ns : 0));
 
     if (i == 0) {
-        if (par != -1) f |= KDT_TREE_BAD_PARENT;
-        if (dep != 0) f |= KDT_TREE_BAD_DEPTH;
+        if (v.par != -1) f |= KDT_TREE_BAD_PARENT;
+        if (v.dep != 0) f |= KDT_TREE_BAD_DEPTH;
     } else {
         if (!parent_ok) f |= KDT_TREE_BAD_PARENT;
-        if (dep < 1 || dep > max_depth) f |= KDT_TREE_BAD_DEPTH;
-        else if (parent_ok && dep_par != dep - 1) f |= KDT_TREE_BAD_DEPTH;
+        if (v.dep < 1 || v.dep > a.max_depth) f |= KDT_TREE_BAD_DEPTH;
+        else if (parent_ok && dep_par != v.dep - 1) f |= KDT_TREE_BAD_DEPTH;
         if (parent_ok) {
-            int h = (int)(hash_key((uint32_t)par, (uint32_t)tok) & (uint32_t)hash_mask);
+            const unsigned long long key =
+                ((unsigned long long)(uint32_t)v.par << 32) | (uint32_t)v.tok;
+            int h = (int)(hash_key(key) & (uint32_t)hash_mask);
             for (int probe = 0; probe <= hash_mask; probe++) { /* table is never full */
-                const int old = atomicCAS(t.dup + h, EMPTY_SLOT, i);
-                if (old == EMPTY_SLOT) break;
-                /* old is a node < n with a valid parent, staged before the __syncwarp */
-                if (t.par[old] == par && t.tok[old] == tok) {
+                const unsigned long long old = atomicCAS(dup_set + h, EMPTY_KEY, key);
+                if (old == EMPTY_KEY) break;
+                if (old == key) {
                     f |= KDT_TREE_DUP_TOKEN;
                     break;
                 }
@@ -131,103 +135,86 @@ __device__ __forceinline__ int check_node(const WarpTables &t, int n, int i, int
             }
             /* Two matching children carry the same token (DUP_TOKEN, no walk); the atomic only
              * keeps such a tree free of a shared-memory race. */
-            if (tok == tgt_par) atomicExch(t.child + par, i);
+            if (v.tok == tgt_par) atomicExch(child + v.par, i);
         }
     }
-    if (fc != -1) {
-        if (fc < -1 || fc >= n) f |= KDT_TREE_BAD_LINK;
-        else if (fc <= i) f |= KDT_TREE_CYCLE;
+    if (v.fc != -1) {
+        if (v.fc < -1 || v.fc >= n) f |= KDT_TREE_BAD_LINK;
+        else if (v.fc <= i) f |= KDT_TREE_CYCLE;
         else if (par_of_fc != i) f |= KDT_TREE_BAD_LINK;
-        else f |= mark_in_link(t.seen, fc);
+        else f |= mark_in_link(seen, v.fc);
     }
-    if (ns != -1) {
-        if (ns < -1 || ns >= n) f |= KDT_TREE_BAD_LINK;
-        else if (ns <= i) f |= KDT_TREE_CYCLE;
-        else if (i == 0 || par_of_ns != par) f |= KDT_TREE_BAD_LINK;
-        else f |= mark_in_link(t.seen, ns);
+    if (v.ns != -1) {
+        if (v.ns < -1 || v.ns >= n) f |= KDT_TREE_BAD_LINK;
+        else if (v.ns <= i) f |= KDT_TREE_CYCLE;
+        else if (i == 0 || par_of_ns != v.par) f |= KDT_TREE_BAD_LINK;
+        else f |= mark_in_link(seen, v.ns);
     }
     return f;
 }
 
 __global__ void __launch_bounds__(32 * WARPS_PER_CTA_MAX)
 tree_accept_kernel(const TreeArgs a) {
-    extern __shared__ __align__(16) int smem_words[];
+    extern __shared__ __align__(16) unsigned char smem_raw[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int s = blockIdx.x * a.warps_per_cta + warp;
     if (s >= a.n_streams) return; /* whole warp leaves together */
+    unsigned char *ws = smem_raw + (size_t)warp * a.smem.bytes;
+    unsigned long long *dup_set = reinterpret_cast<unsigned long long *>(ws);
+    int *child = reinterpret_cast<int *>(ws + a.smem.child_off);
+    uint32_t *seen = reinterpret_cast<uint32_t *>(ws + a.smem.seen_off);
     const int maxn = a.max_nodes;
     const int64_t base = (int64_t)s * maxn;
-    int *ws = smem_words + (size_t)warp * a.smem.words;
-    int *staged = ws + a.smem.nodes_off; /* [6][maxn] */
-    WarpTables t;
-    t.dup = ws;
-    t.par = staged;
-    t.dep = staged + maxn;
-    t.tok = staged + 2 * maxn;
-    t.fc = staged + 3 * maxn;
-    t.ns = staged + 4 * maxn;
-    t.tgt = staged + 5 * maxn;
-    t.child = staged + 6 * maxn;
-    t.seen = reinterpret_cast<uint32_t *>(staged + 7 * maxn);
 
-    /* 1. one round trip: n_nodes and every slot's six values in flight together */
-    const int n = __ldg(a.n_nodes + s);
-    const int32_t *const src[6] = {a.parent, a.depth, a.token, a.first_child, a.next_sibling,
-                                   a.target};
-    for (int c0 = 0; c0 * 32 < maxn; c0 += LOAD_CHUNKS) {
-        int v[LOAD_CHUNKS][6];
+    NodeIn pre[PREFETCH_CHUNKS] = {};
 #pragma unroll
-        for (int c = 0; c < LOAD_CHUNKS; c++) {
-            const int i = (c0 + c) * 32 + lane;
-#pragma unroll
-            for (int k = 0; k < 6; k++) v[c][k] = i < maxn ? __ldg(src[k] + base + i) : 0;
-        }
-        if (c0 == 0) { /* table clears overlap the first loads */
-            for (int k = lane; k < a.smem.hash_cap; k += 32) t.dup[k] = EMPTY_SLOT;
-            for (int k = lane; k < maxn; k += 32) t.child[k] = -1;
-            for (int k = lane; k < (maxn + 31) / 32; k += 32) t.seen[k] = 0u;
-        }
-#pragma unroll
-        for (int c = 0; c < LOAD_CHUNKS; c++) {
-            const int i = (c0 + c) * 32 + lane;
-            if (i < maxn) {
-#pragma unroll
-                for (int k = 0; k < 6; k++) staged[k * maxn + i] = v[c][k];
-            }
-        }
+    for (int c = 0; c < PREFETCH_CHUNKS; c++) {
+        const int i = c * 32 + lane;
+        if (i < maxn) pre[c] = load_node(a, base, i);
     }
-    __syncwarp();
+    const int n = __ldg(a.n_nodes + s);
 
-    /* 2. per-node checks from shared memory */
     int flags = 0;
     if (n < 1 || n > maxn) {
         flags = KDT_TREE_BAD_SIZE; /* uniform over the warp; nothing else is read */
     } else {
-        for (int i = lane; i < n; i += 32)
-            flags |= check_node(t, n, i, a.max_depth, a.smem.hash_cap - 1);
+        int hash_n = pow2_at_least(2 * n);
+        if (hash_n < 32) hash_n = 32;
+        for (int k = lane; k < hash_n; k += 32) dup_set[k] = EMPTY_KEY;
+        for (int k = lane; k < n; k += 32) child[k] = -1;
+        for (int k = lane; k < (n + 31) / 32; k += 32) seen[k] = 0u;
+        __syncwarp();
+#pragma unroll
+        for (int c = 0; c < PREFETCH_CHUNKS; c++) {
+            const int i = c * 32 + lane;
+            if (i < n) flags |= check_node(a, base, n, i, pre[c], dup_set, hash_n - 1, child, seen);
+        }
+        for (int i = PREFETCH_CHUNKS * 32 + lane; i < n; i += 32)
+            flags |= check_node(a, base, n, i, load_node(a, base, i), dup_set, hash_n - 1, child,
+                                seen);
         __syncwarp();
         for (int i = lane; i < n; i += 32)
-            if (i > 0 && !((t.seen[i >> 5] >> (i & 31)) & 1u)) flags |= KDT_TREE_BAD_LINK;
+            if (i > 0 && !((seen[i >> 5] >> (i & 31)) & 1u)) flags |= KDT_TREE_BAD_LINK;
     }
     flags = (int)__reduce_or_sync(0xffffffffu, (unsigned)flags);
 
-    /* 3. greedy walk (warp-uniform): lane k keeps the k-th accepted node. */
+    /* Greedy walk (warp-uniform): lane k keeps the k-th accepted node. */
     int tau = 0, acc = -1;
     if (flags == 0) {
         int cur = 0;
         tau = 1;
         acc = lane == 0 ? 0 : -1;
         while (tau < KDT_MAX_PATH) {
-            const int next = t.child[cur];
+            const int next = child[cur];
             if (next < 0) break;
             if (lane == tau) acc = next;
             cur = next;
             tau++;
         }
     }
-    /* 4. rows; emit[k] = target[accepted[k]]: the next accepted token, or the bonus at tau-1 */
     if (lane < KDT_MAX_PATH) {
-        const int e = lane < tau ? t.tgt[acc] : -1;
+        /* emit[k] = target[accepted[k]]: the next accepted token, or the bonus at k = tau-1. */
+        const int e = lane < tau ? __ldg(a.target + base + acc) : -1;
         const int64_t o = (int64_t)s * KDT_MAX_PATH + lane;
         a.accepted[o] = acc;
         a.emit[o] = e;
@@ -264,15 +251,14 @@ extern "C" kdt_status kdt_tree_accept_cuda(const kdt_tree_accept_params *p, void
     a.max_depth = p->max_depth;
     a.smem = warp_smem_layout(t->max_nodes);
     int warps = WARPS_PER_CTA_MAX;
-    const int warp_bytes = a.smem.words * 4;
-    while (warps > 1 && warps * warp_bytes > SMEM_BUDGET) warps >>= 1;
-    if (warps * warp_bytes > SMEM_BUDGET)
+    while (warps > 1 && warps * a.smem.bytes > SMEM_BUDGET) warps >>= 1;
+    if (warps * a.smem.bytes > SMEM_BUDGET)
         return kdt_fail(KDT_ERR_INTERNAL, "kdt_tree_accept_cuda: %d B of shared memory per warp",
-                        warp_bytes);
+                        a.smem.bytes);
     if (warps > t->n_streams) warps = t->n_streams;
     a.warps_per_cta = warps;
     const int grid = (t->n_streams + warps - 1) / warps;
-    tree_accept_kernel<<<grid, 32 * warps, (size_t)warps * warp_bytes, (cudaStream_t)stream>>>(a);
+    tree_accept_kernel<<<grid, 32 * warps, (size_t)warps * a.smem.bytes, (cudaStream_t)stream>>>(a);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return kdt_fail(KDT_ERR_CUDA, "kdt_tree_accept_cuda: launch failed: %s",

@@ -578,7 +578,13 @@ kdt_status kdt_model_to_gpu(const kdt_model *m, const kdt_gpu_options *opt, kdt_
         cudaEventRecord(u.done[0], u.stream);
         cudaEventRecord(u.done[1], u.stream);
         qsort(u.jobs, (size_t)u.n_jobs, sizeof *u.jobs, job_order);
-        for (int64_t i = 0; i < u.n_jobs && st == KDT_OK; i++) st = run_job(&u, &u.jobs[i]);
+        /* Each job's destination lies in one allocation; flushing at every job end keeps one copy
+         * from spanning two cudaMalloc blocks that happen to be adjacent in the address space
+         * (cudaMemcpy rejects that with "invalid argument"). */
+        for (int64_t i = 0; i < u.n_jobs && st == KDT_OK; i++) {
+            st = run_job(&u, &u.jobs[i]);
+            if (st == KDT_OK) st = flush_stage(&u);
+        }
         if (st == KDT_OK) st = flush_stage(&u);
         if (st == KDT_OK && (e = cudaDeviceSynchronize()) != cudaSuccess) st = cuda_fail(e, "kdt_model_to_gpu");
         if (u.show && u.sent < u.total) fprintf(stderr, "\n");
