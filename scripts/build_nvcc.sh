@@ -58,9 +58,9 @@ for a in $ARCHS; do GENCODE="$GENCODE -gencode=arch=compute_$a,code=sm_$a"; done
 obj() { echo "$OUT/obj/$(echo "$1" | tr / _).o"; }
 export -f obj
 export OUT CC NVCC CFLAGS GENCODE
-printf '%s\n' "${C_FILES[@]}" | xargs -r -P "$JOBS" -I{} sh -c '$CC $CFLAGS -c {} -o "$(obj {})"'
+printf '%s\n' "${C_FILES[@]}" | xargs -r -P "$JOBS" -I{} bash -c '$CC $CFLAGS -c {} -o "$(obj {})"'
 if [ ${#CU_FILES[@]} -gt 0 ]; then
-  printf '%s\n' "${CU_FILES[@]}" | xargs -r -P "$JOBS" -I{} sh -c \
+  printf '%s\n' "${CU_FILES[@]}" | xargs -r -P "$JOBS" -I{} bash -c \
     '$NVCC -std=c++17 -O3 -lineinfo --expt-relaxed-constexpr -Iinclude -Isrc -Isrc/common -DKDT_WITH_CUDA=1 $GENCODE -c {} -o "$(obj {})"'
 fi
 rm -f "$OUT/libkdtree.a"
