@@ -8,6 +8,12 @@
  * Subsystem headers (each says what it owns at its top):
  *   kdtree/kernels.h    the DDTree kernels (top-K, tree_build, tree_accept, KV commit, verify_attn),
  *                       each with a plain-C CPU twin and a CUDA launcher of the same shape.
+ *   kdtree/model.h      the target model: HF checkpoint loading, paged latent KV cache, forward
+ *                       (prefill, decode, tree verify) on the CPU and the GPU.
+ *   kdtree/engine.h     the decoding engine: DFlash drafter + DDTree / chain / plain rounds over
+ *                       many streams (continuous batching).
+ *   kdtree/tokenizer.h  tiktoken / HF byte-level BPE tokenizers, streaming detokenizer, chat
+ *                       templates.
  */
 #ifndef KDTREE_KDTREE_H
 #define KDTREE_KDTREE_H
