@@ -26,6 +26,13 @@ kdt_status kdt_fail(kdt_status s, const char *fmt, ...) KDT_PRINTF(2, 3);
         if (!(cond)) return kdt_fail(KDT_ERR_INVALID_ARG, __VA_ARGS__); \
     } while (0)
 
+/* Propagates a failed kdt_status: `KDT_TRY(load_config(...));`. */
+#define KDT_TRY(x)                                 \
+    do {                                           \
+        kdt_status kdt_try_st_ = (x);              \
+        if (kdt_try_st_ != KDT_OK) return kdt_try_st_; \
+    } while (0)
+
 #ifdef __cplusplus
 }
 #endif

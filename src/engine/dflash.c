@@ -77,15 +77,6 @@ static double num_or(json_t *obj, const char *name, double def) {
     return json_is_number(v) ? json_number_value(v) : def;
 }
 
-#define TRY(x)                                 \
-    do {                                       \
-        kdt_status try_st_ = (x);              \
-        if (try_st_ != KDT_OK) return try_st_; \
-    } while (0)
-
-static double yarn_get_mscale(double scale, double mscale) {
-    return scale <= 1.0 ? 1.0 : 0.1 * mscale * log(scale) + 1.0;
-}
 
 static kdt_status parse_rope(json_t *root, const char *path, const kdt_dflash_options *opt,
                              kdt_dflash_config *c) {
@@ -125,10 +116,10 @@ static kdt_status parse_rope(json_t *root, const char *path, const kdt_dflash_op
     json_t *af = json_object_get(rp, "attention_factor");
     if (json_is_number(af)) amp = json_number_value(af);
     else if (c->rope_mscale != 0.0 && c->rope_mscale_all_dim != 0.0)
-        amp = yarn_get_mscale(c->rope_factor, c->rope_mscale) /
-              yarn_get_mscale(c->rope_factor, c->rope_mscale_all_dim);
-    else amp = yarn_get_mscale(c->rope_factor, 1.0);
-    if (opt && opt->yarn_amplitude == KDT_YARN_AMP_LEGACY) amp = yarn_get_mscale(c->rope_factor, 1.0);
+        amp = kdt_yarn_mscale(c->rope_factor, c->rope_mscale) /
+              kdt_yarn_mscale(c->rope_factor, c->rope_mscale_all_dim);
+    else amp = kdt_yarn_mscale(c->rope_factor, 1.0);
+    if (opt && opt->yarn_amplitude == KDT_YARN_AMP_LEGACY) amp = kdt_yarn_mscale(c->rope_factor, 1.0);
     c->rope_attention_factor = (float)amp;
     return KDT_OK;
 }
@@ -137,15 +128,15 @@ static kdt_status parse_config(json_t *root, const char *path, const kdt_model_c
                                const kdt_dflash_options *opt, kdt_dflash_config *c) {
     memset(c, 0, sizeof *c);
     if (!json_is_object(root)) return kdt_fail(KDT_ERR_FORMAT, "%s: not a JSON object", path);
-    TRY(get_int(root, path, "hidden_size", 1, 0, 1, 1 << 16, &c->hidden_size));
-    TRY(get_int(root, path, "intermediate_size", 1, 0, 1, 1 << 20, &c->intermediate_size));
-    TRY(get_int(root, path, "num_hidden_layers", 1, 0, 1, 256, &c->n_layers));
-    TRY(get_int(root, path, "num_attention_heads", 1, 0, 1, 1024, &c->n_heads));
-    TRY(get_int(root, path, "num_key_value_heads", 0, c->n_heads, 1, 1024, &c->n_kv_heads));
-    TRY(get_int(root, path, "head_dim", 0, c->hidden_size / c->n_heads, 2, 4096, &c->head_dim));
-    TRY(get_int(root, path, "block_size", 1, 0, 2, KDT_MAX_DEPTH + 1, &c->block_size));
-    TRY(get_int(root, path, "mask_token_id", 1, 0, 0, INT32_MAX, &c->mask_token_id));
-    TRY(get_int(root, path, "max_position_embeddings", 0, 1 << 20, 1, INT32_MAX,
+    KDT_TRY(get_int(root, path, "hidden_size", 1, 0, 1, 1 << 16, &c->hidden_size));
+    KDT_TRY(get_int(root, path, "intermediate_size", 1, 0, 1, 1 << 20, &c->intermediate_size));
+    KDT_TRY(get_int(root, path, "num_hidden_layers", 1, 0, 1, 256, &c->n_layers));
+    KDT_TRY(get_int(root, path, "num_attention_heads", 1, 0, 1, 1024, &c->n_heads));
+    KDT_TRY(get_int(root, path, "num_key_value_heads", 0, c->n_heads, 1, 1024, &c->n_kv_heads));
+    KDT_TRY(get_int(root, path, "head_dim", 0, c->hidden_size / c->n_heads, 2, 4096, &c->head_dim));
+    KDT_TRY(get_int(root, path, "block_size", 1, 0, 2, KDT_MAX_DEPTH + 1, &c->block_size));
+    KDT_TRY(get_int(root, path, "mask_token_id", 1, 0, 0, INT32_MAX, &c->mask_token_id));
+    KDT_TRY(get_int(root, path, "max_position_embeddings", 0, 1 << 20, 1, INT32_MAX,
                 &c->max_position));
     if (c->n_heads % c->n_kv_heads != 0)
         return kdt_fail(KDT_ERR_FORMAT, "%s: num_attention_heads %d is not a multiple of "
@@ -197,7 +188,7 @@ static kdt_status parse_config(json_t *root, const char *path, const kdt_model_c
         /* z-lab build_target_layer_ids: n = 1 -> [N/2]; else round(1 + i (N-4)/(n-1)) */
         int32_t n = c->n_layers, N = tc->n_layers;
         int32_t nt = 0;
-        TRY(get_int(root, path, "num_target_layers", 0, N, 1, 4096, &nt));
+        KDT_TRY(get_int(root, path, "num_target_layers", 0, N, 1, 4096, &nt));
         if (nt != N)
             return kdt_fail(KDT_ERR_FORMAT, "%s: num_target_layers = %d, the target has %d layers",
                             path, nt, N);
@@ -262,9 +253,9 @@ static kdt_status bind_all(kdt_dflash *d, const char *dir) {
                   I = c->intermediate_size;
     const char *prefix = kdt_st_find(&d->st, "fc.weight") ? "" :
                          kdt_st_find(&d->st, "model.fc.weight") ? "model." : "";
-    TRY(bind(d, dir, prefix, "fc.weight", &d->fc, D, (int64_t)c->n_taps * D));
-    TRY(bind(d, dir, prefix, "hidden_norm.weight", &d->hidden_norm, 0, D));
-    TRY(bind(d, dir, prefix, "norm.weight", &d->norm, 0, D));
+    KDT_TRY(bind(d, dir, prefix, "fc.weight", &d->fc, D, (int64_t)c->n_taps * D));
+    KDT_TRY(bind(d, dir, prefix, "hidden_norm.weight", &d->hidden_norm, 0, D));
+    KDT_TRY(bind(d, dir, prefix, "norm.weight", &d->norm, 0, D));
     d->layers = calloc((size_t)c->n_layers, sizeof *d->layers);
     if (!d->layers) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "drafter: layer table");
     for (int32_t l = 0; l < c->n_layers; l++) {
@@ -273,7 +264,7 @@ static kdt_status bind_all(kdt_dflash *d, const char *dir) {
 #define B(w, suffix, r, cols)                                      \
     do {                                                           \
         snprintf(n, sizeof n, "layers.%d.%s", l, suffix);          \
-        TRY(bind(d, dir, prefix, n, w, r, cols));                  \
+        KDT_TRY(bind(d, dir, prefix, n, w, r, cols));                  \
     } while (0)
         B(&L->in_norm, "input_layernorm.weight", 0, D);
         B(&L->post_norm, "post_attention_layernorm.weight", 0, D);
@@ -470,7 +461,7 @@ kdt_status kdt_dflash_ctx_append(const kdt_dflash *d, kdt_dflash_ctx *c, const f
     if ((int64_t)c->len + n > c->max_len)
         return kdt_fail(KDT_ERR_CAPACITY, "drafter context: %d + %d positions exceed %d", c->len, n,
                         c->max_len);
-    TRY(ctx_grow(c, c->len + n));
+    KDT_TRY(ctx_grow(c, c->len + n));
     const kdt_dflash_config *cf = &d->cfg;
     const int32_t D = cf->hidden_size, hd = cf->head_dim, KV = cf->n_kv_heads;
     float *proj = malloc(sizeof(float) * (size_t)D * 2 + sizeof(float) * (size_t)hd);
@@ -517,7 +508,7 @@ static kdt_status draft_one(const kdt_dflash *d, const kdt_dflash_ctx *c, int32_
     int32_t ids[KDT_MAX_DEPTH + 1];
     ids[0] = anchor;
     for (int32_t t = 1; t < T; t++) ids[t] = cf->mask_token_id;
-    TRY(kdt_target_embed_rows(d->target, ids, T, x));
+    KDT_TRY(kdt_target_embed_rows(d->target, ids, T, x));
     const float scale = 1.0f / sqrtf((float)hd);
 
     for (int32_t l = 0; l < cf->n_layers; l++) {

@@ -14,11 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TRY(x)                                 \
-    do {                                       \
-        kdt_status try_st_ = (x);              \
-        if (try_st_ != KDT_OK) return try_st_; \
-    } while (0)
 
 kdt_status kdt_spec_mode_parse(const char *s, kdt_spec_mode *out) {
     KDT_CHECK_ARG(s != NULL && out != NULL, "kdt_spec_mode_parse: NULL argument");
@@ -321,7 +316,7 @@ kdt_status kdt_engine_add(kdt_engine *e, const int32_t *prompt, int32_t n_prompt
     s->stop = stop;
     const int drafts = p->spec != KDT_SPEC_AR && has_drafter;
     if (drafts && e->drafter) {
-        if (!s->dctx) TRY(kdt_dflash_ctx_create(e->drafter, e->max_context, &s->dctx));
+        if (!s->dctx) KDT_TRY(kdt_dflash_ctx_create(e->drafter, e->max_context, &s->dctx));
         kdt_dflash_ctx_reset(s->dctx);
     }
     memcpy(s->tokens, prompt, sizeof(int32_t) * (size_t)n_prompt);

@@ -80,15 +80,6 @@ static const char *get_str(const cfg_ctx *c, const char *key) {
     return json_is_string(v) ? json_string_value(v) : NULL;
 }
 
-#define TRY(x)                               \
-    do {                                     \
-        kdt_status try_st_ = (x);            \
-        if (try_st_ != KDT_OK) return try_st_; \
-    } while (0)
-
-static double yarn_get_mscale(double scale, double mscale) {
-    return scale <= 1.0 ? 1.0 : 0.1 * mscale * log(scale) + 1.0;
-}
 
 /* RoPE settings from rope_parameters (new) or rope_theta + rope_scaling (published). */
 static kdt_status parse_rope(const cfg_ctx *c, kdt_model_config *cfg) {
@@ -110,7 +101,7 @@ static kdt_status parse_rope(const cfg_ctx *c, kdt_model_config *cfg) {
         src = rp;
         where = "rope_parameters.";
         int have;
-        TRY(get_num_in(c->path, rp, where, "rope_theta", 0, 0, &theta, &have));
+        KDT_TRY(get_num_in(c->path, rp, where, "rope_theta", 0, 0, &theta, &have));
         if (!have) {
             if (json_is_number(top_theta)) theta = json_number_value(top_theta);
             else return kdt_fail(KDT_ERR_FORMAT, "%s: \"rope_parameters\" has no rope_theta", c->path);
@@ -171,14 +162,14 @@ static kdt_status parse_rope(const cfg_ctx *c, kdt_model_config *cfg) {
     cfg->rope_kind = KDT_ROPE_YARN;
     double factor = 0, bf = 0, bs = 0, ms = 0, msad = 0, omax = 0, af = 0;
     int have_af;
-    TRY(get_num_in(c->path, src, where, "factor", 1, 0, &factor, NULL));
-    TRY(get_num_in(c->path, src, where, "beta_fast", 0, 0, &bf, NULL));
-    TRY(get_num_in(c->path, src, where, "beta_slow", 0, 0, &bs, NULL));
-    TRY(get_num_in(c->path, src, where, "mscale", 0, 0, &ms, NULL));
-    TRY(get_num_in(c->path, src, where, "mscale_all_dim", 0, 0, &msad, NULL));
-    TRY(get_num_in(c->path, src, where, "original_max_position_embeddings", 0,
+    KDT_TRY(get_num_in(c->path, src, where, "factor", 1, 0, &factor, NULL));
+    KDT_TRY(get_num_in(c->path, src, where, "beta_fast", 0, 0, &bf, NULL));
+    KDT_TRY(get_num_in(c->path, src, where, "beta_slow", 0, 0, &bs, NULL));
+    KDT_TRY(get_num_in(c->path, src, where, "mscale", 0, 0, &ms, NULL));
+    KDT_TRY(get_num_in(c->path, src, where, "mscale_all_dim", 0, 0, &msad, NULL));
+    KDT_TRY(get_num_in(c->path, src, where, "original_max_position_embeddings", 0,
                    cfg->max_position_embeddings, &omax, NULL));
-    TRY(get_num_in(c->path, src, where, "attention_factor", 0, 0, &af, &have_af));
+    KDT_TRY(get_num_in(c->path, src, where, "attention_factor", 0, 0, &af, &have_af));
     json_t *trunc = json_object_get(src, "truncate");
     if (trunc && !json_is_null(trunc) && !json_is_boolean(trunc))
         return kdt_fail(KDT_ERR_FORMAT, "%s: \"%struncate\" must be true or false", c->path, where);
@@ -208,8 +199,8 @@ static kdt_status parse_rope(const cfg_ctx *c, kdt_model_config *cfg) {
     /* cos/sin amplitude, as transformers' _compute_yarn_parameters */
     if (have_af) cfg->rope_attention_factor = (float)af;
     else if (ms != 0 && msad != 0)
-        cfg->rope_attention_factor = (float)(yarn_get_mscale(factor, ms) / yarn_get_mscale(factor, msad));
-    else cfg->rope_attention_factor = (float)yarn_get_mscale(factor, 1.0);
+        cfg->rope_attention_factor = (float)(kdt_yarn_mscale(factor, ms) / kdt_yarn_mscale(factor, msad));
+    else cfg->rope_attention_factor = (float)kdt_yarn_mscale(factor, 1.0);
     return KDT_OK;
 }
 
@@ -436,7 +427,7 @@ kdt_status kdt_config_parse(const char *text, size_t len, const char *path, kdt_
     {
         double scale = 1.0 / sqrt((double)(cfg->qk_nope_head_dim + cfg->qk_rope_head_dim));
         if (cfg->rope_kind == KDT_ROPE_YARN && cfg->rope_mscale_all_dim != 0) {
-            double m = yarn_get_mscale(cfg->rope_factor, cfg->rope_mscale_all_dim);
+            double m = kdt_yarn_mscale(cfg->rope_factor, cfg->rope_mscale_all_dim);
             scale = scale * m * m;
         }
         cfg->softmax_scale = (float)scale;

@@ -191,21 +191,16 @@ static kdt_status bind(kdt_model *m, kdt_weight *w, const char *name, int64_t ro
     return KDT_OK;
 }
 
-#define TRY(x)                               \
-    do {                                     \
-        kdt_status try_st_ = (x);            \
-        if (try_st_ != KDT_OK) return try_st_; \
-    } while (0)
 
 static kdt_status bind_mlp(kdt_model *m, kdt_expert_weights *e, const char *pre, int64_t inter) {
     char n[256];
     const int64_t D = m->cfg.hidden_size;
     snprintf(n, sizeof n, "%sgate_proj.weight", pre);
-    TRY(bind(m, &e->gate, n, inter, D));
+    KDT_TRY(bind(m, &e->gate, n, inter, D));
     snprintf(n, sizeof n, "%sup_proj.weight", pre);
-    TRY(bind(m, &e->up, n, inter, D));
+    KDT_TRY(bind(m, &e->up, n, inter, D));
     snprintf(n, sizeof n, "%sdown_proj.weight", pre);
-    TRY(bind(m, &e->down, n, D, inter));
+    KDT_TRY(bind(m, &e->down, n, D, inter));
     return KDT_OK;
 }
 
@@ -219,7 +214,7 @@ static kdt_status bind_layer(kdt_model *m, int32_t l) {
 #define B(w, suffix, r, cols)                         \
     do {                                              \
         snprintf(n, sizeof n, "%s%s", p, suffix);     \
-        TRY(bind(m, w, n, r, cols));                  \
+        KDT_TRY(bind(m, w, n, r, cols));                  \
     } while (0)
     B(&L->input_norm, "input_layernorm.weight", 0, D);
     B(&L->post_norm, "post_attention_layernorm.weight", 0, D);
@@ -246,11 +241,11 @@ static kdt_status bind_layer(kdt_model *m, int32_t l) {
     if (!L->experts) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "layer %d: expert table", l);
     for (int64_t e = 0; e < E; e++) {
         snprintf(n, sizeof n, "%smlp.experts.%lld.", p, (long long)e);
-        TRY(bind_mlp(m, &L->experts[e], n, c->moe_intermediate_size));
+        KDT_TRY(bind_mlp(m, &L->experts[e], n, c->moe_intermediate_size));
     }
     if (c->n_shared_experts > 0) {
         snprintf(n, sizeof n, "%smlp.shared_experts.", p);
-        TRY(bind_mlp(m, &L->shared, n, (int64_t)c->n_shared_experts * c->moe_intermediate_size));
+        KDT_TRY(bind_mlp(m, &L->shared, n, (int64_t)c->n_shared_experts * c->moe_intermediate_size));
     }
 #undef B
     return KDT_OK;
@@ -272,14 +267,14 @@ static kdt_status bind_all(kdt_model *m) {
                         "tensor \"model.embed_tokens.weight\" (or \"language_model.model.embed_tokens.weight\") "
                         "is missing from the checkpoint");
     const kdt_model_config *c = &m->cfg;
-    TRY(bind(m, &m->embed, "model.embed_tokens.weight", c->vocab_size, c->hidden_size));
-    TRY(bind(m, &m->final_norm, "model.norm.weight", 0, c->hidden_size));
+    KDT_TRY(bind(m, &m->embed, "model.embed_tokens.weight", c->vocab_size, c->hidden_size));
+    KDT_TRY(bind(m, &m->final_norm, "model.norm.weight", 0, c->hidden_size));
     snprintf(n, sizeof n, "%slm_head.weight", m->prefix);
     if (c->tie_word_embeddings && !kdt_st_find(&m->st, n)) m->lm_head = m->embed;
-    else TRY(bind(m, &m->lm_head, "lm_head.weight", c->vocab_size, c->hidden_size));
+    else KDT_TRY(bind(m, &m->lm_head, "lm_head.weight", c->vocab_size, c->hidden_size));
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "layer table");
-    for (int32_t l = 0; l < c->n_layers; l++) TRY(bind_layer(m, l));
+    for (int32_t l = 0; l < c->n_layers; l++) KDT_TRY(bind_layer(m, l));
     m->main_dtype = m->embed.dtype;
     return KDT_OK;
 }

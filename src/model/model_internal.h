@@ -9,6 +9,13 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <math.h>
+
+/* DeepSeek's yarn_get_mscale: the YaRN attention-magnitude factor for a context-extension
+ * `scale` (1 when the context is not extended). Shared by the target's and the drafter's RoPE. */
+static inline double kdt_yarn_mscale(double scale, double mscale) {
+    return scale <= 1.0 ? 1.0 : 0.1 * mscale * log(scale) + 1.0;
+}
 
 /* ---- tensor dtypes as safetensors names them ------------------------------------------------ */
 typedef enum kdt_wtype {

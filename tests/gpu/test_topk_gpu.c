@@ -19,14 +19,7 @@
 /* Bench/test hook of cuda/topk.cu: forces fewer chunks per row (0 = automatic). */
 extern int kdt_topk_bench_chunks;
 
-#define CUDA_OK(call)                                                                          \
-    do {                                                                                       \
-        cudaError_t e_ = (call);                                                               \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(2);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "gpu_test_util.h"
 
 /* SPREAD_TOP puts K distinct top values at elements 0, 8, 16, ... (one per 16-byte vector, so
  * one per thread in the first tile): the first threshold is then exactly the K-th value.

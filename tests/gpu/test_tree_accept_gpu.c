@@ -15,14 +15,7 @@
 
 #define P KDT_MAX_PATH
 
-#define CUDA_OK(call)                                                                        \
-    do {                                                                                     \
-        cudaError_t e_ = (call);                                                             \
-        if (e_ != cudaSuccess) {                                                             \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
+#include "gpu_test_util.h"
 
 static void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);

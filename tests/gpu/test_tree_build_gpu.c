@@ -11,14 +11,7 @@
 #include "kdtree/kernels.h"
 #include "t.h"
 
-#define CUDA_OK(call)                                                                          \
-    do {                                                                                       \
-        cudaError_t e_ = (call);                                                               \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(2);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "gpu_test_util.h"
 
 /* Host inputs of one case. */
 typedef struct inputs {

@@ -34,11 +34,6 @@ static kdt_status cuda_fail(cudaError_t e, const char *what) {
     return kdt_fail(KDT_ERR_CUDA, "%s: %s", what, cudaGetErrorString(e));
 }
 
-#define TRY(x)                                 \
-    do {                                       \
-        kdt_status try_st_ = (x);              \
-        if (try_st_ != KDT_OK) return try_st_; \
-    } while (0)
 
 static kdt_status ralloc(kdt_gpu_runner *r, void **p, size_t bytes, const char *what) {
     *p = NULL;
@@ -294,7 +289,7 @@ static kdt_status stage_end(kdt_gpu_runner *r, kdt_gpu_kv *c, stage_view *v, int
     if (c->n_pending > r->cap_updates) { /* rare: a large reservation outside a pass */
         cudaError_t e = cudaStreamSynchronize(r->stream);
         if (e != cudaSuccess) return cuda_fail(e, "GPU staging");
-        TRY(kdt_gkv_flush_pending_sync(c));
+        KDT_TRY(kdt_gkv_flush_pending_sync(c));
     }
     const int32_t nu = (int32_t)c->n_pending;
     memcpy(v->updates, c->pending, (size_t)nu * 2 * sizeof(int32_t));
@@ -308,7 +303,7 @@ static kdt_status stage_end(kdt_gpu_runner *r, kdt_gpu_kv *c, stage_view *v, int
     r->stage_idx = i;
     r->staged_rows = n_rows;
     if (nu > 0)
-        TRY(kdt_op_scatter(c->d_block_table, (const int32_t *)(r->d_stage + r->off_updates),
+        KDT_TRY(kdt_op_scatter(c->d_block_table, (const int32_t *)(r->d_stage + r->off_updates),
                            (const kdt_gstage_hdr *)r->d_stage, nu, r->stream));
     return KDT_OK;
 }
@@ -346,21 +341,21 @@ static kdt_status check_reach(const char *fn, const kdt_gpu_runner *r, int32_t s
 kdt_status kdt_gpu_stage_prefill(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t stream, const int32_t *tokens, int32_t n,
                                  int32_t last_only) {
     static const char fn[] = "kdt_gpu_stage_prefill";
-    TRY(check_kv(fn, r, c));
+    KDT_TRY(check_kv(fn, r, c));
     KDT_CHECK_ARG(tokens, "%s: tokens is NULL", fn);
     KDT_CHECK_ARG(n >= 1 && n <= r->opt.max_rows, "%s: n = %d (1..%d, the runner's max_rows)", fn, n, r->opt.max_rows);
     KDT_CHECK_ARG(stream >= 0 && stream < c->max_streams, "%s: stream %d (0..%d)", fn, stream, c->max_streams - 1);
-    for (int32_t i = 0; i < n; i++) TRY(check_token(fn, r, tokens[i], "tokens", i));
+    for (int32_t i = 0; i < n; i++) KDT_TRY(check_token(fn, r, tokens[i], "tokens", i));
     const int32_t len = c->length[stream];
     if ((int64_t)len + n > r->g->cfg.max_position_embeddings)
         return kdt_fail(KDT_ERR_CAPACITY, "%s: stream %d: %d + %d tokens exceed max_position_embeddings %d", fn, stream,
                         len, n, r->g->cfg.max_position_embeddings);
-    TRY(check_reach(fn, r, stream, (int64_t)len + n - 1, (int64_t)len + n));
+    KDT_TRY(check_reach(fn, r, stream, (int64_t)len + n - 1, (int64_t)len + n));
     const int32_t need = len + n;
-    TRY(kdt_gkv_reserve_many(c, 1, &stream, &need));
+    KDT_TRY(kdt_gkv_reserve_many(c, 1, &stream, &need));
     stage_view v;
     memset(&v, 0, sizeof v);
-    TRY(stage_begin(r, &v));
+    KDT_TRY(stage_begin(r, &v));
     for (int32_t i = 0; i < n; i++) {
         kdt_grow *w = &v.rows[i];
         memset(w, 0, sizeof *w);
@@ -372,7 +367,7 @@ kdt_status kdt_gpu_stage_prefill(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t strea
         w->out_index = last_only ? (i == n - 1 ? 0 : -1) : i;
         w->tap_index = i;
     }
-    TRY(stage_end(r, c, &v, n, 0));
+    KDT_TRY(stage_end(r, c, &v, n, 0));
     c->length[stream] = c->written[stream] = len + n;
     return KDT_OK;
 }
@@ -380,7 +375,7 @@ kdt_status kdt_gpu_stage_prefill(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t strea
 kdt_status kdt_gpu_stage_decode(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t n_streams, const int32_t *stream_ids,
                                 const int32_t *tokens) {
     static const char fn[] = "kdt_gpu_stage_decode";
-    TRY(check_kv(fn, r, c));
+    KDT_TRY(check_kv(fn, r, c));
     KDT_CHECK_ARG(tokens, "%s: tokens is NULL", fn);
     KDT_CHECK_ARG(n_streams >= 1 && n_streams <= c->max_streams && n_streams <= r->opt.max_rows,
                   "%s: n_streams = %d (1..%d)", fn, n_streams,
@@ -455,7 +450,7 @@ static kdt_status check_tree_stream(const kdt_gpu_runner *r, const kdt_tree *t, 
         if ((int64_t)P + d >= r->g->cfg.max_position_embeddings)
             return kdt_fail(KDT_ERR_CAPACITY, "%s: stream %d: position %d reaches max_position_embeddings %d", fn, s,
                             P + d, r->g->cfg.max_position_embeddings);
-        TRY(check_token(fn, r, t->token[base + i], "tree token", base + i));
+        KDT_TRY(check_token(fn, r, t->token[base + i], "tree token", base + i));
         const uint64_t *row = t->anc_mask + (base + i) * W;
         const uint64_t *prow = i ? t->anc_mask + (base + p) * W : NULL;
         for (int32_t w = 0; w < W; w++) {
@@ -472,7 +467,7 @@ static kdt_status check_tree_stream(const kdt_gpu_runner *r, const kdt_tree *t, 
 
 kdt_status kdt_gpu_stage_verify(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_tree *tree, const int32_t *stream_ids) {
     static const char fn[] = "kdt_gpu_verify";
-    TRY(check_kv(fn, r, c));
+    KDT_TRY(check_kv(fn, r, c));
     KDT_CHECK_ARG(tree, "%s: tree is NULL", fn);
     const int32_t S = tree->n_streams, N = tree->max_nodes;
     KDT_CHECK_ARG(S >= 1 && S <= c->max_streams, "%s: n_streams = %d (1..%d)", fn, S, c->max_streams);
@@ -625,9 +620,9 @@ static kdt_status moe(pass *p, const kdt_gpu_layer *L, int32_t l) {
     const int32_t D = c->hidden_size, E = c->n_routed_experts, K = c->n_experts_per_tok;
     int32_t splits;
     int64_t ss;
-    TRY(gemm(p, r->xn, D, 0, D, &L->router, E, 0, &splits, &ss));
-    TRY(kdt_op_route(r->part, splits, ss, L->router_bias, c, p->hdr, r->sel, r->wgt, p->M, p->s));
-    TRY(kdt_op_moe_plan(p->hdr, r->sel, K, E, g->has_shared, p->M, r->pair_row, r->pair_expert, r->pos_of,
+    KDT_TRY(gemm(p, r->xn, D, 0, D, &L->router, E, 0, &splits, &ss));
+    KDT_TRY(kdt_op_route(r->part, splits, ss, L->router_bias, c, p->hdr, r->sel, r->wgt, p->M, p->s));
+    KDT_TRY(kdt_op_moe_plan(p->hdr, r->sel, K, E, g->has_shared, p->M, r->pair_row, r->pair_expert, r->pos_of,
                         r->pos_shared, r->items, r->moe_counts, r->expert_counts + (int64_t)l * (E + 1), p->s));
     const int32_t max_pairs = p->M * K + (g->has_shared ? p->M : 0);
     const int32_t E_tot = E + g->has_shared;
@@ -648,8 +643,8 @@ static kdt_status moe(pass *p, const kdt_gpu_layer *L, int32_t l) {
     a.n_max = ldp;
     a.kd = D;
     a.grid_items = item_bound < 128 ? item_bound : 128;
-    TRY(kdt_grouped_launch(&a, p->stages, p->s));
-    TRY(kdt_op_swiglu(r->moe_part, 1, 0, ldp, r->moe_counts + 1, max_pairs, r->pair_expert, L->experts, 0, r->h,
+    KDT_TRY(kdt_grouped_launch(&a, p->stages, p->s));
+    KDT_TRY(kdt_op_swiglu(r->moe_part, 1, 0, ldp, r->moe_counts + 1, max_pairs, r->pair_expert, L->experts, 0, r->h,
                       r->ld_h, p->s));
     a.which = 1;
     a.x = r->h;
@@ -657,7 +652,7 @@ static kdt_status moe(pass *p, const kdt_gpu_layer *L, int32_t l) {
     a.y = r->moe_y;
     a.ldy = D;
     a.n_max = D;
-    TRY(kdt_grouped_launch(&a, p->stages, p->s));
+    KDT_TRY(kdt_grouped_launch(&a, p->stages, p->s));
     return kdt_op_moe_combine(r->x, r->moe_y, D, K, r->pos_of, r->pos_shared, r->wgt, g->has_shared, p->hdr, p->M,
                               p->s);
 }
@@ -667,10 +662,10 @@ static kdt_status dense_mlp(pass *p, const kdt_gpu_layer *L) {
     const int32_t D = p->g->cfg.hidden_size;
     int32_t splits;
     int64_t ss;
-    TRY(gemm(p, r->xn, D, 0, D, &L->dense_gu, L->dense_gu.rows, 0, &splits, &ss));
-    TRY(kdt_op_swiglu(r->part, splits, ss, L->dense_gu.rows, p->m_dev, p->M, NULL, NULL, L->dense_inter, r->h, r->ld_h,
+    KDT_TRY(gemm(p, r->xn, D, 0, D, &L->dense_gu, L->dense_gu.rows, 0, &splits, &ss));
+    KDT_TRY(kdt_op_swiglu(r->part, splits, ss, L->dense_gu.rows, p->m_dev, p->M, NULL, NULL, L->dense_inter, r->h, r->ld_h,
                       p->s));
-    TRY(gemm(p, r->h, r->ld_h, 0, L->dense_inter, &L->dense_down, D, 0, &splits, &ss));
+    KDT_TRY(gemm(p, r->h, r->ld_h, 0, L->dense_inter, &L->dense_down, D, 0, &splits, &ss));
     return kdt_op_residual(r->x, r->part, splits, ss, D, p->m_dev, p->M, p->s);
 }
 
@@ -684,33 +679,33 @@ static kdt_status layer(pass *p, int32_t l, const kdt_gpu_run_config *rc) {
                   dv = c->v_head_dim, dc = c->kv_lora_rank, dq = dc + dr, ql = c->q_lora_rank, dqk = dn + dr;
     int32_t splits;
     int64_t ss;
-    TRY(kdt_op_rmsnorm(r->x, NULL, L->input_norm, c->rms_norm_eps, D, r->xn, p->m_dev, p->M, p->s));
-    TRY(gemm(p, r->xn, D, 0, D, &L->w_a, L->w_a.rows, 0, &splits, &ss));
-    TRY(kdt_op_post_a(r->part, splits, ss, L->w_a.rows, ql, dc, dr, L->q_a_norm, L->kv_a_norm, g->rope_cs,
+    KDT_TRY(kdt_op_rmsnorm(r->x, NULL, L->input_norm, c->rms_norm_eps, D, r->xn, p->m_dev, p->M, p->s));
+    KDT_TRY(gemm(p, r->xn, D, 0, D, &L->w_a, L->w_a.rows, 0, &splits, &ss));
+    KDT_TRY(kdt_op_post_a(r->part, splits, ss, L->w_a.rows, ql, dc, dr, L->q_a_norm, L->kv_a_norm, g->rope_cs,
                       c->rope_interleave, p->hdr, p->rows, kv->cache + (int64_t)l * kv->layer_stride,
                       kv->d_block_table, kv->max_pages, kv->page_size, kv->n_pages, kv->row_stride, r->qa, p->M, p->s));
-    if (ql > 0) TRY(gemm(p, r->qa, ql, 0, ql, &L->q_b, (int64_t)H * dqk, 0, &splits, &ss));
-    else TRY(gemm(p, r->xn, D, 0, D, &L->q_b, (int64_t)H * dqk, 0, &splits, &ss));
-    TRY(kdt_op_post_q(r->part, splits, ss, H * dqk, H, dn, dr, dc, g->rope_cs, c->rope_interleave, p->hdr, p->rows,
+    if (ql > 0) KDT_TRY(gemm(p, r->qa, ql, 0, ql, &L->q_b, (int64_t)H * dqk, 0, &splits, &ss));
+    else KDT_TRY(gemm(p, r->xn, D, 0, D, &L->q_b, (int64_t)H * dqk, 0, &splits, &ss));
+    KDT_TRY(kdt_op_post_q(r->part, splits, ss, H * dqk, H, dn, dr, dc, g->rope_cs, c->rope_interleave, p->hdr, p->rows,
                       r->q_nope, r->q_abs, p->M, p->s));
-    TRY(gemm(p, r->q_nope, (int64_t)H * dn, dn, dn, &L->uk_t, (int64_t)H * dc, dc, &splits, &ss));
-    TRY(kdt_op_sum_splits(r->part, splits, ss, H * dc, H, dc, dc, r->q_abs, H * dq, dq, p->m_dev, p->M, p->s));
-    TRY(attention(p, l));
-    TRY(gemm(p, r->o_lat, (int64_t)H * dc, dc, dc, &L->uv, (int64_t)H * dv, dv, &splits, &ss));
-    TRY(kdt_op_sum_splits(r->part, splits, ss, H * dv, H, dv, dv, r->heads, H * dv, dv, p->m_dev, p->M, p->s));
-    TRY(gemm(p, r->heads, (int64_t)H * dv, 0, H * dv, &L->o_proj, D, 0, &splits, &ss));
-    TRY(kdt_op_post_o(r->x, r->part, splits, ss, L->post_norm, c->rms_norm_eps, D, r->xn, p->m_dev, p->M, p->s));
-    if (L->is_moe) TRY(moe(p, L, l));
-    else TRY(dense_mlp(p, L));
+    KDT_TRY(gemm(p, r->q_nope, (int64_t)H * dn, dn, dn, &L->uk_t, (int64_t)H * dc, dc, &splits, &ss));
+    KDT_TRY(kdt_op_sum_splits(r->part, splits, ss, H * dc, H, dc, dc, r->q_abs, H * dq, dq, p->m_dev, p->M, p->s));
+    KDT_TRY(attention(p, l));
+    KDT_TRY(gemm(p, r->o_lat, (int64_t)H * dc, dc, dc, &L->uv, (int64_t)H * dv, dv, &splits, &ss));
+    KDT_TRY(kdt_op_sum_splits(r->part, splits, ss, H * dv, H, dv, dv, r->heads, H * dv, dv, p->m_dev, p->M, p->s));
+    KDT_TRY(gemm(p, r->heads, (int64_t)H * dv, 0, H * dv, &L->o_proj, D, 0, &splits, &ss));
+    KDT_TRY(kdt_op_post_o(r->x, r->part, splits, ss, L->post_norm, c->rms_norm_eps, D, r->xn, p->m_dev, p->M, p->s));
+    if (L->is_moe) KDT_TRY(moe(p, L, l));
+    else KDT_TRY(dense_mlp(p, L));
     for (int32_t t = 0; t < rc->n_taps; t++)
         if (rc->tap_layers[t] == l)
-            TRY(kdt_op_taps(r->x, D, p->hdr, p->rows, r->d_taps, r->opt.max_taps, t, p->M, p->s));
+            KDT_TRY(kdt_op_taps(r->x, D, p->hdr, p->rows, r->d_taps, r->opt.max_taps, t, p->M, p->s));
     return KDT_OK;
 }
 
 kdt_status kdt_gpu_run(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_gpu_run_config *rc) {
     static const char fn[] = "kdt_gpu_run";
-    TRY(check_kv(fn, r, c));
+    KDT_TRY(check_kv(fn, r, c));
     KDT_CHECK_ARG(rc, "%s: config is NULL", fn);
     const kdt_model_config *cfg = &r->g->cfg;
     KDT_CHECK_ARG(rc->max_rows >= 1 && rc->max_rows <= r->opt.max_rows, "%s: max_rows = %d (1..%d)", fn, rc->max_rows,
@@ -737,10 +732,10 @@ kdt_status kdt_gpu_run(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_gpu_run_confi
     p.masks = (const uint64_t *)(r->d_stage + r->off_masks);
     p.m_dev = &p.hdr->n_rows;
     const int32_t D = cfg->hidden_size;
-    TRY(kdt_op_embed(p.hdr, p.rows, &r->g->embed, r->x, D, p.M, p.s));
-    for (int32_t l = 0; l < cfg->n_layers; l++) TRY(layer(&p, l, rc));
+    KDT_TRY(kdt_op_embed(p.hdr, p.rows, &r->g->embed, r->x, D, p.M, p.s));
+    for (int32_t l = 0; l < cfg->n_layers; l++) KDT_TRY(layer(&p, l, rc));
     if (rc->logits || rc->argmax) {
-        TRY(kdt_op_rmsnorm(r->x, p.head, r->g->final_norm, cfg->rms_norm_eps, D, r->xn_head, &p.hdr->n_head, p.M, p.s));
+        KDT_TRY(kdt_op_rmsnorm(r->x, p.head, r->g->final_norm, cfg->rms_norm_eps, D, r->xn_head, &p.hdr->n_head, p.M, p.s));
         kdt_head_args h;
         memset(&h, 0, sizeof h);
         h.x = r->xn_head;
@@ -754,9 +749,9 @@ kdt_status kdt_gpu_run(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_gpu_run_confi
         h.am_val = r->am_val;
         h.am_idx = r->am_idx;
         h.am_ld = r->opt.max_rows;
-        TRY(kdt_head_launch(&h, p.stages, p.s));
+        KDT_TRY(kdt_head_launch(&h, p.stages, p.s));
         if (rc->argmax)
-            TRY(kdt_op_argmax_final(r->am_val, r->am_idx, r->opt.max_rows, (cfg->vocab_size + KDT_G_BN - 1) / KDT_G_BN,
+            KDT_TRY(kdt_op_argmax_final(r->am_val, r->am_idx, r->opt.max_rows, (cfg->vocab_size + KDT_G_BN - 1) / KDT_G_BN,
                                     p.hdr, p.head, p.rows, r->d_argmax, p.M, p.s));
     }
     return KDT_OK;
@@ -859,11 +854,11 @@ kdt_status kdt_gpu_decode(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t n_streams, c
                           const int32_t *tokens, const kdt_model_outputs *out) {
     static const char fn[] = "kdt_gpu_decode";
     KDT_CHECK_ARG(r, "%s: runner is NULL", fn);
-    TRY(check_outputs(fn, r, out));
-    TRY(kdt_gpu_stage_decode(r, c, n_streams, stream_ids, tokens));
+    KDT_TRY(check_outputs(fn, r, out));
+    KDT_TRY(kdt_gpu_stage_decode(r, c, n_streams, stream_ids, tokens));
     const kdt_gpu_run_config rc = run_config(n_streams, out);
-    TRY(kdt_gpu_run(r, c, &rc));
-    TRY(kdt_gpu_runner_sync(r));
+    KDT_TRY(kdt_gpu_run(r, c, &rc));
+    KDT_TRY(kdt_gpu_runner_sync(r));
     return fetch(r, out, 0, 0, n_streams, 1, 1);
 }
 
@@ -871,14 +866,14 @@ kdt_status kdt_gpu_verify(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_tree *tree
                           const kdt_model_outputs *out) {
     static const char fn[] = "kdt_gpu_verify";
     KDT_CHECK_ARG(r, "%s: runner is NULL", fn);
-    TRY(check_outputs(fn, r, out));
-    TRY(kdt_gpu_stage_verify(r, c, tree, stream_ids));
+    KDT_TRY(check_outputs(fn, r, out));
+    KDT_TRY(kdt_gpu_stage_verify(r, c, tree, stream_ids));
     const kdt_gpu_run_config rc = run_config(tree->n_streams * tree->max_nodes, out);
-    TRY(kdt_gpu_run(r, c, &rc));
-    TRY(kdt_gpu_runner_sync(r));
+    KDT_TRY(kdt_gpu_run(r, c, &rc));
+    KDT_TRY(kdt_gpu_runner_sync(r));
     for (int32_t s = 0; s < tree->n_streams; s++) {
         const int64_t row0 = (int64_t)s * tree->max_nodes;
-        TRY(fetch(r, out, row0, row0, tree->n_nodes[s], 1, 1));
+        KDT_TRY(fetch(r, out, row0, row0, tree->n_nodes[s], 1, 1));
     }
     return KDT_OK;
 }
@@ -887,35 +882,35 @@ kdt_status kdt_gpu_prefill(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t stream, con
                            const kdt_model_outputs *out) {
     static const char fn[] = "kdt_gpu_prefill";
     KDT_CHECK_ARG(r, "%s: runner is NULL", fn);
-    TRY(check_kv(fn, r, c));
-    TRY(check_outputs(fn, r, out));
+    KDT_TRY(check_kv(fn, r, c));
+    KDT_TRY(check_outputs(fn, r, out));
     KDT_CHECK_ARG(tokens, "%s: tokens is NULL", fn);
     KDT_CHECK_ARG(n >= 1, "%s: n = %d", fn, n);
     KDT_CHECK_ARG(stream >= 0 && stream < c->max_streams, "%s: stream %d (0..%d)", fn, stream, c->max_streams - 1);
     /* everything is checked and every page reserved before the first chunk runs */
-    for (int32_t i = 0; i < n; i++) TRY(check_token(fn, r, tokens[i], "tokens", i));
+    for (int32_t i = 0; i < n; i++) KDT_TRY(check_token(fn, r, tokens[i], "tokens", i));
     const int32_t len = c->length[stream];
     if ((int64_t)len + n > r->g->cfg.max_position_embeddings)
         return kdt_fail(KDT_ERR_CAPACITY, "%s: stream %d: %d + %d tokens exceed max_position_embeddings %d", fn, stream,
                         len, n, r->g->cfg.max_position_embeddings);
-    TRY(check_reach(fn, r, stream, (int64_t)len + n - 1, (int64_t)len + n));
+    KDT_TRY(check_reach(fn, r, stream, (int64_t)len + n - 1, (int64_t)len + n));
     const int32_t need = len + n;
-    TRY(kdt_gkv_reserve_many(c, 1, &stream, &need));
+    KDT_TRY(kdt_gkv_reserve_many(c, 1, &stream, &need));
     const int32_t chunk = r->opt.max_rows;
     const int last_only = out && out->last_only;
     for (int32_t i0 = 0; i0 < n; i0 += chunk) {
         const int32_t m = n - i0 < chunk ? n - i0 : chunk;
         const int last = i0 + m == n;
-        TRY(kdt_gpu_stage_prefill(r, c, stream, tokens + i0, m, last_only));
+        KDT_TRY(kdt_gpu_stage_prefill(r, c, stream, tokens + i0, m, last_only));
         kdt_gpu_run_config rc = run_config(m, out);
         if (last_only && !last) rc.logits = rc.argmax = 0;
-        TRY(kdt_gpu_run(r, c, &rc));
-        TRY(kdt_gpu_runner_sync(r));
+        KDT_TRY(kdt_gpu_run(r, c, &rc));
+        KDT_TRY(kdt_gpu_runner_sync(r));
         if (last_only) {
-            TRY(fetch(r, out, 0, i0, m, 0, 1));
-            if (last) TRY(fetch(r, out, 0, 0, 1, 1, 0));
+            KDT_TRY(fetch(r, out, 0, i0, m, 0, 1));
+            if (last) KDT_TRY(fetch(r, out, 0, 0, 1, 1, 0));
         } else {
-            TRY(fetch(r, out, 0, i0, m, 1, 1));
+            KDT_TRY(fetch(r, out, 0, i0, m, 1, 1));
         }
     }
     return KDT_OK;
@@ -926,7 +921,7 @@ kdt_status kdt_gpu_prefill(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t stream, con
 kdt_status kdt_gpu_kv_commit(kdt_gpu_runner *r, kdt_gpu_kv *k, int32_t n_streams, const int32_t *stream_ids,
                              const int32_t *accepted, const int32_t *tau) {
     static const char fn[] = "kdt_gpu_kv_commit";
-    TRY(check_kv(fn, r, k));
+    KDT_TRY(check_kv(fn, r, k));
     KDT_CHECK_ARG(accepted && tau, "%s: NULL argument", fn);
     KDT_CHECK_ARG(n_streams >= 1 && n_streams <= k->max_streams, "%s: n_streams = %d", fn, n_streams);
     for (int32_t i = 0; i < n_streams; i++) {
@@ -946,7 +941,7 @@ kdt_status kdt_gpu_kv_commit(kdt_gpu_runner *r, kdt_gpu_kv *k, int32_t n_streams
     }
     cudaError_t e = cudaStreamSynchronize(r->stream);
     if (e != cudaSuccess) return cuda_fail(e, fn);
-    TRY(kdt_gkv_flush_pending_sync(k));
+    KDT_TRY(kdt_gkv_flush_pending_sync(k));
     const size_t n_table = (size_t)n_streams * k->max_pages;
     const size_t bytes = (n_table + (size_t)n_streams * (2 + KDT_MAX_PATH)) * sizeof(int32_t);
     if (bytes > r->commit_bytes) {
@@ -986,27 +981,27 @@ kdt_status kdt_gpu_kv_commit(kdt_gpu_runner *r, kdt_gpu_kv *k, int32_t n_streams
     p.prefix_len = d + n_table;
     p.tau = d + n_table + n_streams;
     p.accepted = d + n_table + 2 * (size_t)n_streams;
-    TRY(kdt_kv_commit_cuda(&p, r->stream));
-    TRY(kdt_gpu_runner_sync(r));
+    KDT_TRY(kdt_kv_commit_cuda(&p, r->stream));
+    KDT_TRY(kdt_gpu_runner_sync(r));
     for (int32_t i = 0; i < n_streams; i++) {
         const int32_t s = stream_ids ? stream_ids[i] : i;
-        if (tau[i] > 0) TRY(kdt_gpu_kv_stream_set_length(k, s, k->length[s] + tau[i]));
+        if (tau[i] > 0) KDT_TRY(kdt_gpu_kv_stream_set_length(k, s, k->length[s] + tau[i]));
     }
     return KDT_OK;
 }
 
 kdt_status kdt_gpu_kv_fill_random(kdt_gpu_runner *r, kdt_gpu_kv *k, int32_t stream, int32_t n_slots, uint64_t seed) {
     static const char fn[] = "kdt_gpu_kv_fill_random";
-    TRY(check_kv(fn, r, k));
+    KDT_TRY(check_kv(fn, r, k));
     KDT_CHECK_ARG(stream >= 0 && stream < k->max_streams, "%s: stream %d (0..%d)", fn, stream, k->max_streams - 1);
     KDT_CHECK_ARG(n_slots >= 1 && n_slots <= k->max_position, "%s: n_slots = %d", fn, n_slots);
-    TRY(kdt_gkv_reserve_many(k, 1, &stream, &n_slots));
+    KDT_TRY(kdt_gkv_reserve_many(k, 1, &stream, &n_slots));
     cudaError_t e = cudaStreamSynchronize(r->stream);
     if (e != cudaSuccess) return cuda_fail(e, fn);
-    TRY(kdt_gkv_flush_pending_sync(k));
-    TRY(kdt_op_fill_kv(k->cache, k->layer_stride, k->n_layers, k->d_block_table + (int64_t)stream * k->max_pages,
+    KDT_TRY(kdt_gkv_flush_pending_sync(k));
+    KDT_TRY(kdt_op_fill_kv(k->cache, k->layer_stride, k->n_layers, k->d_block_table + (int64_t)stream * k->max_pages,
                        k->page_size, k->row_stride, k->row_elems, n_slots, seed, r->stream));
-    TRY(kdt_gpu_runner_sync(r));
+    KDT_TRY(kdt_gpu_runner_sync(r));
     k->length[stream] = k->written[stream] = n_slots;
     return KDT_OK;
 }
@@ -1016,7 +1011,7 @@ kdt_status kdt_gpu_runner_expert_counts(kdt_gpu_runner *r, int32_t layer, int32_
     const kdt_model_config *c = &r->g->cfg;
     KDT_CHECK_ARG(layer >= 0 && layer < c->n_layers && r->g->layers[layer].is_moe,
                   "kdt_gpu_runner_expert_counts: layer %d is not a MoE layer", layer);
-    TRY(kdt_gpu_runner_sync(r));
+    KDT_TRY(kdt_gpu_runner_sync(r));
     const cudaError_t e = cudaMemcpy(counts, r->expert_counts + (int64_t)layer * (c->n_routed_experts + 1),
                                      (size_t)(c->n_routed_experts + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost);
     return e == cudaSuccess ? KDT_OK : cuda_fail(e, "kdt_gpu_runner_expert_counts");

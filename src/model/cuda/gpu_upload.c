@@ -58,11 +58,6 @@ static kdt_status alloc_mat(kdt_gpu_model *g, kdt_gmat *m, int64_t rows, int64_t
     return galloc(g, (void **)&m->w, (size_t)batch * (size_t)rows * (size_t)m->ld * 2, what);
 }
 
-#define TRY(x)                                 \
-    do {                                       \
-        kdt_status try_st_ = (x);              \
-        if (try_st_ != KDT_OK) return try_st_; \
-    } while (0)
 
 kdt_status kdt_gpu_model_alloc(kdt_gpu_model *g, const kdt_gpu_options *opt, const float *rope_inv_freq,
                                int32_t share_lm_head) {
@@ -95,10 +90,10 @@ kdt_status kdt_gpu_model_alloc(kdt_gpu_model *g, const kdt_gpu_options *opt, con
     g->kv_row_stride = (int32_t)kdt_g_round_up(dq, 8);
     g->has_shared = c->n_shared_experts > 0;
 
-    TRY(alloc_mat(g, &g->embed, c->vocab_size, D, 1, "embed_tokens"));
+    KDT_TRY(alloc_mat(g, &g->embed, c->vocab_size, D, 1, "embed_tokens"));
     if (share_lm_head) g->lm_head = g->embed;
-    else TRY(alloc_mat(g, &g->lm_head, c->vocab_size, D, 1, "lm_head"));
-    TRY(galloc(g, (void **)&g->final_norm, (size_t)D * 4, "norm"));
+    else KDT_TRY(alloc_mat(g, &g->lm_head, c->vocab_size, D, 1, "lm_head"));
+    KDT_TRY(galloc(g, (void **)&g->final_norm, (size_t)D * 4, "norm"));
 
     g->layers = calloc((size_t)c->n_layers, sizeof *g->layers);
     if (!g->layers) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "GPU model: layer table");
@@ -107,28 +102,28 @@ kdt_status kdt_gpu_model_alloc(kdt_gpu_model *g, const kdt_gpu_options *opt, con
     for (int32_t l = 0; l < c->n_layers; l++) {
         kdt_gpu_layer *L = &g->layers[l];
         L->is_moe = E > 0 && l >= c->first_k_dense_replace && l % c->moe_layer_freq == 0;
-        TRY(galloc(g, (void **)&L->input_norm, (size_t)D * 4, "input_layernorm"));
-        TRY(galloc(g, (void **)&L->post_norm, (size_t)D * 4, "post_attention_layernorm"));
-        if (ql > 0) TRY(galloc(g, (void **)&L->q_a_norm, (size_t)ql * 4, "q_a_layernorm"));
-        TRY(galloc(g, (void **)&L->kv_a_norm, (size_t)dc * 4, "kv_a_layernorm"));
-        TRY(alloc_mat(g, &L->w_a, ql + dq, D, 1, "q_a_proj + kv_a_proj_with_mqa"));
-        TRY(alloc_mat(g, &L->q_b, (int64_t)H * dqk, ql > 0 ? ql : D, 1, "q_b_proj / q_proj"));
-        TRY(alloc_mat(g, &L->uk_t, dc, dn, H, "kv_b_proj (W_UK)"));
-        TRY(alloc_mat(g, &L->uv, dv, dc, H, "kv_b_proj (W_UV)"));
-        TRY(alloc_mat(g, &L->o_proj, D, (int64_t)H * dv, 1, "o_proj"));
+        KDT_TRY(galloc(g, (void **)&L->input_norm, (size_t)D * 4, "input_layernorm"));
+        KDT_TRY(galloc(g, (void **)&L->post_norm, (size_t)D * 4, "post_attention_layernorm"));
+        if (ql > 0) KDT_TRY(galloc(g, (void **)&L->q_a_norm, (size_t)ql * 4, "q_a_layernorm"));
+        KDT_TRY(galloc(g, (void **)&L->kv_a_norm, (size_t)dc * 4, "kv_a_layernorm"));
+        KDT_TRY(alloc_mat(g, &L->w_a, ql + dq, D, 1, "q_a_proj + kv_a_proj_with_mqa"));
+        KDT_TRY(alloc_mat(g, &L->q_b, (int64_t)H * dqk, ql > 0 ? ql : D, 1, "q_b_proj / q_proj"));
+        KDT_TRY(alloc_mat(g, &L->uk_t, dc, dn, H, "kv_b_proj (W_UK)"));
+        KDT_TRY(alloc_mat(g, &L->uv, dv, dc, H, "kv_b_proj (W_UV)"));
+        KDT_TRY(alloc_mat(g, &L->o_proj, D, (int64_t)H * dv, 1, "o_proj"));
         if (!L->is_moe) {
             L->dense_inter = c->intermediate_size;
-            TRY(alloc_mat(g, &L->dense_gu, 2 * kdt_g_round_up(L->dense_inter, KDT_G_GU_BLOCK), D, 1, "mlp gate/up"));
-            TRY(alloc_mat(g, &L->dense_down, D, L->dense_inter, 1, "mlp down"));
+            KDT_TRY(alloc_mat(g, &L->dense_gu, 2 * kdt_g_round_up(L->dense_inter, KDT_G_GU_BLOCK), D, 1, "mlp gate/up"));
+            KDT_TRY(alloc_mat(g, &L->dense_down, D, L->dense_inter, 1, "mlp down"));
             continue;
         }
-        TRY(alloc_mat(g, &L->router, E, D, 1, "mlp.gate"));
-        TRY(galloc(g, (void **)&L->router_bias, (size_t)E * 4, "e_score_correction_bias"));
-        TRY(alloc_mat(g, &L->experts_gu, 2 * (int64_t)moe_ipad, D, E, "experts gate/up"));
-        TRY(alloc_mat(g, &L->experts_down, D, c->moe_intermediate_size, E, "experts down"));
+        KDT_TRY(alloc_mat(g, &L->router, E, D, 1, "mlp.gate"));
+        KDT_TRY(galloc(g, (void **)&L->router_bias, (size_t)E * 4, "e_score_correction_bias"));
+        KDT_TRY(alloc_mat(g, &L->experts_gu, 2 * (int64_t)moe_ipad, D, E, "experts gate/up"));
+        KDT_TRY(alloc_mat(g, &L->experts_down, D, c->moe_intermediate_size, E, "experts down"));
         if (g->has_shared) {
-            TRY(alloc_mat(g, &L->shared_gu, 2 * kdt_g_round_up(shared_i, KDT_G_GU_BLOCK), D, 1, "shared_experts gate/up"));
-            TRY(alloc_mat(g, &L->shared_down, D, shared_i, 1, "shared_experts down"));
+            KDT_TRY(alloc_mat(g, &L->shared_gu, 2 * kdt_g_round_up(shared_i, KDT_G_GU_BLOCK), D, 1, "shared_experts gate/up"));
+            KDT_TRY(alloc_mat(g, &L->shared_down, D, shared_i, 1, "shared_experts down"));
         }
         L->n_expert_desc = E + g->has_shared;
         kdt_gpu_expert *desc = calloc((size_t)L->n_expert_desc, sizeof *desc);
@@ -404,7 +399,7 @@ static kdt_status flush_stage(up_ctx *u) {
 /* Appends one destination row (dst must continue the buffered run, else the buffer is sent). */
 static kdt_status put_row(up_ctx *u, uint16_t *dst, int32_t ld, const kdt_weight *w, int64_t r, int32_t cols) {
     const size_t bytes = (size_t)ld * 2;
-    if (u->fill && (u->fill + bytes > STAGE_BYTES || dst != u->fill_dst + u->fill / 2)) TRY(flush_stage(u));
+    if (u->fill && (u->fill + bytes > STAGE_BYTES || dst != u->fill_dst + u->fill / 2)) KDT_TRY(flush_stage(u));
     if (u->fill == 0) u->fill_dst = dst;
     uint16_t *out = u->stage[u->cur] + u->fill / 2;
     if (!w) {
@@ -425,24 +420,24 @@ static kdt_status run_job(up_ctx *u, const up_job *j) {
     switch (j->kind) {
     case UP_PLAIN:
         for (int64_t d = 0; d < j->rows; d++)
-            TRY(put_row(u, j->dst + d * j->ld, j->ld, d < j->a->rows ? j->a : NULL, d, j->cols));
+            KDT_TRY(put_row(u, j->dst + d * j->ld, j->ld, d < j->a->rows ? j->a : NULL, d, j->cols));
         return KDT_OK;
     case UP_CONCAT:
         for (int64_t d = 0; d < j->rows; d++)
-            TRY(put_row(u, j->dst + d * j->ld, j->ld, d < j->p0 ? j->a : j->b, d < j->p0 ? d : d - j->p0, j->cols));
+            KDT_TRY(put_row(u, j->dst + d * j->ld, j->ld, d < j->p0 ? j->a : j->b, d < j->p0 ? d : d - j->p0, j->cols));
         return KDT_OK;
     case UP_GATEUP:
         for (int64_t d = 0; d < j->rows; d++) {
             const int64_t blk = d / (2 * KDT_G_GU_BLOCK), o = d % (2 * KDT_G_GU_BLOCK);
             const int64_t i = blk * KDT_G_GU_BLOCK + o % KDT_G_GU_BLOCK;
             const kdt_weight *w = i < j->p0 ? (o < KDT_G_GU_BLOCK ? j->a : j->b) : NULL;
-            TRY(put_row(u, j->dst + d * j->ld, j->ld, w, i, j->cols));
+            KDT_TRY(put_row(u, j->dst + d * j->ld, j->ld, w, i, j->cols));
         }
         return KDT_OK;
     case UP_UV:
         for (int64_t d = 0; d < j->rows; d++) {
             const int64_t h = d / j->p1, jj = d % j->p1;
-            TRY(put_row(u, j->dst + d * j->ld, j->ld, j->a, h * (j->p0 + j->p1) + j->p0 + jj, j->cols));
+            KDT_TRY(put_row(u, j->dst + d * j->ld, j->ld, j->a, h * (j->p0 + j->p1) + j->p0 + jj, j->cols));
         }
         return KDT_OK;
     case UP_UKT: {
@@ -452,7 +447,7 @@ static kdt_status run_job(up_ctx *u, const up_job *j) {
         for (int64_t h = 0; h < j->rows; h++) {
             uint16_t *dst = j->dst + h * (int64_t)dc * j->ld;
             if (u->fill && (u->fill + head_bytes > STAGE_BYTES || dst != u->fill_dst + u->fill / 2))
-                TRY(flush_stage(u));
+                KDT_TRY(flush_stage(u));
             if (head_bytes > STAGE_BYTES) return kdt_fail(KDT_ERR_UNSUPPORTED, "GPU upload: kv_b head too large");
             if (u->fill == 0) u->fill_dst = dst;
             uint16_t *blk = u->stage[u->cur] + u->fill / 2;
@@ -482,37 +477,37 @@ static kdt_status build_jobs(up_ctx *u, kdt_gpu_model *g) {
     const kdt_model *m = u->m;
     const kdt_model_config *c = &m->cfg;
     const int32_t H = c->n_heads, dn = c->qk_nope_head_dim, dv = c->v_head_dim, ql = c->q_lora_rank;
-    TRY(add_job(u, UP_PLAIN, &m->embed, NULL, g->embed.w, g->embed.rows, g->embed.cols, g->embed.ld, 0, 0));
+    KDT_TRY(add_job(u, UP_PLAIN, &m->embed, NULL, g->embed.w, g->embed.rows, g->embed.cols, g->embed.ld, 0, 0));
     if (g->lm_head.w != g->embed.w)
-        TRY(add_job(u, UP_PLAIN, &m->lm_head, NULL, g->lm_head.w, g->lm_head.rows, g->lm_head.cols, g->lm_head.ld, 0, 0));
+        KDT_TRY(add_job(u, UP_PLAIN, &m->lm_head, NULL, g->lm_head.w, g->lm_head.rows, g->lm_head.cols, g->lm_head.ld, 0, 0));
     for (int32_t l = 0; l < c->n_layers; l++) {
         const kdt_layer_weights *S = &m->layers[l];
         kdt_gpu_layer *L = &g->layers[l];
-        if (ql > 0) TRY(add_job(u, UP_CONCAT, &S->q_a, &S->kv_a, L->w_a.w, L->w_a.rows, L->w_a.cols, L->w_a.ld, ql, 0));
-        else TRY(add_job(u, UP_PLAIN, &S->kv_a, NULL, L->w_a.w, L->w_a.rows, L->w_a.cols, L->w_a.ld, 0, 0));
-        TRY(add_job(u, UP_PLAIN, ql > 0 ? &S->q_b : &S->q_proj, NULL, L->q_b.w, L->q_b.rows, L->q_b.cols, L->q_b.ld, 0, 0));
-        TRY(add_job(u, UP_UKT, &S->kv_b, NULL, L->uk_t.w, H, L->uk_t.cols, L->uk_t.ld, dn, dv));
-        TRY(add_job(u, UP_UV, &S->kv_b, NULL, L->uv.w, (int64_t)H * dv, L->uv.cols, L->uv.ld, dn, dv));
-        TRY(add_job(u, UP_PLAIN, &S->o_proj, NULL, L->o_proj.w, L->o_proj.rows, L->o_proj.cols, L->o_proj.ld, 0, 0));
+        if (ql > 0) KDT_TRY(add_job(u, UP_CONCAT, &S->q_a, &S->kv_a, L->w_a.w, L->w_a.rows, L->w_a.cols, L->w_a.ld, ql, 0));
+        else KDT_TRY(add_job(u, UP_PLAIN, &S->kv_a, NULL, L->w_a.w, L->w_a.rows, L->w_a.cols, L->w_a.ld, 0, 0));
+        KDT_TRY(add_job(u, UP_PLAIN, ql > 0 ? &S->q_b : &S->q_proj, NULL, L->q_b.w, L->q_b.rows, L->q_b.cols, L->q_b.ld, 0, 0));
+        KDT_TRY(add_job(u, UP_UKT, &S->kv_b, NULL, L->uk_t.w, H, L->uk_t.cols, L->uk_t.ld, dn, dv));
+        KDT_TRY(add_job(u, UP_UV, &S->kv_b, NULL, L->uv.w, (int64_t)H * dv, L->uv.cols, L->uv.ld, dn, dv));
+        KDT_TRY(add_job(u, UP_PLAIN, &S->o_proj, NULL, L->o_proj.w, L->o_proj.rows, L->o_proj.cols, L->o_proj.ld, 0, 0));
         if (!L->is_moe) {
-            TRY(add_job(u, UP_GATEUP, &S->dense.gate, &S->dense.up, L->dense_gu.w, L->dense_gu.rows, L->dense_gu.cols,
+            KDT_TRY(add_job(u, UP_GATEUP, &S->dense.gate, &S->dense.up, L->dense_gu.w, L->dense_gu.rows, L->dense_gu.cols,
                         L->dense_gu.ld, L->dense_inter, 0));
-            TRY(add_job(u, UP_PLAIN, &S->dense.down, NULL, L->dense_down.w, L->dense_down.rows, L->dense_down.cols,
+            KDT_TRY(add_job(u, UP_PLAIN, &S->dense.down, NULL, L->dense_down.w, L->dense_down.rows, L->dense_down.cols,
                         L->dense_down.ld, 0, 0));
             continue;
         }
-        TRY(add_job(u, UP_PLAIN, &S->router, NULL, L->router.w, L->router.rows, L->router.cols, L->router.ld, 0, 0));
+        KDT_TRY(add_job(u, UP_PLAIN, &S->router, NULL, L->router.w, L->router.rows, L->router.cols, L->router.ld, 0, 0));
         for (int32_t e = 0; e < c->n_routed_experts; e++) {
             const kdt_expert_weights *X = &S->experts[e];
-            TRY(add_job(u, UP_GATEUP, &X->gate, &X->up, L->experts_gu.w + e * L->experts_gu.batch_stride,
+            KDT_TRY(add_job(u, UP_GATEUP, &X->gate, &X->up, L->experts_gu.w + e * L->experts_gu.batch_stride,
                         L->experts_gu.rows, L->experts_gu.cols, L->experts_gu.ld, c->moe_intermediate_size, 0));
-            TRY(add_job(u, UP_PLAIN, &X->down, NULL, L->experts_down.w + e * L->experts_down.batch_stride,
+            KDT_TRY(add_job(u, UP_PLAIN, &X->down, NULL, L->experts_down.w + e * L->experts_down.batch_stride,
                         L->experts_down.rows, L->experts_down.cols, L->experts_down.ld, 0, 0));
         }
         if (g->has_shared) {
-            TRY(add_job(u, UP_GATEUP, &S->shared.gate, &S->shared.up, L->shared_gu.w, L->shared_gu.rows,
+            KDT_TRY(add_job(u, UP_GATEUP, &S->shared.gate, &S->shared.up, L->shared_gu.w, L->shared_gu.rows,
                         L->shared_gu.cols, L->shared_gu.ld, c->n_shared_experts * c->moe_intermediate_size, 0));
-            TRY(add_job(u, UP_PLAIN, &S->shared.down, NULL, L->shared_down.w, L->shared_down.rows,
+            KDT_TRY(add_job(u, UP_PLAIN, &S->shared.down, NULL, L->shared_down.w, L->shared_down.rows,
                         L->shared_down.cols, L->shared_down.ld, 0, 0));
         }
     }
@@ -521,15 +516,15 @@ static kdt_status build_jobs(up_ctx *u, kdt_gpu_model *g) {
 
 static kdt_status upload_vectors(const kdt_model *m, kdt_gpu_model *g) {
     const kdt_model_config *c = &m->cfg;
-    TRY(copy_vec(g->final_norm, &m->final_norm, c->hidden_size));
+    KDT_TRY(copy_vec(g->final_norm, &m->final_norm, c->hidden_size));
     for (int32_t l = 0; l < c->n_layers; l++) {
         const kdt_layer_weights *S = &m->layers[l];
         kdt_gpu_layer *L = &g->layers[l];
-        TRY(copy_vec(L->input_norm, &S->input_norm, c->hidden_size));
-        TRY(copy_vec(L->post_norm, &S->post_norm, c->hidden_size));
-        if (c->q_lora_rank > 0) TRY(copy_vec(L->q_a_norm, &S->q_a_norm, c->q_lora_rank));
-        TRY(copy_vec(L->kv_a_norm, &S->kv_a_norm, c->kv_lora_rank));
-        if (L->is_moe) TRY(copy_vec(L->router_bias, &S->router_bias, c->n_routed_experts));
+        KDT_TRY(copy_vec(L->input_norm, &S->input_norm, c->hidden_size));
+        KDT_TRY(copy_vec(L->post_norm, &S->post_norm, c->hidden_size));
+        if (c->q_lora_rank > 0) KDT_TRY(copy_vec(L->q_a_norm, &S->q_a_norm, c->q_lora_rank));
+        KDT_TRY(copy_vec(L->kv_a_norm, &S->kv_a_norm, c->kv_lora_rank));
+        if (L->is_moe) KDT_TRY(copy_vec(L->router_bias, &S->router_bias, c->n_routed_experts));
     }
     return KDT_OK;
 }
