@@ -38,7 +38,7 @@ if pkg-config --exists jansson 2>/dev/null; then
   CFLAGS="$CFLAGS -DKDT_WITH_MODEL=1 $(pkg-config --cflags jansson)"
   LIBS="$(pkg-config --libs jansson) $LIBS"
   SRC="$SRC src/model/*.c src/engine/*.c"
-  [ "$USE_CUDA" = 1 ] || SRC="$SRC src/model/no_cuda/*.c"
+  [ "$USE_CUDA" = 1 ] || SRC="$SRC src/model/no_cuda/*.c src/engine/no_cuda/*.c"
   if pkg-config --exists libpcre2-8 2>/dev/null; then
     CFLAGS="$CFLAGS -DKDT_WITH_TOKENIZER=1 $(pkg-config --cflags libpcre2-8)"
     LIBS="$(pkg-config --libs libpcre2-8) $LIBS"
@@ -51,6 +51,10 @@ CU_FILES=()
 if [ "$USE_CUDA" = 1 ]; then
   CU_FILES=( src/kernels/cuda/*.cu src/model/cuda/*.cu )
   C_FILES+=( src/kernels/cuda/*.c src/model/cuda/*.c )
+  if pkg-config --exists jansson 2>/dev/null; then
+    CU_FILES+=( src/engine/cuda/*.cu )
+    C_FILES+=( src/engine/cuda/*.c )
+  fi
 fi
 GENCODE=""
 for a in $ARCHS; do GENCODE="$GENCODE -gencode=arch=compute_$a,code=sm_$a"; done

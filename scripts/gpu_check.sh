@@ -64,6 +64,16 @@ if [ $BENCH = 1 ] && [ -x "$BUILD/bench_model" ]; then
   "$BUILD/bench_model" $BENCH_FLAGS --md "$LOG/bench_model.md" 2>&1 | tee "$LOG/bench_model.log" || fail=1
   echo "bench_model: $(( $(date +%s) - s )) s"
 fi
+if [ $BENCH = 1 ] && [ -x "$BUILD/kdtree" ]; then
+  # the engine on the GPU with the bundled tiny pair: batch 1 and batch 16, greedy, held-out prompts
+  s=$(date +%s)
+  for b in 1 16; do
+    "$BUILD/kdtree" bench --device cuda --model models/tiny-target --draft models/tiny-dflash \
+      --prompt-file bench/prompts_heldout_ids.txt --budgets ${KDT_ENGINE_BUDGETS:-4,8,16,32,64} --auto \
+      --max-tokens ${KDT_ENGINE_TOKENS:-256} --ignore-eos --batch $b 2>/dev/null | tee "$LOG/bench_engine_b$b.log" || fail=1
+  done
+  echo "engine bench: $(( $(date +%s) - s )) s"
+fi
 if [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
   for t in "${TESTS[@]}"; do
     n=$(basename "$t")

@@ -294,6 +294,7 @@ static void expect_load_error(const et_dflash_spec *s, const char *name, kdt_sta
     /* the same through the engine */
     kdt_engine_options o;
     memset(&o, 0, sizeof o);
+    o.device = KDT_DEVICE_CPU; /* the reference is the CPU model */
     o.model_dir = ET_FIXTURE;
     o.draft_dir = dir;
     kdt_engine *e = NULL;
@@ -364,6 +365,7 @@ static void test_engine_with_dflash(void) {
     et_dflash_write(dir, &s, NULL);
     kdt_engine_options o;
     memset(&o, 0, sizeof o);
+    o.device = KDT_DEVICE_CPU; /* the reference is the CPU model */
     o.model_dir = ET_FIXTURE;
     o.draft_dir = dir;
     o.max_streams = 4;

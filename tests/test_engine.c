@@ -45,6 +45,7 @@ static void setup(void) {
 static kdt_engine *make_engine(int32_t max_streams, int32_t max_context) {
     kdt_engine_options o;
     memset(&o, 0, sizeof o);
+    o.device = KDT_DEVICE_CPU; /* the reference is the CPU model */
     o.model_dir = ET_FIXTURE;
     o.max_streams = max_streams;
     o.max_budget = 64;
@@ -299,6 +300,7 @@ static void test_bad_input(void) {
     /* no drafter: only ar */
     kdt_engine_options o;
     memset(&o, 0, sizeof o);
+    o.device = KDT_DEVICE_CPU; /* the reference is the CPU model */
     o.model_dir = ET_FIXTURE;
     CHECK(kdt_engine_create(&o, &e) == KDT_OK);
     CHECK(kdt_engine_add(e, ok, 3, &p, &id) == KDT_ERR_INVALID_ARG);

@@ -84,6 +84,7 @@ static void run_mode(kdt_spec_mode spec, const kdt_sampler_params *sp, et_oracle
                      int n_cells) {
     kdt_engine_options o;
     memset(&o, 0, sizeof o);
+    o.device = KDT_DEVICE_CPU; /* the reference is the CPU model */
     o.model_dir = ET_FIXTURE;
     o.max_streams = 64;
     o.max_budget = 8;

@@ -367,6 +367,18 @@ kdt_status kdt_gpu_stage_decode(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t n_stre
 kdt_status kdt_gpu_stage_verify(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_tree *tree,
                                 const int32_t *stream_ids);
 
+/* Verify of a tree that lives on the device (built there by kdt_tree_build_cuda on the runner's
+ * stream): d_tree's arrays are device pointers; only n_streams and max_nodes are read on the host.
+ * The host does not know n_nodes, so tree stream s gives bounds (host arrays [S]):
+ * n_nodes <= node_bound[s] <= max_nodes (slots reserved; more nodes are cut off on the device)
+ * and depth <= depth_bound[s] (positions checked up to length + depth_bound). The rows
+ * (stream-major, compact) are numbered by the next kdt_gpu_run, on the device, so the staging
+ * may precede the tree build; outputs are indexed s * max_nodes + i like kdt_gpu_verify's. The
+ * tree's contents are trusted: they must come from tree_build (well formed by construction). */
+kdt_status kdt_gpu_stage_verify_device(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_tree *d_tree,
+                                       const int32_t *stream_ids, const int32_t *node_bound,
+                                       const int32_t *depth_bound);
+
 typedef struct kdt_gpu_run_config {
     int32_t max_rows;       /* launch bound, 1..runner max_rows; staged rows must fit it */
     int32_t logits;         /* write logits rows (needs runner opt.logits) */

@@ -204,8 +204,8 @@ int cli_bench(int argc, char **argv) {
     const double ar_rate = decode_rate(&rows[0].res);
     printf("%d prompts, %d max tokens, batch %d, temperature %g, drafter depth %d\n", n, max_tokens, batch,
            temperature, kdt_engine_draft_depth(e));
-    printf("%-8s %7s %9s %9s %10s %7s %8s %s\n", "mode", "budget", "tokens", "time_s", "tok/s", "tau",
-           "speedup", temperature == 0 ? "same_as_ar" : "");
+    printf("%-8s %7s %9s %9s %10s %7s %8s %9s %6s %7s %6s %s\n", "mode", "budget", "tokens", "time_s", "tok/s",
+           "tau", "speedup", "us/round", "draft", "verify", "other", temperature == 0 ? "same_as_ar" : "");
     for (int i = 0; i < n_rows; i++) {
         const cli_run_result *r = &rows[i].res;
         char b[16] = "-";
@@ -216,11 +216,18 @@ int cli_bench(int argc, char **argv) {
                 memcmp(r->out[k], rows[0].res.out[k], sizeof(int32_t) * (size_t)r->n_out[k]))
                 same = 0;
         const double rate = decode_rate(r);
-        printf("%-8s %7s %9llu %9.3f %10.2f %7.3f %7.2fx %s\n", rows[i].mode, b,
-               (unsigned long long)r->stats.tokens_emitted, r->wall_s, rate, cli_tau_mean(&r->stats),
-               ar_rate > 0 ? rate / ar_rate : 0.0, temperature == 0 ? (same ? "yes" : "NO") : "");
+        const kdt_engine_stats *st = &r->stats;
+        const double round_s = st->t_draft + st->t_build + st->t_verify + st->t_accept;
+        const double pct = round_s > 0 ? 100.0 / round_s : 0.0;
+        printf("%-8s %7s %9llu %9.3f %10.2f %7.3f %7.2fx %9.1f %5.1f%% %6.1f%% %5.1f%% %s\n", rows[i].mode, b,
+               (unsigned long long)st->tokens_emitted, r->wall_s, rate, cli_tau_mean(st),
+               ar_rate > 0 ? rate / ar_rate : 0.0, st->rounds ? 1e6 * round_s / (double)st->rounds : 0.0,
+               st->t_draft * pct, st->t_verify * pct, (st->t_build + st->t_accept) * pct,
+               temperature == 0 ? (same ? "yes" : "NO") : "");
     }
-    printf("tok/s and speedup count decode tokens (after each prompt's first token) over decode time.\n");
+    printf("tok/s and speedup count decode tokens (after each prompt's first token) over decode time.\n"
+           "us/round: mean round time; draft / verify: the drafter and target-verify passes; other: top-K,\n"
+           "tree build, accept, KV commit, host bookkeeping and syncs (the per-round overhead).\n");
     rc = 0;
 out:
     for (int i = 0; i < n_rows; i++) cli_run_result_free(&rows[i].res, n);

@@ -8,6 +8,7 @@
  * of admitted worst cases never exceeds the pool, a running stream never hits KDT_ERR_CAPACITY.
  */
 #include "engine_internal.h"
+#include "engine_gpu.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -128,9 +129,11 @@ kdt_status kdt_engine_create(const kdt_engine_options *opt, kdt_engine **out) {
     if (opt->device == KDT_DEVICE_CUDA) {
         if (!kdt_has_cuda())
             return kdt_fail(KDT_ERR_NO_CUDA, "device cuda: this kdtree build has no CUDA support");
-        return kdt_fail(KDT_ERR_UNSUPPORTED, "device cuda: the GPU decoding path is not built yet "
-                        "(the target forward runs on the CPU); use --device cpu");
+        if (!kdt_engine_gpu_available())
+            return kdt_fail(KDT_ERR_CUDA, "device cuda: no usable CUDA device (driver missing or no GPU)");
     }
+    const int use_gpu = opt->device == KDT_DEVICE_CUDA ||
+                        (opt->device == KDT_DEVICE_AUTO && kdt_engine_gpu_available());
 
     kdt_engine *e = calloc(1, sizeof *e);
     if (!e) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine");
@@ -174,11 +177,13 @@ kdt_status kdt_engine_create(const kdt_engine_options *opt, kdt_engine **out) {
         int64_t total = opt->kv_pages ? opt->kv_pages : per * max_streams;
         if (total > INT32_MAX / 2) total = INT32_MAX / 2;
         e->pages_total = (int32_t)total;
-        kdt_kv_cache_options ko = {e->pages_total, max_streams, e->pages_per_stream_max};
-        st = kdt_kv_cache_create(e->model, &ko, &e->kv);
-        if (st != KDT_OK) goto fail;
-        st = kdt_kv_cache_layout(e->kv, &e->kv_layout);
-        if (st != KDT_OK) goto fail;
+        if (!use_gpu) { /* the GPU side makes its own cache on the device */
+            kdt_kv_cache_options ko = {e->pages_total, max_streams, e->pages_per_stream_max};
+            st = kdt_kv_cache_create(e->model, &ko, &e->kv);
+            if (st != KDT_OK) goto fail;
+            st = kdt_kv_cache_layout(e->kv, &e->kv_layout);
+            if (st != KDT_OK) goto fail;
+        }
     }
     /* buffers are sized for the largest depth a test drafter may ask for when there is none */
     {
@@ -186,6 +191,10 @@ kdt_status kdt_engine_create(const kdt_engine_options *opt, kdt_engine **out) {
         if (e->depth == 0) e->depth = KDT_MAX_DEPTH;
         st = alloc_buffers(e);
         e->depth = saved;
+        if (st != KDT_OK) goto fail;
+    }
+    if (use_gpu) {
+        st = kdt_engine_gpu_create(e, opt->verbose);
         if (st != KDT_OK) goto fail;
     }
     kdt_budget_init(&e->budget, opt->verify_cost_base_s, opt->verify_cost_per_node_s);
@@ -205,6 +214,7 @@ void kdt_engine_free(kdt_engine *e) {
             free(e->streams[i].stop);
             free(e->streams[i].tokens);
         }
+    kdt_engine_gpu_free(e);
     kdt_kv_cache_free(e->kv);
     kdt_dflash_free(e->drafter);
     kdt_model_free(e->model);
@@ -315,7 +325,7 @@ kdt_status kdt_engine_add(kdt_engine *e, const int32_t *prompt, int32_t n_prompt
     if (!stop) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "kdt_engine_add: stop ids");
     s->stop = stop;
     const int drafts = p->spec != KDT_SPEC_AR && has_drafter;
-    if (drafts && e->drafter) {
+    if (drafts && e->drafter && !e->gpu) { /* on the GPU the context lives in the drafter's slots */
         if (!s->dctx) KDT_TRY(kdt_dflash_ctx_create(e->drafter, e->max_context, &s->dctx));
         kdt_dflash_ctx_reset(s->dctx);
     }
@@ -343,7 +353,8 @@ kdt_status kdt_engine_add(kdt_engine *e, const int32_t *prompt, int32_t n_prompt
 
 void kdt_engine_release_stream(kdt_engine *e, int32_t slot) {
     eng_stream *s = &e->streams[slot];
-    kdt_kv_stream_release(e->kv, slot);
+    if (e->gpu) kdt_engine_gpu_release(e, slot);
+    else kdt_kv_stream_release(e->kv, slot);
     if (s->dctx) kdt_dflash_ctx_reset(s->dctx);
     e->pages_reserved -= s->pages_reserved;
     s->pages_reserved = 0;
@@ -374,7 +385,7 @@ void kdt_engine_get_stats(const kdt_engine *e, kdt_engine_stats *out) {
     if (!e || !out) return;
     *out = e->stats;
     out->kv_pages_total = e->pages_total;
-    out->kv_pages_used = e->pages_total - kdt_kv_cache_free_pages(e->kv);
+    out->kv_pages_used = e->pages_total - (e->gpu ? kdt_engine_gpu_free_pages(e) : kdt_kv_cache_free_pages(e->kv));
     out->active_streams = out->waiting_streams = 0;
     for (int32_t i = 0; i < e->max_streams; i++) {
         if (e->streams[i].state == SLOT_ACTIVE) out->active_streams++;

@@ -82,6 +82,7 @@ struct kdt_engine {
     const int32_t *tap_layers;
     const kdt_engine_kernels *kern;
     void *cuda_stream;          /* NULL: default stream (GPU path) */
+    struct eng_gpu *gpu;        /* the GPU side (engine_gpu.h), NULL on the CPU; then kv is NULL */
 
     int32_t max_streams, max_context, max_budget, max_nodes; /* max_nodes = 1 + max(max_budget, L) */
     int32_t pages_total, pages_reserved, pages_per_stream_max;
@@ -120,8 +121,38 @@ struct kdt_engine {
     kdt_engine_stats stats;
 };
 
-/* round.c: monotonic seconds */
-double kdt_engine_now(void);
+/* ---- round.c pieces the GPU round (cuda/engine_gpu.c) shares ---------------------------------- */
+double kdt_engine_now(void); /* monotonic seconds */
+
+typedef struct round_groups {
+    int32_t n_tree, n_chain, n_plain; /* [0, n_tree) ddtree/auto, then chain, then no draft */
+    int32_t n_draft;                  /* n_tree + n_chain */
+    int32_t n_auto;
+} round_groups;
+
+/* The arrays one round's trees are built in (host arrays on the CPU, device arrays on the GPU). */
+typedef struct round_bufs {
+    int32_t *n_nodes, *token, *parent, *depth, *first_child, *next_sibling, *position; /* [S][MN] */
+    float *score;
+    uint64_t *mask;
+    int32_t *top_ids;
+    float *top_logp;
+    int32_t *depth_limit, *budget, *root, *prefix; /* [S] */
+} round_bufs;
+
+int32_t kdt_round_plan(kdt_engine *e, const int32_t *slots, int32_t n_slots, round_groups *g);
+int32_t kdt_round_topk_k(const kdt_engine *e, const round_groups *g);
+round_bufs kdt_round_host_bufs(kdt_engine *e);
+kdt_tree kdt_round_tree_view(const round_bufs *b, int32_t s0, int32_t n, int32_t stride);
+/* tree_build of every group at the budgets in e->b_budget (read on the host for the stride) */
+kdt_status kdt_round_build_trees(const kdt_engine *e, const round_bufs *b, const kdt_engine_kernels *kern,
+                                 void *stream, const round_groups *g, int32_t S, int32_t K, int32_t *stride);
+void kdt_round_auto_choose(kdt_engine *e, const round_groups *g, int32_t S, int32_t stride);
+double kdt_round_surrogate(const kdt_engine *e, int32_t s, int32_t stride);
+kdt_sampler_params kdt_round_sampler_of(const eng_stream *s);
+int32_t kdt_round_emit(eng_stream *s, const int32_t *toks, int32_t n, int32_t *ev);
+void kdt_round_event(kdt_stream_event *events, int32_t *n_ev, const eng_stream *s, const int32_t *toks,
+                     int32_t n, int32_t tau);
 
 /* engine.c: releases a stream's KV pages, drafter context and admission pages (state unchanged) */
 void kdt_engine_release_stream(kdt_engine *e, int32_t slot);

@@ -12,6 +12,7 @@
  * e->kern (kernel_ops.c), which is where the CUDA launchers plug in.
  */
 #include "engine_internal.h"
+#include "engine_gpu.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -35,7 +36,7 @@ static kdt_status grow_f32(float **buf, int64_t *cap, int64_t need, const char *
     return KDT_OK;
 }
 
-static kdt_sampler_params sampler_of(const eng_stream *s) {
+kdt_sampler_params kdt_round_sampler_of(const eng_stream *s) {
     kdt_sampler_params sp = {s->params.temperature, s->params.top_k, s->params.top_p};
     return sp;
 }
@@ -48,7 +49,7 @@ static int is_stop(const eng_stream *s, int32_t tok) {
 
 /* Appends up to n tokens, truncating at the first stop token (kept) and at max_new_tokens;
  * writes them to ev[] and returns how many were taken. Sets s->finish when the stream ends. */
-static int32_t emit_tokens(eng_stream *s, const int32_t *toks, int32_t n, int32_t *ev) {
+int32_t kdt_round_emit(eng_stream *s, const int32_t *toks, int32_t n, int32_t *ev) {
     int32_t k = 0;
     while (k < n && s->finish == KDT_FINISH_NONE) {
         const int32_t t = toks[k];
@@ -61,7 +62,7 @@ static int32_t emit_tokens(eng_stream *s, const int32_t *toks, int32_t n, int32_
     return k;
 }
 
-static void put_event(kdt_stream_event *events, int32_t *n_ev, const eng_stream *s,
+void kdt_round_event(kdt_stream_event *events, int32_t *n_ev, const eng_stream *s,
                       const int32_t *toks, int32_t n, int32_t tau) {
     kdt_stream_event *ev = &events[(*n_ev)++];
     ev->stream_id = s->id;
@@ -74,6 +75,7 @@ static void put_event(kdt_stream_event *events, int32_t *n_ev, const eng_stream 
 /* ---- prefill ------------------------------------------------------------------------------- */
 
 static kdt_status prefill_stream(kdt_engine *e, int32_t slot, int32_t *first_token) {
+    if (e->gpu) return kdt_engine_gpu_prefill(e, slot, first_token);
     eng_stream *s = &e->streams[slot];
     const int32_t V = e->mc->vocab_size, D = e->mc->hidden_size;
     const int want_taps = s->drafts && e->drafter && e->n_taps > 0;
@@ -112,7 +114,7 @@ static kdt_status prefill_stream(kdt_engine *e, int32_t slot, int32_t *first_tok
     if (greedy) {
         *first_token = amax;
     } else {
-        kdt_sampler_params sp = sampler_of(s);
+        kdt_sampler_params sp = kdt_round_sampler_of(s);
         *first_token = kdt_sample_token(e->logits, V, &sp, kdt_rng_uniform(&s->rng), &e->sampler);
     }
     s->prefix_len = s->n_prompt;
@@ -121,24 +123,23 @@ static kdt_status prefill_stream(kdt_engine *e, int32_t slot, int32_t *first_tok
 
 /* ---- the round ----------------------------------------------------------------------------- */
 
-/* A view of the engine's tree arrays as S streams at stride `stride`, from tree stream s0. */
-static kdt_tree tree_view(kdt_engine *e, int32_t s0, int32_t n, int32_t stride) {
+kdt_tree kdt_round_tree_view(const round_bufs *b, int32_t s0, int32_t n, int32_t stride) {
     const int64_t base = (int64_t)s0 * stride, W = KDT_MASK_WORDS(stride);
-    kdt_tree t = {n, stride, e->t_n_nodes + s0, e->t_token + base, e->t_parent + base,
-                  e->t_depth + base, e->t_first_child + base, e->t_next_sibling + base,
-                  e->t_position + base, e->t_score + base, e->t_mask + base * W};
+    kdt_tree t = {n, stride, b->n_nodes + s0, b->token + base, b->parent + base,
+                  b->depth + base, b->first_child + base, b->next_sibling + base,
+                  b->position + base, b->score + base, b->mask + base * W};
     return t;
 }
 
-typedef struct round_groups {
-    int32_t n_tree, n_chain, n_plain; /* [0, n_tree) ddtree/auto, then chain, then no draft */
-    int32_t n_draft;                  /* n_tree + n_chain */
-    int32_t n_auto;
-} round_groups;
+round_bufs kdt_round_host_bufs(kdt_engine *e) {
+    round_bufs b = {e->t_n_nodes, e->t_token, e->t_parent, e->t_depth, e->t_first_child, e->t_next_sibling,
+                    e->t_position, e->t_score, e->t_mask, e->top_ids, e->top_logp, e->b_depth_limit,
+                    e->b_budget, e->b_root, e->b_prefix};
+    return b;
+}
 
-/* Builds the trees of every group at the budgets in e->b_budget; returns the stride used. */
-static kdt_status build_trees(kdt_engine *e, const round_groups *g, int32_t S, int32_t K,
-                              int32_t *stride_out) {
+kdt_status kdt_round_build_trees(const kdt_engine *e, const round_bufs *b, const kdt_engine_kernels *kern,
+                                 void *stream, const round_groups *g, int32_t S, int32_t K, int32_t *stride_out) {
     int32_t stride = 1;
     for (int32_t s = 0; s < S; s++)
         if (1 + e->b_budget[s] > stride) stride = 1 + e->b_budget[s];
@@ -150,13 +151,13 @@ static kdt_status build_trees(kdt_engine *e, const round_groups *g, int32_t S, i
     for (int i = 0; i < 3; i++) {
         if (parts[i].n == 0) continue;
         const int32_t s0 = parts[i].s0;
-        kdt_tree view = tree_view(e, s0, parts[i].n, stride);
+        kdt_tree view = kdt_round_tree_view(b, s0, parts[i].n, stride);
         /* the no-draft group has budget 0: its top-K rows are never read */
         const int64_t top_off = i == 2 ? 0 : s0 * per_stream;
-        kdt_tree_build_params bp = {parts[i].n, L, K, e->top_ids + top_off, e->top_logp + top_off,
-                                    e->b_depth_limit + s0, e->b_budget + s0, e->b_root + s0,
-                                    e->b_prefix + s0, parts[i].chain};
-        kdt_status st = e->kern->tree_build(&bp, &view, e->cuda_stream);
+        kdt_tree_build_params bp = {parts[i].n, L, K, b->top_ids + top_off, b->top_logp + top_off,
+                                    b->depth_limit + s0, b->budget + s0, b->root + s0,
+                                    b->prefix + s0, parts[i].chain};
+        kdt_status st = kern->tree_build(&bp, &view, stream);
         if (st != KDT_OK) return st;
     }
     *stride_out = stride;
@@ -164,19 +165,16 @@ static kdt_status build_trees(kdt_engine *e, const round_groups *g, int32_t S, i
 }
 
 /* expected accepted draft tokens of tree stream s under the drafter's surrogate (§1.2) */
-static double surrogate_accept(const kdt_engine *e, int32_t s, int32_t stride) {
+double kdt_round_surrogate(const kdt_engine *e, int32_t s, int32_t stride) {
     double sum = 0.0;
     for (int32_t i = 1; i < e->t_n_nodes[s]; i++) sum += exp((double)e->t_score[(int64_t)s * stride + i]);
     return sum < e->b_depth_limit[s] ? sum : e->b_depth_limit[s];
 }
 
-static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots,
-                            kdt_stream_event *events, int32_t *n_ev) {
-    const int32_t V = e->mc->vocab_size, D = e->mc->hidden_size, L = e->depth;
-    const double t0 = kdt_engine_now();
-    kdt_status st = KDT_OK;
-
-    /* order and per-stream parameters */
+/* Orders the round's streams [ddtree/auto | chain | no draft] into e->slot_of and fills the
+ * per-stream parameters (root, prefix, depth limit, budget); returns S. */
+int32_t kdt_round_plan(kdt_engine *e, const int32_t *slots, int32_t n_slots, round_groups *gout) {
+    const int32_t L = e->depth;
     round_groups g = {0};
     int32_t S = 0;
     for (int pass = 0; pass < 3; pass++)
@@ -200,6 +198,64 @@ static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots
             S++;
         }
     g.n_draft = g.n_tree + g.n_chain;
+
+    *gout = g;
+    return S;
+}
+
+/* K of the round's top-K: the largest budget of a tree stream, bounded by top_k_max. */
+int32_t kdt_round_topk_k(const kdt_engine *e, const round_groups *g) {
+    int32_t K = 1;
+    for (int32_t s = 0; s < g->n_tree; s++) {
+        int32_t k = e->b_budget[s] < e->top_k_max ? e->b_budget[s] : e->top_k_max;
+        if (k > K) K = k;
+    }
+    return K;
+}
+
+/* The auto streams' budgets from their probe trees (e->t_score / e->t_n_nodes on the host, built at
+ * each stream's cap): writes e->b_budget of the auto streams. */
+void kdt_round_auto_choose(kdt_engine *e, const round_groups *gp, int32_t S, int32_t stride) {
+    const round_groups g = *gp;
+    /* The probe trees were built at each auto stream's cap; the best-B tree is their first B
+     * pops, so their scores give the surrogate of every budget (budget.h). */
+    kdt_budget_stream bs[64] = {{0}};
+    int32_t auto_idx[64], n_auto = 0, fixed_nodes = 0;
+    double fixed_tokens = 0.0;
+    for (int32_t s = 0; s < S; s++) {
+        const eng_stream *es = &e->streams[e->slot_of[s]];
+        if (s < g.n_tree && es->params.spec == KDT_SPEC_AUTO) {
+            float *sc = e->auto_scores + (int64_t)n_auto * e->max_nodes;
+            const int32_t cap = e->t_n_nodes[s] - 1;
+            memcpy(sc, e->t_score + (int64_t)s * stride + 1, sizeof(float) * (size_t)cap);
+            bs[n_auto] = (kdt_budget_stream){sc, cap, e->b_depth_limit[s]};
+            auto_idx[n_auto++] = s;
+        } else {
+            fixed_nodes += e->t_n_nodes[s];
+            fixed_tokens += 1.0 + (s < g.n_draft ? kdt_budget_calibration(&e->budget) *
+                                                       kdt_round_surrogate(e, s, stride) : 0.0);
+        }
+    }
+    int32_t chosen[64];
+    kdt_budget_choose(&e->budget, n_auto, bs, fixed_nodes, fixed_tokens, chosen);
+    int32_t last = 0;
+    for (int32_t i = 0; i < n_auto; i++) {
+        e->b_budget[auto_idx[i]] = chosen[i];
+        if (chosen[i] > last) last = chosen[i];
+    }
+    e->stats.last_budget = last;
+}
+
+static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots,
+                            kdt_stream_event *events, int32_t *n_ev) {
+    if (e->gpu) return kdt_engine_gpu_round(e, slots, n_slots, events, n_ev);
+    const int32_t V = e->mc->vocab_size, D = e->mc->hidden_size, L = e->depth;
+    const double t0 = kdt_engine_now();
+    kdt_status st = KDT_OK;
+
+    round_groups g;
+    const int32_t S = kdt_round_plan(e, slots, n_slots, &g);
+    const round_bufs hb = kdt_round_host_bufs(e);
 
     /* 1. draft: logits [n_draft][L][V] */
     if (g.n_draft > 0) {
@@ -228,11 +284,7 @@ static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots
     const double t1 = kdt_engine_now();
 
     /* 2. top-K over the drafted rows, then the trees */
-    int32_t K = 1;
-    for (int32_t s = 0; s < g.n_tree; s++) {
-        int32_t k = e->b_budget[s] < e->top_k_max ? e->b_budget[s] : e->top_k_max;
-        if (k > K) K = k;
-    }
+    const int32_t K = kdt_round_topk_k(e, &g);
     if (g.n_draft > 0) {
         kdt_topk_params tp = {g.n_draft * L, V, K, KDT_F32, e->draft_logits, V, e->top_ids,
                               e->top_logp, NULL, 0};
@@ -240,37 +292,11 @@ static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots
         if (st != KDT_OK) return st;
     }
     int32_t stride = 1;
-    st = build_trees(e, &g, S, K, &stride);
+    st = kdt_round_build_trees(e, &hb, e->kern, e->cuda_stream, &g, S, K, &stride);
     if (st != KDT_OK) return st;
     if (g.n_auto > 0) {
-        /* The probe trees were built at each auto stream's cap; the best-B tree is their first B
-         * pops, so their scores give the surrogate of every budget (budget.h). */
-        kdt_budget_stream bs[64];
-        int32_t auto_idx[64], n_auto = 0, fixed_nodes = 0;
-        double fixed_tokens = 0.0;
-        for (int32_t s = 0; s < S; s++) {
-            const eng_stream *es = &e->streams[e->slot_of[s]];
-            if (s < g.n_tree && es->params.spec == KDT_SPEC_AUTO) {
-                float *sc = e->auto_scores + (int64_t)n_auto * e->max_nodes;
-                const int32_t cap = e->t_n_nodes[s] - 1;
-                memcpy(sc, e->t_score + (int64_t)s * stride + 1, sizeof(float) * (size_t)cap);
-                bs[n_auto] = (kdt_budget_stream){sc, cap, e->b_depth_limit[s]};
-                auto_idx[n_auto++] = s;
-            } else {
-                fixed_nodes += e->t_n_nodes[s];
-                fixed_tokens += 1.0 + (s < g.n_draft ? kdt_budget_calibration(&e->budget) *
-                                                           surrogate_accept(e, s, stride) : 0.0);
-            }
-        }
-        int32_t chosen[64];
-        kdt_budget_choose(&e->budget, n_auto, bs, fixed_nodes, fixed_tokens, chosen);
-        int32_t last = 0;
-        for (int32_t i = 0; i < n_auto; i++) {
-            e->b_budget[auto_idx[i]] = chosen[i];
-            if (chosen[i] > last) last = chosen[i];
-        }
-        e->stats.last_budget = last;
-        st = build_trees(e, &g, S, K, &stride);
+        kdt_round_auto_choose(e, &g, S, stride);
+        st = kdt_round_build_trees(e, &hb, e->kern, e->cuda_stream, &g, S, K, &stride);
         if (st != KDT_OK) return st;
     }
     const double t2 = kdt_engine_now();
@@ -291,7 +317,7 @@ static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots
         st = grow_f32(&e->taps, &e->taps_cap, R * e->n_taps * D, "verify taps");
         if (st != KDT_OK) return st;
     }
-    kdt_tree tree = tree_view(e, 0, S, stride);
+    kdt_tree tree = kdt_round_tree_view(&hb, 0, S, stride);
     kdt_model_outputs out = {0};
     out.argmax = any_greedy ? e->argmax : NULL;
     out.logits = any_sampled ? e->logits : NULL;
@@ -313,7 +339,7 @@ static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots
         const int32_t n = e->t_n_nodes[s];
         nodes_total += n;
         if (es->params.temperature > 0.0f) {
-            kdt_sampler_params sp = sampler_of(es);
+            kdt_sampler_params sp = kdt_round_sampler_of(es);
             for (int32_t i = 0; i < n; i++)
                 e->target_token[base + i] = kdt_sample_token(e->logits + (base + i) * V, V, &sp,
                                                              kdt_rng_uniform(&es->rng), &e->sampler);
@@ -335,12 +361,12 @@ static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots
         eng_stream *es = &e->streams[slot];
         const int32_t tau = e->acc_tau[s];
         if (s < g.n_draft) {
-            predicted += surrogate_accept(e, s, stride);
+            predicted += kdt_round_surrogate(e, s, stride);
             realised += tau - 1;
         }
         int32_t *evt = e->ev_tokens + (int64_t)slot * KDT_MAX_PATH;
-        const int32_t n = emit_tokens(es, e->acc_emit + (int64_t)s * KDT_MAX_PATH, tau, evt);
-        put_event(events, n_ev, es, evt, n, tau);
+        const int32_t n = kdt_round_emit(es, e->acc_emit + (int64_t)s * KDT_MAX_PATH, tau, evt);
+        kdt_round_event(events, n_ev, es, evt, n, tau);
         e->stats.tokens_emitted += (uint64_t)n;
         e->stats.tau_hist[tau < 17 ? tau : 17]++;
         e->commit_tau[s] = es->finish == KDT_FINISH_NONE ? tau : 0;
@@ -428,7 +454,7 @@ kdt_status kdt_engine_step(kdt_engine *e, kdt_stream_event *events, int32_t max_
     for (int32_t i = 0; i < e->max_streams; i++) {
         eng_stream *s = &e->streams[i];
         if (s->state != SLOT_CLOSING) continue;
-        put_event(events, n_events, s, e->ev_tokens + (int64_t)i * KDT_MAX_PATH, 0, 0);
+        kdt_round_event(events, n_events, s, e->ev_tokens + (int64_t)i * KDT_MAX_PATH, 0, 0);
         s->state = SLOT_FREE;
     }
 
@@ -452,13 +478,13 @@ kdt_status kdt_engine_step(kdt_engine *e, kdt_stream_event *events, int32_t max_
         int32_t n = 0;
         if (st == KDT_OK) {
             e->stats.prompt_tokens += (uint64_t)s->n_prompt;
-            n = emit_tokens(s, &first, 1, evt);
+            n = kdt_round_emit(s, &first, 1, evt);
             e->stats.tokens_emitted += (uint64_t)n;
         } else {
             if (first_err == KDT_OK) first_err = st;
             s->finish = KDT_FINISH_ERROR;
         }
-        put_event(events, n_events, s, evt, n, 0);
+        kdt_round_event(events, n_events, s, evt, n, 0);
         if (s->finish != KDT_FINISH_NONE) {
             kdt_engine_release_stream(e, slot);
             s->state = SLOT_FREE;
@@ -478,7 +504,7 @@ kdt_status kdt_engine_step(kdt_engine *e, kdt_stream_event *events, int32_t max_
                 eng_stream *s = &e->streams[round_slots[i]];
                 if (s->state != SLOT_ACTIVE) continue;
                 s->finish = KDT_FINISH_ERROR;
-                put_event(events, n_events, s, e->ev_tokens + (int64_t)round_slots[i] * KDT_MAX_PATH, 0, 0);
+                kdt_round_event(events, n_events, s, e->ev_tokens + (int64_t)round_slots[i] * KDT_MAX_PATH, 0, 0);
                 kdt_engine_release_stream(e, round_slots[i]);
                 s->state = SLOT_FREE;
             }

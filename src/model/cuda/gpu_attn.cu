@@ -334,6 +334,80 @@ int pick_nt(int hg, int dc) {
     return nt;
 }
 
+
+/* Verify rows from a tree that lives on the device (kdt_gpu_stage_verify_device): one CTA numbers
+ * the nodes of every stream compactly (stream-major), fills each row exactly as the host staging
+ * does, and scans the attention split counts for split_off. The host already wrote n_updates. */
+constexpr int STAGE_THREADS = 1024;
+__global__ void __launch_bounds__(STAGE_THREADS) k_stage_tree(kdt_gstage_hdr *hdr, kdt_grow *rows, int32_t *head,
+                                                              uint64_t *masks, const int32_t *streams, int S, int N,
+                                                              int W, const int32_t *n_nodes, const int32_t *token,
+                                                              const int32_t *position, const uint64_t *anc_mask) {
+    __shared__ int row_off[65];
+    __shared__ int scan[STAGE_THREADS];
+    __shared__ int carry;
+    const int t = threadIdx.x;
+    if (t == 0) {
+        int acc = 0;
+        for (int s = 0; s < S; s++) {
+            row_off[s] = acc;
+            const int n = n_nodes[s], bound = streams[3 * s + 2];
+            acc += n < 1 ? 1 : (n > bound ? bound : n); /* never past the slots the host reserved */
+        }
+        row_off[S] = acc;
+        carry = 0;
+    }
+    __syncthreads();
+    const int R = row_off[S];
+    for (int base = 0; base < R; base += STAGE_THREADS) {
+        const int k = base + t;
+        int ns = 0, s = 0;
+        if (k < R) {
+            while (s + 1 < S && row_off[s + 1] <= k) s++;
+            const int i = k - row_off[s];
+            const int64_t idx = (int64_t)s * N + i;
+            const int P = streams[3 * s + 1];
+            int bits = 0;
+            for (int q = 0; q < W; q++) {
+                const uint64_t m = anc_mask[idx * W + q];
+                masks[(int64_t)k * W + q] = m;
+                bits += __popcll(m);
+            }
+            kdt_grow w;
+            w.stream = streams[3 * s];
+            w.token = token[idx];
+            w.pos = position[idx];
+            w.slot = P + i;
+            w.n_prefix = P;
+            w.n_keys = P + bits;
+            w.mask_off = k * W;
+            w.mask_words = W;
+            w.split_off = 0;
+            w.out_index = w.tap_index = (int32_t)idx;
+            w.pad = 0;
+            rows[k] = w;
+            head[k] = k;
+            ns = n_splits(w.n_keys);
+        }
+        scan[t] = ns;
+        __syncthreads();
+        for (int off = 1; off < STAGE_THREADS; off <<= 1) { /* inclusive Hillis-Steele scan */
+            const int v = t >= off ? scan[t - off] : 0;
+            __syncthreads();
+            scan[t] += v;
+            __syncthreads();
+        }
+        if (k < R) rows[k].split_off = carry + scan[t] - ns;
+        __syncthreads();
+        if (t == STAGE_THREADS - 1) carry += scan[t];
+        __syncthreads();
+    }
+    if (t == 0) {
+        hdr->n_rows = R;
+        hdr->n_head = R;
+        hdr->total_splits = carry;
+    }
+}
 } // namespace
 
 extern "C" int32_t kdt_attn_split_keys(int32_t n_keys) { return split_keys(n_keys); }
@@ -412,4 +486,15 @@ extern "C" kdt_status kdt_attn_launch(const kdt_attn_args *a, cudaStream_t s) {
     }
     if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "GPU attention: launch failed: %s", cudaGetErrorString(e));
     return KDT_OK;
+}
+
+extern "C" kdt_status kdt_op_stage_tree(kdt_gstage_hdr *hdr, kdt_grow *rows, int32_t *head, uint64_t *masks,
+                                        const int32_t *streams, int32_t S, int32_t N, int32_t W,
+                                        const int32_t *n_nodes, const int32_t *token, const int32_t *position,
+                                        const uint64_t *anc_mask, cudaStream_t s) {
+    if (S < 1 || S > 64) return kdt_fail(KDT_ERR_INVALID_ARG, "GPU tree staging: %d streams (1..64)", S);
+    k_stage_tree<<<1, STAGE_THREADS, 0, s>>>(hdr, rows, head, masks, streams, S, N, W, n_nodes, token, position,
+                                             anc_mask);
+    const cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? KDT_OK : kdt_fail(KDT_ERR_CUDA, "GPU tree staging: %s", cudaGetErrorString(e));
 }

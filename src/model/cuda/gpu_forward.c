@@ -142,7 +142,7 @@ kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_op
     STEP(kdt_attn_init(16, dc, dq));
     if (hg64_supported(g)) STEP(kdt_attn_init(64, dc, dq));
 
-    /* staging layout: header | rows | head rows | block-table updates | mask rows */
+    /* staging layout: header | rows | head rows | block-table updates | tree streams | mask rows */
     r->mask_words_max = KDT_MASK_WORDS(o.max_nodes);
     const int32_t cap_updates = 4 * R + 1024;
     r->cap_updates = cap_updates;
@@ -150,7 +150,8 @@ kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_op
     r->off_rows = align16(sizeof(kdt_gstage_hdr));
     r->off_head = align16(r->off_rows + (size_t)R * sizeof(kdt_grow));
     r->off_updates = align16(r->off_head + (size_t)R * sizeof(int32_t));
-    r->off_masks = align16(r->off_updates + (size_t)cap_updates * 2 * sizeof(int32_t));
+    r->off_streams = align16(r->off_updates + (size_t)cap_updates * 2 * sizeof(int32_t));
+    r->off_masks = align16(r->off_streams + (size_t)KDT_GPU_TREE_STREAMS * 3 * sizeof(int32_t));
     r->stage_bytes = align16(r->off_masks + (size_t)R * r->mask_words_max * sizeof(uint64_t));
     for (int i = 0; i < 2 && st == KDT_OK; i++) {
         if ((e = cudaHostAlloc((void **)&r->h_stage[i], r->stage_bytes, cudaHostAllocDefault)) != cudaSuccess ||
@@ -302,6 +303,7 @@ static kdt_status stage_end(kdt_gpu_runner *r, kdt_gpu_kv *c, stage_view *v, int
     if (e != cudaSuccess) return cuda_fail(e, "GPU staging copy");
     r->stage_idx = i;
     r->staged_rows = n_rows;
+    r->dtree_pending = 0;
     if (nu > 0)
         KDT_TRY(kdt_op_scatter(c->d_block_table, (const int32_t *)(r->d_stage + r->off_updates),
                            (const kdt_gstage_hdr *)r->d_stage, nu, r->stream));
@@ -532,6 +534,59 @@ done:
     return st;
 }
 
+kdt_status kdt_gpu_stage_verify_device(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_tree *d_tree,
+                                       const int32_t *stream_ids, const int32_t *node_bound,
+                                       const int32_t *depth_bound) {
+    static const char fn[] = "kdt_gpu_stage_verify_device";
+    KDT_TRY(check_kv(fn, r, c));
+    KDT_CHECK_ARG(d_tree && stream_ids, "%s: tree or stream_ids is NULL", fn);
+    const int32_t S = d_tree->n_streams, N = d_tree->max_nodes;
+    KDT_CHECK_ARG(S >= 1 && S <= c->max_streams && S <= KDT_GPU_TREE_STREAMS, "%s: n_streams = %d (1..%d)", fn, S,
+                  c->max_streams < KDT_GPU_TREE_STREAMS ? c->max_streams : KDT_GPU_TREE_STREAMS);
+    KDT_CHECK_ARG(N >= 1 && N <= r->opt.max_nodes, "%s: max_nodes = %d, the runner was made for %d", fn, N,
+                  r->opt.max_nodes);
+    KDT_CHECK_ARG(node_bound && depth_bound, "%s: node_bound or depth_bound is NULL", fn);
+    KDT_CHECK_ARG((int64_t)S * N <= r->opt.max_rows, "%s: %d streams x max_nodes %d exceed the runner's max_rows %d",
+                  fn, S, N, r->opt.max_rows);
+    KDT_CHECK_ARG(d_tree->n_nodes && d_tree->token && d_tree->position && d_tree->anc_mask,
+                  "%s: a tree array (n_nodes, token, position, anc_mask) is NULL", fn);
+    int32_t ids[KDT_GPU_TREE_STREAMS], need[KDT_GPU_TREE_STREAMS];
+    int64_t splits = 0;
+    for (int32_t s = 0; s < S; s++) {
+        const int32_t id = stream_ids[s];
+        KDT_CHECK_ARG(id >= 0 && id < c->max_streams, "%s: stream_ids[%d] = %d is out of range", fn, s, id);
+        for (int32_t q = 0; q < s; q++)
+            KDT_CHECK_ARG(ids[q] != id, "%s: stream_ids[%d] = %d is repeated", fn, s, id);
+        ids[s] = id;
+        const int32_t P = c->length[id], nb = node_bound[s], db = depth_bound[s];
+        KDT_CHECK_ARG(nb >= 1 && nb <= N && db >= 0 && db < nb, "%s: stream %d: node bound %d, depth bound %d (max_nodes %d)",
+                      fn, s, nb, db, N);
+        KDT_TRY(check_reach(fn, r, id, (int64_t)P + db, (int64_t)P + nb));
+        need[s] = P + nb; /* the host does not know n_nodes: room for the bound */
+        splits += (int64_t)nb * kdt_attn_n_splits(P + nb);
+    }
+    if (splits > r->max_splits_total)
+        return kdt_fail(KDT_ERR_CAPACITY, "%s: up to %lld attention splits exceed the workspace (%d)", fn,
+                        (long long)splits, r->max_splits_total);
+    KDT_TRY(kdt_gkv_reserve_many(c, S, ids, need));
+    stage_view v;
+    memset(&v, 0, sizeof v);
+    KDT_TRY(stage_begin(r, &v));
+    int32_t *tab = (int32_t *)(r->h_stage[r->stage_idx ^ 1] + r->off_streams);
+    for (int32_t s = 0; s < S; s++) {
+        tab[3 * s] = ids[s];
+        tab[3 * s + 1] = c->length[ids[s]];
+        tab[3 * s + 2] = node_bound[s];
+    }
+    /* copies header, updates and the stream table (rows and masks are written on the device) */
+    KDT_TRY(stage_end(r, c, &v, 0, 0));
+    r->staged_rows = S * N;
+    r->dtree = *d_tree; /* the rows are numbered by kdt_gpu_run, after tree_build has run */
+    r->dtree_pending = 1;
+    for (int32_t s = 0; s < S; s++) c->written[ids[s]] = need[s];
+    return KDT_OK;
+}
+
 /* ---- the pass --------------------------------------------------------------------------------- */
 
 typedef struct pass {
@@ -732,6 +787,14 @@ kdt_status kdt_gpu_run(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_gpu_run_confi
     p.masks = (const uint64_t *)(r->d_stage + r->off_masks);
     p.m_dev = &p.hdr->n_rows;
     const int32_t D = cfg->hidden_size;
+    if (r->dtree_pending) {
+        unsigned char *d = r->d_stage;
+        const kdt_tree *t = &r->dtree;
+        KDT_TRY(kdt_op_stage_tree((kdt_gstage_hdr *)d, (kdt_grow *)(d + r->off_rows), (int32_t *)(d + r->off_head),
+                                  (uint64_t *)(d + r->off_masks), (const int32_t *)(d + r->off_streams), t->n_streams,
+                                  t->max_nodes, KDT_MASK_WORDS(t->max_nodes), t->n_nodes, t->token, t->position,
+                                  t->anc_mask, r->stream));
+    }
     KDT_TRY(kdt_op_embed(p.hdr, p.rows, &r->g->embed, r->x, D, p.M, p.s));
     for (int32_t l = 0; l < cfg->n_layers; l++) KDT_TRY(layer(&p, l, rc));
     if (rc->logits || rc->argmax) {

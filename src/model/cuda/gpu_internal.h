@@ -28,6 +28,7 @@ extern "C" {
 #define KDT_G_ATT_TILE 32     /* keys per attention tile */
 #define KDT_G_ATT_SPLIT 512   /* keys per attention split (rows with <= 32768 keys) */
 #define KDT_G_ATT_MAX_SPLITS 64
+#define KDT_GPU_TREE_STREAMS 64 /* streams of one device-staged verify pass */
 #define KDT_G_SPLIT_TARGET 264 /* CTAs the split-K rule aims at (2 x 132 SMs), a constant so
                                   results never depend on the device */
 
@@ -150,9 +151,11 @@ struct kdt_gpu_runner {
     cudaEvent_t stage_done[2];
     int32_t stage_idx;
     unsigned char *d_stage;
-    size_t off_rows, off_head, off_updates, off_masks, stage_bytes;
+    size_t off_rows, off_head, off_updates, off_streams, off_masks, stage_bytes;
     int32_t cap_updates, mask_words_max;
     int32_t staged_rows;            /* rows of the last staged pass (host copy) */
+    kdt_tree dtree;                 /* kdt_gpu_stage_verify_device: the device tree whose rows */
+    int32_t dtree_pending;          /* kdt_gpu_run numbers first (1 until the next staging) */
     int32_t stages;                 /* GEMM pipeline depth for this device */
     int32_t max_splits_total;       /* attention partial slots */
     /* activations and scratch (device) */
@@ -263,6 +266,11 @@ kdt_status kdt_attn_launch(const kdt_attn_args *a, cudaStream_t s);
 /* Keys per split of a row with n_keys visible keys (the one rule). */
 int32_t kdt_attn_split_keys(int32_t n_keys);
 int32_t kdt_attn_n_splits(int32_t n_keys);
+/* Fills the staged verify rows from a device tree (kdt_gpu_stage_verify_device); streams [S][3]
+ * = (cache stream, committed length, node bound) in device memory. */
+kdt_status kdt_op_stage_tree(kdt_gstage_hdr *hdr, kdt_grow *rows, int32_t *head, uint64_t *masks,
+                             const int32_t *streams, int32_t S, int32_t N, int32_t W, const int32_t *n_nodes,
+                             const int32_t *token, const int32_t *position, const uint64_t *anc_mask, cudaStream_t s);
 /* Shared memory the attention kernel needs (0 if the configuration is not supported). */
 size_t kdt_attn_smem_bytes(int32_t heads_per_item, int32_t dc, int32_t dq);
 

@@ -193,6 +193,18 @@ kdt_status kdt_gpu_stage_verify(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_tree
     return NO_CUDA("kdt_gpu_stage_verify");
 }
 
+kdt_status kdt_gpu_stage_verify_device(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_tree *d_tree,
+                                       const int32_t *stream_ids, const int32_t *node_bound,
+                                       const int32_t *depth_bound) {
+    (void)r;
+    (void)c;
+    (void)d_tree;
+    (void)stream_ids;
+    (void)node_bound;
+    (void)depth_bound;
+    return NO_CUDA("kdt_gpu_stage_verify_device");
+}
+
 kdt_status kdt_gpu_run(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_gpu_run_config *rc) {
     (void)r;
     (void)c;

@@ -1,0 +1,562 @@
+/* engine_gpu.c - the decoding round on one GPU (engine_gpu.h).
+ *
+ * Per round, in stream order on the runner's CUDA stream:
+ *   params up (slot, root, prefix, depth limit, budget per tree stream: one pinned copy)
+ *   -> stage the verify pass on the host (page reservation, block-table updates; no tree needed)
+ *   -> DFlash draft (dflash_gpu) -> top-K -> tree_build -> verify forward (rows numbered on the
+ *      device from the built trees) -> tree_accept on the argmax -> KV commit -> drafter context
+ *      of the accepted path -> tau / error / emitted tokens down (one pinned copy) -> one sync.
+ * Everything after the staging is one CUDA graph per round shape (streams per group, tree
+ * stride, K), captured on first use. T > 0 streams, `auto` and the test drafter hook run the
+ * same steps eagerly with one extra host round trip each (see engine_gpu.h).
+ * Stage times come from CUDA events; the round's wall time minus the draft and verify passes is
+ * the per-round overhead the stats report as build + accept.
+ */
+#include "engine/engine_gpu.h"
+
+#include "engine/dflash_gpu.h"
+
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+kdt_status kdt_eng_gather_rows(int32_t *dst, const int32_t *src, const int32_t *idx, int32_t n, int32_t width,
+                               int64_t src_stride, int32_t n_src_rows, void *stream);
+
+#define PREFILL_CHUNK 256
+#define MAX_GRAPHS 32
+#define N_EVENTS 6 /* draft start, draft end, build end, verify end, commit end, context end */
+
+typedef struct round_key {
+    int32_t S, n_tree, n_chain, n_plain, stride, K, L, taps;
+} round_key;
+
+typedef struct round_graph {
+    round_key key;
+    cudaGraphExec_t exec;
+    uint64_t last_use;
+} round_graph;
+
+struct eng_gpu {
+    kdt_gpu_model *model;
+    kdt_gpu_kv *kv;
+    kdt_gpu_runner *run;
+    kdt_dflash_gpu *draft;
+    cudaStream_t stream;
+    kdt_kv_layout kl;           /* device cache + block table (stable pointers) */
+    kdt_gpu_outputs outs;       /* the runner's device outputs */
+    int32_t MS, MN, Lmax, Kmax, V, D;
+    /* device */
+    int32_t *d_par;             /* [5][MS]: slot, root, prefix, depth limit, budget */
+    float *d_draft_logits;      /* [MS][Lmax][V] */
+    int32_t *d_top_ids;
+    float *d_top_logp;          /* [MS][Lmax][Kmax] */
+    void *d_topk_ws;
+    size_t topk_ws_bytes;
+    int32_t *d_tree_i;          /* n_nodes [MS] + 6 x [MS][MN] */
+    float *d_score;             /* [MS][MN] */
+    uint64_t *d_mask;           /* [MS][MN][W] */
+    int32_t *d_target;          /* [MS][MN] target tokens when some stream samples */
+    int32_t *d_acc;             /* tau [MS] | error [MS] | bonus [MS] | emit [MS][PATH] | nodes [MS][PATH] */
+    int32_t *d_bt;              /* [MS][max_pages] block-table rows in tree-stream order */
+    int32_t *d_items;           /* prefill context items: count | slot [C] | pos [C] | row [C] */
+    round_bufs db;              /* device views for kdt_round_build_trees */
+    /* pinned host */
+    int32_t *h_par, *h_acc, *h_items;
+    cudaEvent_t ev[N_EVENTS];
+    round_graph graphs[MAX_GRAPHS];
+    int32_t n_graphs;
+    uint64_t use_clock;
+    int graphs_on;
+    int capturing;
+};
+
+static kdt_status cuda_fail(cudaError_t err, const char *what) {
+    return kdt_fail(KDT_ERR_CUDA, "engine GPU: %s: %s", what, cudaGetErrorString(err));
+}
+#define CU(x, what)                                            \
+    do {                                                       \
+        cudaError_t err_ = (x);                                \
+        if (err_ != cudaSuccess) return cuda_fail(err_, what); \
+    } while (0)
+
+int kdt_engine_gpu_available(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError(); /* no driver: clear the sticky-free error */
+        return 0;
+    }
+    return n > 0;
+}
+
+static kdt_status dalloc(void **p, size_t bytes, const char *what) {
+    const cudaError_t err = cudaMalloc(p, bytes ? bytes : 16);
+    if (err != cudaSuccess) {
+        *p = NULL;
+        return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine GPU: %s (%zu bytes): %s", what, bytes, cudaGetErrorString(err));
+    }
+    return KDT_OK;
+}
+
+static kdt_status halloc(void **p, size_t bytes, const char *what) {
+    const cudaError_t err = cudaHostAlloc(p, bytes ? bytes : 16, cudaHostAllocDefault);
+    if (err != cudaSuccess) {
+        *p = NULL;
+        return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine GPU: pinned %s (%zu bytes): %s", what, bytes,
+                        cudaGetErrorString(err));
+    }
+    return KDT_OK;
+}
+
+void kdt_engine_gpu_free(kdt_engine *e) {
+    eng_gpu *g = e ? e->gpu : NULL;
+    if (!g) return;
+    if (g->stream) cudaStreamSynchronize(g->stream);
+    for (int32_t i = 0; i < g->n_graphs; i++) cudaGraphExecDestroy(g->graphs[i].exec);
+    for (int i = 0; i < N_EVENTS; i++)
+        if (g->ev[i]) cudaEventDestroy(g->ev[i]);
+    void *dev[] = {g->d_par, g->d_draft_logits, g->d_top_ids, g->d_top_logp, g->d_topk_ws, g->d_tree_i,
+                   g->d_score, g->d_mask, g->d_target, g->d_acc, g->d_bt, g->d_items};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
+    cudaFreeHost(g->h_par);
+    cudaFreeHost(g->h_acc);
+    cudaFreeHost(g->h_items);
+    kdt_dflash_gpu_free(g->draft);
+    kdt_gpu_runner_free(g->run);
+    kdt_gpu_kv_free(g->kv);
+    kdt_gpu_model_free(g->model);
+    free(g);
+    e->gpu = NULL;
+}
+
+static kdt_status create_buffers(kdt_engine *e, eng_gpu *g) {
+    const size_t MS = (size_t)g->MS, MN = (size_t)g->MN, W = (size_t)KDT_MASK_WORDS(g->MN);
+    const size_t L = (size_t)g->Lmax, K = (size_t)g->Kmax, V = (size_t)g->V, I4 = sizeof(int32_t);
+    KDT_TRY(dalloc((void **)&g->d_par, 5 * MS * I4, "round parameters"));
+    KDT_TRY(dalloc((void **)&g->d_draft_logits, MS * L * V * sizeof(float), "draft logits"));
+    KDT_TRY(dalloc((void **)&g->d_top_ids, MS * L * K * I4, "top-K ids"));
+    KDT_TRY(dalloc((void **)&g->d_top_logp, MS * L * K * sizeof(float), "top-K log-probs"));
+    g->topk_ws_bytes = kdt_topk_workspace_bytes((int32_t)(MS * L), g->V, g->Kmax);
+    if (g->topk_ws_bytes) KDT_TRY(dalloc(&g->d_topk_ws, g->topk_ws_bytes, "top-K workspace"));
+    KDT_TRY(dalloc((void **)&g->d_tree_i, (MS + 6 * MS * MN) * I4, "trees"));
+    KDT_TRY(dalloc((void **)&g->d_score, MS * MN * sizeof(float), "tree scores"));
+    KDT_TRY(dalloc((void **)&g->d_mask, MS * MN * W * sizeof(uint64_t), "tree masks"));
+    KDT_TRY(dalloc((void **)&g->d_target, MS * MN * I4, "target tokens"));
+    KDT_TRY(dalloc((void **)&g->d_acc, (3 * MS + 2 * MS * KDT_MAX_PATH) * I4, "accept outputs"));
+    KDT_TRY(dalloc((void **)&g->d_bt, MS * (size_t)g->kl.max_pages * I4, "block-table rows"));
+    KDT_TRY(dalloc((void **)&g->d_items, (1 + 3 * PREFILL_CHUNK) * I4, "context items"));
+    KDT_TRY(halloc((void **)&g->h_par, 5 * MS * I4, "round parameters"));
+    KDT_TRY(halloc((void **)&g->h_acc, (3 * MS + MS * KDT_MAX_PATH) * I4, "accept outputs"));
+    KDT_TRY(halloc((void **)&g->h_items, (1 + 3 * PREFILL_CHUNK) * I4, "context items"));
+    for (int i = 0; i < N_EVENTS; i++) CU(cudaEventCreate(&g->ev[i]), "events");
+    int32_t *t = g->d_tree_i;
+    const size_t sm = MS * MN;
+    round_bufs b = {t, t + MS, t + MS + sm, t + MS + 2 * sm, t + MS + 3 * sm, t + MS + 4 * sm, t + MS + 5 * sm,
+                    g->d_score, g->d_mask, g->d_top_ids, g->d_top_logp, g->d_par + 3 * MS, g->d_par + 4 * MS,
+                    g->d_par + 1 * MS, g->d_par + 2 * MS};
+    g->db = b;
+    (void)e;
+    return KDT_OK;
+}
+
+kdt_status kdt_engine_gpu_create(kdt_engine *e, int verbose) {
+    eng_gpu *g = calloc(1, sizeof *g);
+    if (!g) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine GPU");
+    e->gpu = g;
+    g->MS = e->max_streams;
+    g->MN = e->max_nodes;
+    g->Lmax = e->depth > 0 ? e->depth : KDT_MAX_DEPTH; /* room for a test drafter */
+    g->Kmax = e->top_k_max;
+    g->V = e->mc->vocab_size;
+    g->D = e->mc->hidden_size;
+    const char *ng = getenv("KDT_NO_GRAPHS");
+    g->graphs_on = !(ng && ng[0] && strcmp(ng, "0") != 0);
+    kdt_gpu_options go = {0, verbose ? 1 : 0, 0};
+    KDT_TRY(kdt_model_to_gpu(e->model, &go, &g->model));
+    kdt_kv_cache_options ko = {e->pages_total, e->max_streams, e->pages_per_stream_max};
+    KDT_TRY(kdt_gpu_kv_create(g->model, &ko, &g->kv));
+    kdt_gpu_runner_options ro;
+    memset(&ro, 0, sizeof ro);
+    ro.max_rows = g->MS * g->MN > PREFILL_CHUNK ? g->MS * g->MN : PREFILL_CHUNK;
+    ro.max_keys = e->max_context + g->MN;
+    ro.max_nodes = g->MN;
+    ro.max_taps = e->n_taps;
+    ro.logits = 1; /* T > 0 streams sample from the logits */
+    KDT_TRY(kdt_gpu_runner_create(g->model, &ro, &g->run));
+    g->stream = (cudaStream_t)kdt_gpu_runner_stream(g->run);
+    KDT_TRY(kdt_gpu_kv_layout(g->kv, &g->kl));
+    KDT_TRY(kdt_gpu_runner_outputs(g->run, &g->outs));
+    if (e->drafter) {
+        kdt_dflash_gpu_options dopt = {g->MS, e->max_context, g->MS, g->MS * KDT_MAX_PATH > PREFILL_CHUNK
+                                                                       ? g->MS * KDT_MAX_PATH : PREFILL_CHUNK,
+                                       g->stream};
+        KDT_TRY(kdt_dflash_to_gpu(e->drafter, g->model, &dopt, &g->draft));
+    }
+    KDT_TRY(create_buffers(e, g));
+    CU(cudaStreamSynchronize(g->stream), "create");
+    return KDT_OK;
+}
+
+void kdt_engine_gpu_release(kdt_engine *e, int32_t slot) {
+    if (e && e->gpu) kdt_gpu_kv_stream_release(e->gpu->kv, slot);
+}
+
+int32_t kdt_engine_gpu_free_pages(const kdt_engine *e) {
+    return e && e->gpu ? kdt_gpu_kv_free_pages(e->gpu->kv) : 0;
+}
+
+/* ---- prefill --------------------------------------------------------------------------------- */
+
+kdt_status kdt_engine_gpu_prefill(kdt_engine *e, int32_t slot, int32_t *first_token) {
+    eng_gpu *g = e->gpu;
+    eng_stream *s = &e->streams[slot];
+    const int want_taps = s->drafts && g->draft && e->n_taps > 0;
+    const int greedy = !(s->params.temperature > 0.0f);
+    for (int32_t off = 0; off < s->n_prompt; off += PREFILL_CHUNK) {
+        const int32_t n = s->n_prompt - off < PREFILL_CHUNK ? s->n_prompt - off : PREFILL_CHUNK;
+        const int last = off + n == s->n_prompt;
+        KDT_TRY(kdt_gpu_stage_prefill(g->run, g->kv, slot, s->tokens + off, n, 1));
+        kdt_gpu_run_config rc = {n, last && !greedy, last && greedy, want_taps ? e->n_taps : 0, e->tap_layers};
+        KDT_TRY(kdt_gpu_run(g->run, g->kv, &rc));
+        if (want_taps) {
+            int32_t *h = g->h_items;
+            h[0] = n;
+            for (int32_t i = 0; i < n; i++) {
+                h[1 + i] = slot;
+                h[1 + PREFILL_CHUNK + i] = off + i;
+                h[1 + 2 * PREFILL_CHUNK + i] = i; /* taps row i = prompt token off + i */
+            }
+            CU(cudaMemcpyAsync(g->d_items, h, (1 + 3 * PREFILL_CHUNK) * sizeof(int32_t), cudaMemcpyHostToDevice,
+                               g->stream),
+               "prefill items");
+            KDT_TRY(kdt_dflash_gpu_append(g->draft, g->d_items, n, g->d_items + 1, g->d_items + 1 + PREFILL_CHUNK,
+                                          g->d_items + 1 + 2 * PREFILL_CHUNK, g->outs.taps,
+                                          (int64_t)g->outs.max_taps * g->D));
+            CU(cudaStreamSynchronize(g->stream), "prefill"); /* h_items is reused by the next chunk */
+        }
+    }
+    if (greedy) {
+        CU(cudaMemcpyAsync(first_token, g->outs.argmax, sizeof(int32_t), cudaMemcpyDeviceToHost, g->stream),
+           "prefill argmax");
+        CU(cudaStreamSynchronize(g->stream), "prefill");
+    } else {
+        float *row = e->logits;
+        if (e->logits_cap < g->V) {
+            row = realloc(e->logits, sizeof(float) * (size_t)g->V);
+            if (!row) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine: prefill logits");
+            e->logits = row;
+            e->logits_cap = g->V;
+        }
+        CU(cudaMemcpyAsync(row, g->outs.logits, sizeof(float) * (size_t)g->V, cudaMemcpyDeviceToHost, g->stream),
+           "prefill logits");
+        CU(cudaStreamSynchronize(g->stream), "prefill");
+        kdt_sampler_params sp = kdt_round_sampler_of(s);
+        *first_token = kdt_sample_token(row, g->V, &sp, kdt_rng_uniform(&s->rng), &e->sampler);
+    }
+    s->prefix_len = s->n_prompt;
+    return KDT_OK;
+}
+
+/* ---- the round ------------------------------------------------------------------------------- */
+
+typedef struct round_ctx {
+    round_groups gr;
+    int32_t S, K, L, stride, want_taps, any_sampled, any_greedy;
+} round_ctx;
+
+/* Inside a capture the event becomes an external record node (so replays time the stages too);
+ * outside one that flag is refused, hence the two forms. */
+static kdt_status record(eng_gpu *g, int i) {
+    if (g->capturing) CU(cudaEventRecordWithFlags(g->ev[i], g->stream, cudaEventRecordExternal), "event");
+    else CU(cudaEventRecord(g->ev[i], g->stream), "event");
+    return KDT_OK;
+}
+
+/* draft -> top-K -> trees (device). */
+static kdt_status enqueue_draft_build(kdt_engine *e, eng_gpu *g, round_ctx *rc) {
+    const int32_t S = rc->S, L = rc->L, V = g->V;
+    KDT_TRY(record(g, 0));
+    if (rc->gr.n_draft > 0) {
+        if (e->test_draft) {
+            const int64_t need = (int64_t)rc->gr.n_draft * L * V;
+            if (need > e->draft_logits_cap) {
+                float *p = realloc(e->draft_logits, sizeof(float) * (size_t)need);
+                if (!p) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine: draft logits");
+                e->draft_logits = p;
+                e->draft_logits_cap = need;
+            }
+            for (int32_t s = 0; s < rc->gr.n_draft; s++) {
+                const eng_stream *es = &e->streams[e->slot_of[s]];
+                KDT_TRY(e->test_draft(e->test_user, es->id, es->tokens, es->n_tokens, L, V,
+                                      e->draft_logits + (int64_t)s * L * V));
+            }
+            CU(cudaMemcpyAsync(g->d_draft_logits, e->draft_logits, sizeof(float) * (size_t)need,
+                               cudaMemcpyHostToDevice, g->stream),
+               "test draft logits");
+        } else {
+            KDT_TRY(kdt_dflash_gpu_draft(g->draft, rc->gr.n_draft, g->d_par, g->db.prefix, g->db.root,
+                                         g->d_draft_logits));
+        }
+    }
+    KDT_TRY(record(g, 1));
+    if (rc->gr.n_draft > 0) {
+        kdt_topk_params tp = {rc->gr.n_draft * L, V, rc->K, KDT_F32, g->d_draft_logits, V, g->d_top_ids,
+                              g->d_top_logp, g->d_topk_ws, g->topk_ws_bytes};
+        KDT_TRY(kdt_topk_logsoftmax_cuda(&tp, g->stream));
+    }
+    int32_t stride = 1;
+    KDT_TRY(kdt_round_build_trees(e, &g->db, &kdt_engine_kernels_cuda, g->stream, &rc->gr, S, rc->K, &stride));
+    if (rc->gr.n_auto > 0) {
+        /* probe trees at the caps -> scores to the host -> budgets -> the real trees */
+        CU(cudaMemcpyAsync(e->t_n_nodes, g->db.n_nodes, sizeof(int32_t) * (size_t)S, cudaMemcpyDeviceToHost,
+                           g->stream),
+           "auto probe");
+        CU(cudaMemcpyAsync(e->t_score, g->db.score, sizeof(float) * (size_t)S * stride, cudaMemcpyDeviceToHost,
+                           g->stream),
+           "auto probe");
+        CU(cudaStreamSynchronize(g->stream), "auto probe");
+        kdt_round_auto_choose(e, &rc->gr, S, stride);
+        memcpy(g->h_par + 4 * g->MS, e->b_budget, sizeof(int32_t) * (size_t)S);
+        CU(cudaMemcpyAsync(g->db.budget, g->h_par + 4 * g->MS, sizeof(int32_t) * (size_t)S, cudaMemcpyHostToDevice,
+                           g->stream),
+           "auto budgets");
+        KDT_TRY(kdt_round_build_trees(e, &g->db, &kdt_engine_kernels_cuda, g->stream, &rc->gr, S, rc->K, &stride));
+    }
+    if (rc->gr.n_auto > 0) rc->stride = stride; /* eager: staged after this */
+    else if (stride != rc->stride)
+        return kdt_fail(KDT_ERR_INTERNAL, "engine GPU: tree stride %d, staged for %d", stride, rc->stride);
+    KDT_TRY(record(g, 2));
+    return KDT_OK;
+}
+
+/* target tokens of sampled streams: logits down, one host draw per node, tokens up (eager only) */
+static kdt_status sample_targets(kdt_engine *e, eng_gpu *g, const round_ctx *rc) {
+    const int32_t S = rc->S, N = rc->stride, V = g->V;
+    CU(cudaMemcpyAsync(e->t_n_nodes, g->db.n_nodes, sizeof(int32_t) * (size_t)S, cudaMemcpyDeviceToHost, g->stream),
+       "sampling");
+    CU(cudaMemcpyAsync(e->argmax, g->outs.argmax, sizeof(int32_t) * (size_t)S * N, cudaMemcpyDeviceToHost, g->stream),
+       "sampling");
+    CU(cudaStreamSynchronize(g->stream), "sampling");
+    if (e->logits_cap < (int64_t)N * V) {
+        float *p = realloc(e->logits, sizeof(float) * (size_t)N * V);
+        if (!p) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine: sampling logits");
+        e->logits = p;
+        e->logits_cap = (int64_t)N * V;
+    }
+    for (int32_t s = 0; s < S; s++) {
+        eng_stream *es = &e->streams[e->slot_of[s]];
+        const int64_t base = (int64_t)s * N;
+        const int32_t n = e->t_n_nodes[s] < 1 ? 1 : e->t_n_nodes[s] > N ? N : e->t_n_nodes[s];
+        if (!(es->params.temperature > 0.0f)) {
+            memcpy(e->target_token + base, e->argmax + base, sizeof(int32_t) * (size_t)n);
+            continue;
+        }
+        CU(cudaMemcpy(e->logits, g->outs.logits + base * V, sizeof(float) * (size_t)n * V, cudaMemcpyDeviceToHost),
+           "sampling logits");
+        kdt_sampler_params sp = kdt_round_sampler_of(es);
+        for (int32_t i = 0; i < n; i++)
+            e->target_token[base + i] = kdt_sample_token(e->logits + (int64_t)i * V, V, &sp, kdt_rng_uniform(&es->rng),
+                                                         &e->sampler);
+    }
+    CU(cudaMemcpyAsync(g->d_target, e->target_token, sizeof(int32_t) * (size_t)S * N, cudaMemcpyHostToDevice,
+                       g->stream),
+       "sampled tokens");
+    return KDT_OK;
+}
+
+/* verify -> accept -> KV commit -> drafter context -> results down. */
+static kdt_status enqueue_verify_accept(kdt_engine *e, eng_gpu *g, const round_ctx *rc) {
+    const int32_t S = rc->S, N = rc->stride, MS = g->MS;
+    kdt_gpu_run_config run = {S * N, rc->any_sampled, 1, rc->want_taps ? e->n_taps : 0, e->tap_layers};
+    KDT_TRY(kdt_gpu_run(g->run, g->kv, &run));
+    KDT_TRY(record(g, 3));
+    const int32_t *target = g->outs.argmax;
+    if (rc->any_sampled) {
+        KDT_TRY(sample_targets(e, g, rc));
+        target = g->d_target;
+    }
+    int32_t *tau = g->d_acc, *err = g->d_acc + MS, *bonus = g->d_acc + 2 * MS, *emit = g->d_acc + 3 * MS;
+    int32_t *nodes = emit + (int64_t)MS * KDT_MAX_PATH;
+    kdt_tree tree = kdt_round_tree_view(&g->db, 0, S, N);
+    kdt_tree_accept_params ap = {&tree, rc->L, target, nodes, emit, tau, bonus, err};
+    KDT_TRY(kdt_tree_accept_cuda(&ap, g->stream));
+    KDT_TRY(kdt_eng_gather_rows(g->d_bt, g->kl.block_table, g->d_par, S, g->kl.max_pages, g->kl.max_pages,
+                                g->kl.max_streams, g->stream));
+    kdt_kv_commit_params cp = {S, g->kl.n_layers, g->kl.row_bytes, g->kl.page_size, g->kl.n_pages, g->kl.cache,
+                               g->kl.layer_stride_bytes, g->d_bt, g->kl.max_pages, g->db.prefix, nodes, tau};
+    KDT_TRY(kdt_kv_commit_cuda(&cp, g->stream));
+    KDT_TRY(record(g, 4));
+    if (rc->want_taps)
+        KDT_TRY(kdt_dflash_gpu_append_accepted(g->draft, rc->gr.n_draft, g->d_par, g->db.prefix, tau, nodes, N,
+                                               g->outs.taps, (int64_t)g->outs.max_taps * g->D));
+    KDT_TRY(record(g, 5));
+    /* tau | error | bonus | emit rows are contiguous at stride MS: one copy */
+    CU(cudaMemcpyAsync(g->h_acc, g->d_acc, sizeof(int32_t) * (size_t)(3 * MS + MS * KDT_MAX_PATH),
+                       cudaMemcpyDeviceToHost, g->stream),
+       "results");
+    return KDT_OK;
+}
+
+static int key_eq(const round_key *a, const round_key *b) { return memcmp(a, b, sizeof *a) == 0; }
+
+/* The graph of this round shape, captured on first use (NULL exec if capture is not possible). */
+static kdt_status graph_for(kdt_engine *e, eng_gpu *g, round_ctx *rc, cudaGraphExec_t *exec) {
+    round_key k;
+    memset(&k, 0, sizeof k);
+    k = (round_key){rc->S, rc->gr.n_tree, rc->gr.n_chain, rc->gr.n_plain, rc->stride, rc->K, rc->L, rc->want_taps};
+    for (int32_t i = 0; i < g->n_graphs; i++)
+        if (key_eq(&g->graphs[i].key, &k)) {
+            g->graphs[i].last_use = ++g->use_clock;
+            *exec = g->graphs[i].exec;
+            return KDT_OK;
+        }
+    cudaGraph_t graph = NULL;
+    CU(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal), "graph capture");
+    g->capturing = 1;
+    kdt_status st = enqueue_draft_build(e, g, rc);
+    if (st == KDT_OK) st = enqueue_verify_accept(e, g, rc);
+    g->capturing = 0;
+    const cudaError_t ce = cudaStreamEndCapture(g->stream, &graph);
+    if (st != KDT_OK) {
+        if (graph) cudaGraphDestroy(graph);
+        return st;
+    }
+    if (ce != cudaSuccess) return cuda_fail(ce, "graph capture");
+    cudaGraphExec_t x = NULL;
+    const cudaError_t ie = cudaGraphInstantiate(&x, graph, 0);
+    cudaGraphDestroy(graph);
+    if (ie != cudaSuccess) return cuda_fail(ie, "graph instantiate");
+    int32_t slot = g->n_graphs;
+    if (slot == MAX_GRAPHS) { /* evict the least recently used shape */
+        slot = 0;
+        for (int32_t i = 1; i < MAX_GRAPHS; i++)
+            if (g->graphs[i].last_use < g->graphs[slot].last_use) slot = i;
+        cudaGraphExecDestroy(g->graphs[slot].exec);
+    } else {
+        g->n_graphs++;
+    }
+    g->graphs[slot] = (round_graph){k, x, ++g->use_clock};
+    *exec = x;
+    return KDT_OK;
+}
+
+/* Host staging of the verify pass: each stream's tree has at most 1 + budget nodes, depth at most
+ * its depth limit (0 for root-only trees). */
+static kdt_status stage(kdt_engine *e, eng_gpu *g, const round_ctx *rc) {
+    int32_t nb[64], dbnd[64];
+    for (int32_t s = 0; s < rc->S; s++) {
+        nb[s] = 1 + e->b_budget[s];
+        dbnd[s] = e->b_budget[s] < e->b_depth_limit[s] ? e->b_budget[s] : e->b_depth_limit[s];
+    }
+    kdt_tree tree = kdt_round_tree_view(&g->db, 0, rc->S, rc->stride);
+    return kdt_gpu_stage_verify_device(g->run, g->kv, &tree, e->slot_of, nb, dbnd);
+}
+
+static float elapsed_s(eng_gpu *g, int a, int b) {
+    float ms = 0.0f;
+    if (cudaEventElapsedTime(&ms, g->ev[a], g->ev[b]) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0.0f;
+    }
+    return ms * 1e-3f;
+}
+
+kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_slots, kdt_stream_event *events,
+                                int32_t *n_ev) {
+    eng_gpu *g = e->gpu;
+    const double t0 = kdt_engine_now();
+    round_ctx rc;
+    memset(&rc, 0, sizeof rc);
+    rc.S = kdt_round_plan(e, slots, n_slots, &rc.gr);
+    const int32_t S = rc.S, MS = g->MS;
+    rc.L = e->depth > 0 ? e->depth : 1;
+    if (rc.gr.n_draft > 0 && e->depth > g->Lmax)
+        return kdt_fail(KDT_ERR_INTERNAL, "engine GPU: draft depth %d exceeds the buffers' %d", e->depth, g->Lmax);
+    rc.K = kdt_round_topk_k(e, &rc.gr);
+    rc.stride = 1;
+    for (int32_t s = 0; s < S; s++) {
+        if (1 + e->b_budget[s] > rc.stride) rc.stride = 1 + e->b_budget[s];
+        if (e->streams[e->slot_of[s]].params.temperature > 0.0f) rc.any_sampled = 1;
+        else rc.any_greedy = 1;
+    }
+    rc.want_taps = rc.gr.n_draft > 0 && g->draft && e->n_taps > 0;
+    /* per-stream parameters up */
+    memcpy(g->h_par, e->slot_of, sizeof(int32_t) * (size_t)S);
+    memcpy(g->h_par + MS, e->b_root, sizeof(int32_t) * (size_t)S);
+    memcpy(g->h_par + 2 * MS, e->b_prefix, sizeof(int32_t) * (size_t)S);
+    memcpy(g->h_par + 3 * MS, e->b_depth_limit, sizeof(int32_t) * (size_t)S);
+    memcpy(g->h_par + 4 * MS, e->b_budget, sizeof(int32_t) * (size_t)S);
+    CU(cudaMemcpyAsync(g->d_par, g->h_par, sizeof(int32_t) * 5 * (size_t)MS, cudaMemcpyHostToDevice, g->stream),
+       "round parameters");
+
+    const int use_graph = g->graphs_on && !e->test_draft && rc.gr.n_auto == 0 && !rc.any_sampled;
+    if (use_graph) {
+        /* staging needs only the lengths: done first, then the whole device round as one graph */
+        KDT_TRY(stage(e, g, &rc));
+        cudaGraphExec_t exec = NULL;
+        KDT_TRY(graph_for(e, g, &rc, &exec));
+        CU(cudaGraphLaunch(exec, g->stream), "graph launch");
+    } else {
+        KDT_TRY(enqueue_draft_build(e, g, &rc));
+        KDT_TRY(stage(e, g, &rc));
+        KDT_TRY(enqueue_verify_accept(e, g, &rc));
+    }
+    CU(cudaStreamSynchronize(g->stream), "round");
+    const double t_end = kdt_engine_now();
+
+    const int32_t *h_tau = g->h_acc, *h_err = g->h_acc + MS, *h_emit = g->h_acc + 3 * MS;
+    KDT_TRY(kdt_tree_errors_check(h_err, S));
+    int64_t nodes_total = 0;
+    double realised = 0.0, predicted = 0.0;
+    if (rc.gr.n_auto > 0) { /* the final trees' scores for the calibration */
+        CU(cudaMemcpy(e->t_n_nodes, g->db.n_nodes, sizeof(int32_t) * (size_t)S, cudaMemcpyDeviceToHost), "scores");
+        CU(cudaMemcpy(e->t_score, g->db.score, sizeof(float) * (size_t)S * rc.stride, cudaMemcpyDeviceToHost),
+           "scores");
+    }
+    kdt_status st = KDT_OK;
+    for (int32_t s = 0; s < S; s++) {
+        const int32_t slot = e->slot_of[s];
+        eng_stream *es = &e->streams[slot];
+        const int32_t tau = h_tau[s];
+        if (tau < 1 || tau > KDT_MAX_PATH)
+            return kdt_fail(KDT_ERR_INTERNAL, "engine GPU: stream %d: tau %d", es->id, tau);
+        nodes_total += 1 + e->b_budget[s];
+        if (s < rc.gr.n_draft) {
+            realised += tau - 1;
+            if (rc.gr.n_auto > 0) predicted += kdt_round_surrogate(e, s, rc.stride);
+        }
+        int32_t *evt = e->ev_tokens + (int64_t)slot * KDT_MAX_PATH;
+        const int32_t n = kdt_round_emit(es, h_emit + (int64_t)s * KDT_MAX_PATH, tau, evt);
+        kdt_round_event(events, n_ev, es, evt, n, tau);
+        e->stats.tokens_emitted += (uint64_t)n;
+        e->stats.tau_hist[tau < 17 ? tau : 17]++;
+        if (es->finish == KDT_FINISH_NONE) {
+            es->prefix_len += tau;
+            if (st == KDT_OK) st = kdt_gpu_kv_stream_set_length(g->kv, slot, es->prefix_len);
+        }
+    }
+    if (st != KDT_OK) return st;
+    for (int32_t s = 0; s < S; s++) {
+        const int32_t slot = e->slot_of[s];
+        if (e->streams[slot].finish != KDT_FINISH_NONE) {
+            kdt_engine_release_stream(e, slot);
+            e->streams[slot].state = SLOT_FREE;
+        }
+    }
+    /* stats: GPU stage times; host work and syncs count as accept (the overhead share) */
+    const double wall = t_end - t0;
+    const double t_draft = elapsed_s(g, 0, 1) + elapsed_s(g, 4, 5), t_verify = elapsed_s(g, 2, 3);
+    const double t_build = elapsed_s(g, 1, 2);
+    double t_acc = wall - t_draft - t_verify - t_build;
+    if (t_acc < 0) t_acc = 0;
+    e->stats.rounds++;
+    e->stats.stream_rounds += (uint64_t)S;
+    e->stats.t_draft += t_draft;
+    e->stats.t_build += t_build;
+    e->stats.t_verify += t_verify;
+    e->stats.t_accept += t_acc;
+    kdt_budget_observe_round(&e->budget, wall - t_verify, nodes_total, t_verify);
+    if (rc.gr.n_auto > 0 && rc.gr.n_draft > 0) kdt_budget_observe_accept(&e->budget, predicted, realised);
+    return KDT_OK;
+}

@@ -1,0 +1,32 @@
+/* engine_gpu.h - the engine's GPU side (cuda/engine_gpu.c; no_cuda/engine_gpu_stub.c says
+ * KDT_ERR_NO_CUDA): the target, its paged KV cache, the forward runner and the DFlash drafter on
+ * one GPU, and the decoding round run there. Per round only the per-stream parameters go up
+ * (one small copy) and the accepted tokens with tau come back (one small copy, one sync); the
+ * drafter, top-K, tree build, verify, accept, KV commit and drafter-context update all stay on
+ * the device, replayed as a CUDA graph once a round shape has been seen. Exceptions, each one
+ * more host round trip: T > 0 streams (their per-node draws use the host sampler on the
+ * logits), `auto` (the probe trees' scores come down to choose the budgets), and the test-only
+ * drafter hook (its logits go up). Internal to the engine.
+ */
+#ifndef KDT_ENGINE_GPU_H
+#define KDT_ENGINE_GPU_H
+
+#include "engine_internal.h"
+
+typedef struct eng_gpu eng_gpu;
+
+/* 1 if this build has CUDA and a device is present. */
+int kdt_engine_gpu_available(void);
+/* Uploads e->model (and e->drafter when present) and creates the GPU KV cache and buffers;
+ * sets e->gpu. The CPU model stays loaded (mmap'ed) as the source of truth. */
+kdt_status kdt_engine_gpu_create(kdt_engine *e, int verbose);
+void kdt_engine_gpu_free(kdt_engine *e);
+
+kdt_status kdt_engine_gpu_prefill(kdt_engine *e, int32_t slot, int32_t *first_token);
+kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_slots,
+                                kdt_stream_event *events, int32_t *n_ev);
+/* Frees slot's KV pages on the GPU. */
+void kdt_engine_gpu_release(kdt_engine *e, int32_t slot);
+int32_t kdt_engine_gpu_free_pages(const kdt_engine *e);
+
+#endif
