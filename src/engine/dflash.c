@@ -599,3 +599,31 @@ kdt_status kdt_dflash_draft(const kdt_dflash *d, kdt_dflash_ctx *const *ctx, int
     free(ws);
     return st;
 }
+
+/* ---- weight views for the GPU upload -------------------------------------------------------- */
+
+const struct kdt_weight *kdt_dflash_weight(const kdt_dflash *d, int32_t layer, kdt_dflash_wid id) {
+    if (!d) return NULL;
+    switch (id) {
+    case KDT_DFW_FC: return &d->fc;
+    case KDT_DFW_HIDDEN_NORM: return &d->hidden_norm;
+    case KDT_DFW_NORM: return &d->norm;
+    default: break;
+    }
+    if (layer < 0 || layer >= d->cfg.n_layers) return NULL;
+    const dflash_layer *L = &d->layers[layer];
+    switch (id) {
+    case KDT_DFW_IN_NORM: return &L->in_norm;
+    case KDT_DFW_POST_NORM: return &L->post_norm;
+    case KDT_DFW_Q: return &L->q;
+    case KDT_DFW_K: return &L->k;
+    case KDT_DFW_V: return &L->v;
+    case KDT_DFW_O: return &L->o;
+    case KDT_DFW_Q_NORM: return &L->q_norm;
+    case KDT_DFW_K_NORM: return &L->k_norm;
+    case KDT_DFW_GATE: return &L->gate;
+    case KDT_DFW_UP: return &L->up;
+    case KDT_DFW_DOWN: return &L->down;
+    default: return NULL;
+    }
+}

@@ -80,4 +80,14 @@ kdt_status kdt_dflash_draft(const kdt_dflash *d, kdt_dflash_ctx *const *ctx, int
 /* RoPE inverse frequencies [hd/2] of a drafter config (exposed for tests). */
 void kdt_dflash_rope_inv_freq(const kdt_dflash_config *c, float *inv_freq);
 
+/* Read-only views of the drafter's weights, for the GPU upload (src/engine/cuda/). `layer` is
+ * ignored for the global weights (FC, HIDDEN_NORM, NORM); NULL for a bad layer or id. */
+typedef enum kdt_dflash_wid {
+    KDT_DFW_FC, KDT_DFW_HIDDEN_NORM, KDT_DFW_NORM,
+    KDT_DFW_IN_NORM, KDT_DFW_POST_NORM, KDT_DFW_Q, KDT_DFW_K, KDT_DFW_V, KDT_DFW_O,
+    KDT_DFW_Q_NORM, KDT_DFW_K_NORM, KDT_DFW_GATE, KDT_DFW_UP, KDT_DFW_DOWN,
+} kdt_dflash_wid;
+struct kdt_weight;
+const struct kdt_weight *kdt_dflash_weight(const kdt_dflash *d, int32_t layer, kdt_dflash_wid id);
+
 #endif

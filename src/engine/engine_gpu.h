@@ -3,10 +3,11 @@
  * one GPU, and the decoding round run there. Per round only the per-stream parameters go up
  * (one small copy) and the accepted tokens with tau come back (one small copy, one sync); the
  * drafter, top-K, tree build, verify, accept, KV commit and drafter-context update all stay on
- * the device, replayed as a CUDA graph once a round shape has been seen. Exceptions, each one
- * more host round trip: T > 0 streams (their per-node draws use the host sampler on the
- * logits), `auto` (the probe trees' scores come down to choose the budgets), and the test-only
- * drafter hook (its logits go up). Internal to the engine.
+ * the device, replayed as a CUDA graph once a round shape has been seen. `auto` stays in the
+ * graph: each round also builds probe trees at the caps, whose scores come down with the results
+ * and choose the next round's budgets (one round of lag, no mid-round sync). Exceptions, run
+ * eagerly with one more host round trip: T > 0 streams (their per-node draws use the host sampler
+ * on the logits) and the test-only drafter hook (its logits go up). Internal to the engine.
  */
 #ifndef KDT_ENGINE_GPU_H
 #define KDT_ENGINE_GPU_H

@@ -144,9 +144,11 @@ int32_t kdt_round_plan(kdt_engine *e, const int32_t *slots, int32_t n_slots, rou
 int32_t kdt_round_topk_k(const kdt_engine *e, const round_groups *g);
 round_bufs kdt_round_host_bufs(kdt_engine *e);
 kdt_tree kdt_round_tree_view(const round_bufs *b, int32_t s0, int32_t n, int32_t stride);
-/* tree_build of every group at the budgets in e->b_budget (read on the host for the stride) */
-kdt_status kdt_round_build_trees(const kdt_engine *e, const round_bufs *b, const kdt_engine_kernels *kern,
-                                 void *stream, const round_groups *g, int32_t S, int32_t K, int32_t *stride);
+/* tree_build of every group at the budgets in b->budget; budget_host is the host copy of them
+ * (for the stride) */
+kdt_status kdt_round_build_trees(const kdt_engine *e, const round_bufs *b, const int32_t *budget_host,
+                                 const kdt_engine_kernels *kern, void *stream, const round_groups *g, int32_t S,
+                                 int32_t K, int32_t *stride);
 void kdt_round_auto_choose(kdt_engine *e, const round_groups *g, int32_t S, int32_t stride);
 double kdt_round_surrogate(const kdt_engine *e, int32_t s, int32_t stride);
 kdt_sampler_params kdt_round_sampler_of(const eng_stream *s);

@@ -17,6 +17,7 @@
 #include "engine/dflash_gpu.h"
 
 #include <cuda_runtime_api.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +30,7 @@ kdt_status kdt_eng_gather_rows(int32_t *dst, const int32_t *src, const int32_t *
 #define N_EVENTS 6 /* draft start, draft end, build end, verify end, commit end, context end */
 
 typedef struct round_key {
-    int32_t S, n_tree, n_chain, n_plain, stride, K, L, taps;
+    int32_t S, n_tree, n_chain, n_plain, n_auto, stride, K, L, taps, caps_stride;
 } round_key;
 
 typedef struct round_graph {
@@ -48,7 +49,7 @@ struct eng_gpu {
     kdt_gpu_outputs outs;       /* the runner's device outputs */
     int32_t MS, MN, Lmax, Kmax, V, D;
     /* device */
-    int32_t *d_par;             /* [5][MS]: slot, root, prefix, depth limit, budget */
+    int32_t *d_par;             /* [6][MS]: slot, root, prefix, depth limit, budget, cap (auto) */
     float *d_draft_logits;      /* [MS][Lmax][V] */
     int32_t *d_top_ids;
     float *d_top_logp;          /* [MS][Lmax][Kmax] */
@@ -62,6 +63,17 @@ struct eng_gpu {
     int32_t *d_bt;              /* [MS][max_pages] block-table rows in tree-stream order */
     int32_t *d_items;           /* prefill context items: count | slot [C] | pos [C] | row [C] */
     round_bufs db;              /* device views for kdt_round_build_trees */
+    /* auto: each round also builds probe trees at the caps (pb, budgets = the caps row); their
+     * scores come down with the results and choose the next round's budgets (lagged by one) */
+    int32_t *d_ptree_i;         /* like d_tree_i */
+    float *d_pscore;
+    uint64_t *d_pmask;
+    round_bufs pb;
+    float *h_probe;             /* pinned: n_nodes [MS] (as float bits) | scores [MS][MN] */
+    float *probe;               /* [MS slot][MN] last probe scores of nodes 1.. per slot */
+    int32_t *n_probe;           /* [MS slot] valid entries (0: none yet) */
+    int32_t caps[64];           /* the round's cap per tree stream */
+    double accept_mean;         /* running mean of accepted draft tokens per stream-round */
     /* pinned host */
     int32_t *h_par, *h_acc, *h_items;
     cudaEvent_t ev[N_EVENTS];
@@ -117,11 +129,15 @@ void kdt_engine_gpu_free(kdt_engine *e) {
     for (int i = 0; i < N_EVENTS; i++)
         if (g->ev[i]) cudaEventDestroy(g->ev[i]);
     void *dev[] = {g->d_par, g->d_draft_logits, g->d_top_ids, g->d_top_logp, g->d_topk_ws, g->d_tree_i,
-                   g->d_score, g->d_mask, g->d_target, g->d_acc, g->d_bt, g->d_items};
+                   g->d_score, g->d_mask, g->d_target, g->d_acc, g->d_bt, g->d_items,
+                   g->d_ptree_i, g->d_pscore, g->d_pmask};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
     cudaFreeHost(g->h_par);
     cudaFreeHost(g->h_acc);
     cudaFreeHost(g->h_items);
+    cudaFreeHost(g->h_probe);
+    free(g->probe);
+    free(g->n_probe);
     kdt_dflash_gpu_free(g->draft);
     kdt_gpu_runner_free(g->run);
     kdt_gpu_kv_free(g->kv);
@@ -133,7 +149,7 @@ void kdt_engine_gpu_free(kdt_engine *e) {
 static kdt_status create_buffers(kdt_engine *e, eng_gpu *g) {
     const size_t MS = (size_t)g->MS, MN = (size_t)g->MN, W = (size_t)KDT_MASK_WORDS(g->MN);
     const size_t L = (size_t)g->Lmax, K = (size_t)g->Kmax, V = (size_t)g->V, I4 = sizeof(int32_t);
-    KDT_TRY(dalloc((void **)&g->d_par, 5 * MS * I4, "round parameters"));
+    KDT_TRY(dalloc((void **)&g->d_par, 6 * MS * I4, "round parameters"));
     KDT_TRY(dalloc((void **)&g->d_draft_logits, MS * L * V * sizeof(float), "draft logits"));
     KDT_TRY(dalloc((void **)&g->d_top_ids, MS * L * K * I4, "top-K ids"));
     KDT_TRY(dalloc((void **)&g->d_top_logp, MS * L * K * sizeof(float), "top-K log-probs"));
@@ -146,7 +162,14 @@ static kdt_status create_buffers(kdt_engine *e, eng_gpu *g) {
     KDT_TRY(dalloc((void **)&g->d_acc, (3 * MS + 2 * MS * KDT_MAX_PATH) * I4, "accept outputs"));
     KDT_TRY(dalloc((void **)&g->d_bt, MS * (size_t)g->kl.max_pages * I4, "block-table rows"));
     KDT_TRY(dalloc((void **)&g->d_items, (1 + 3 * PREFILL_CHUNK) * I4, "context items"));
-    KDT_TRY(halloc((void **)&g->h_par, 5 * MS * I4, "round parameters"));
+    KDT_TRY(halloc((void **)&g->h_par, 6 * MS * I4, "round parameters"));
+    KDT_TRY(dalloc((void **)&g->d_ptree_i, (MS + 6 * MS * MN) * I4, "probe trees"));
+    KDT_TRY(dalloc((void **)&g->d_pscore, MS * MN * sizeof(float), "probe scores"));
+    KDT_TRY(dalloc((void **)&g->d_pmask, MS * MN * W * sizeof(uint64_t), "probe masks"));
+    KDT_TRY(halloc((void **)&g->h_probe, (MS + MS * MN) * sizeof(float), "probe scores"));
+    g->probe = calloc(MS * MN, sizeof(float));
+    g->n_probe = calloc(MS, sizeof(int32_t));
+    if (!g->probe || !g->n_probe) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine GPU: probe scores");
     KDT_TRY(halloc((void **)&g->h_acc, (3 * MS + MS * KDT_MAX_PATH) * I4, "accept outputs"));
     KDT_TRY(halloc((void **)&g->h_items, (1 + 3 * PREFILL_CHUNK) * I4, "context items"));
     for (int i = 0; i < N_EVENTS; i++) CU(cudaEventCreate(&g->ev[i]), "events");
@@ -156,6 +179,11 @@ static kdt_status create_buffers(kdt_engine *e, eng_gpu *g) {
                     g->d_score, g->d_mask, g->d_top_ids, g->d_top_logp, g->d_par + 3 * MS, g->d_par + 4 * MS,
                     g->d_par + 1 * MS, g->d_par + 2 * MS};
     g->db = b;
+    int32_t *p = g->d_ptree_i;
+    round_bufs pb = {p, p + MS, p + MS + sm, p + MS + 2 * sm, p + MS + 3 * sm, p + MS + 4 * sm, p + MS + 5 * sm,
+                     g->d_pscore, g->d_pmask, g->d_top_ids, g->d_top_logp, b.depth_limit, g->d_par + 5 * MS,
+                     b.root, b.prefix};
+    g->pb = pb;
     (void)e;
     return KDT_OK;
 }
@@ -255,6 +283,7 @@ kdt_status kdt_engine_gpu_prefill(kdt_engine *e, int32_t slot, int32_t *first_to
         *first_token = kdt_sample_token(row, g->V, &sp, kdt_rng_uniform(&s->rng), &e->sampler);
     }
     s->prefix_len = s->n_prompt;
+    g->n_probe[slot] = 0; /* a new stream: its first auto round uses its cap */
     return KDT_OK;
 }
 
@@ -262,7 +291,7 @@ kdt_status kdt_engine_gpu_prefill(kdt_engine *e, int32_t slot, int32_t *first_to
 
 typedef struct round_ctx {
     round_groups gr;
-    int32_t S, K, L, stride, want_taps, any_sampled, any_greedy;
+    int32_t S, K, L, stride, pstride, want_taps, any_sampled, any_greedy;
 } round_ctx;
 
 /* Inside a capture the event becomes an external record node (so replays time the stages too);
@@ -305,26 +334,21 @@ static kdt_status enqueue_draft_build(kdt_engine *e, eng_gpu *g, round_ctx *rc) 
                               g->d_top_logp, g->d_topk_ws, g->topk_ws_bytes};
         KDT_TRY(kdt_topk_logsoftmax_cuda(&tp, g->stream));
     }
-    int32_t stride = 1;
-    KDT_TRY(kdt_round_build_trees(e, &g->db, &kdt_engine_kernels_cuda, g->stream, &rc->gr, S, rc->K, &stride));
+    int32_t stride = 1, pstride = 1;
     if (rc->gr.n_auto > 0) {
-        /* probe trees at the caps -> scores to the host -> budgets -> the real trees */
-        CU(cudaMemcpyAsync(e->t_n_nodes, g->db.n_nodes, sizeof(int32_t) * (size_t)S, cudaMemcpyDeviceToHost,
-                           g->stream),
-           "auto probe");
-        CU(cudaMemcpyAsync(e->t_score, g->db.score, sizeof(float) * (size_t)S * stride, cudaMemcpyDeviceToHost,
-                           g->stream),
-           "auto probe");
-        CU(cudaStreamSynchronize(g->stream), "auto probe");
-        kdt_round_auto_choose(e, &rc->gr, S, stride);
-        memcpy(g->h_par + 4 * g->MS, e->b_budget, sizeof(int32_t) * (size_t)S);
-        CU(cudaMemcpyAsync(g->db.budget, g->h_par + 4 * g->MS, sizeof(int32_t) * (size_t)S, cudaMemcpyHostToDevice,
-                           g->stream),
-           "auto budgets");
-        KDT_TRY(kdt_round_build_trees(e, &g->db, &kdt_engine_kernels_cuda, g->stream, &rc->gr, S, rc->K, &stride));
+        /* the probe trees at the caps, for the next round's choice */
+        KDT_TRY(kdt_round_build_trees(e, &g->pb, g->caps, &kdt_engine_kernels_cuda, g->stream, &rc->gr, S, rc->K,
+                                      &pstride));
+        CU(cudaMemcpyAsync(g->h_probe, g->pb.n_nodes, sizeof(int32_t) * (size_t)S, cudaMemcpyDeviceToHost, g->stream),
+           "probe");
+        CU(cudaMemcpyAsync(g->h_probe + g->MS, g->pb.score, sizeof(float) * (size_t)S * pstride,
+                           cudaMemcpyDeviceToHost, g->stream),
+           "probe");
     }
-    if (rc->gr.n_auto > 0) rc->stride = stride; /* eager: staged after this */
-    else if (stride != rc->stride)
+    KDT_TRY(kdt_round_build_trees(e, &g->db, e->b_budget, &kdt_engine_kernels_cuda, g->stream, &rc->gr, S, rc->K,
+                                  &stride));
+    rc->pstride = pstride;
+    if (stride != rc->stride)
         return kdt_fail(KDT_ERR_INTERNAL, "engine GPU: tree stride %d, staged for %d", stride, rc->stride);
     KDT_TRY(record(g, 2));
     return KDT_OK;
@@ -404,7 +428,11 @@ static int key_eq(const round_key *a, const round_key *b) { return memcmp(a, b, 
 static kdt_status graph_for(kdt_engine *e, eng_gpu *g, round_ctx *rc, cudaGraphExec_t *exec) {
     round_key k;
     memset(&k, 0, sizeof k);
-    k = (round_key){rc->S, rc->gr.n_tree, rc->gr.n_chain, rc->gr.n_plain, rc->stride, rc->K, rc->L, rc->want_taps};
+    int32_t caps_stride = 1;
+    for (int32_t s = 0; rc->gr.n_auto > 0 && s < rc->S; s++)
+        if (1 + g->caps[s] > caps_stride) caps_stride = 1 + g->caps[s];
+    k = (round_key){rc->S,      rc->gr.n_tree, rc->gr.n_chain, rc->gr.n_plain, rc->gr.n_auto,
+                    rc->stride, rc->K,         rc->L,          rc->want_taps,  caps_stride};
     for (int32_t i = 0; i < g->n_graphs; i++)
         if (key_eq(&g->graphs[i].key, &k)) {
             g->graphs[i].last_use = ++g->use_clock;
@@ -462,6 +490,35 @@ static float elapsed_s(eng_gpu *g, int a, int b) {
     return ms * 1e-3f;
 }
 
+/* auto on the GPU: budgets from each stream's previous probe (lagged by one round, so the round
+ * stays one graph with no mid-round sync); a stream without a probe yet uses its cap. The other
+ * streams of the batch count with their budgets and the running mean of accepted tokens. */
+static void choose_lagged(kdt_engine *e, eng_gpu *g, const round_ctx *rc) {
+    kdt_budget_stream bs[64];
+    int32_t idx[64], chosen[64], n = 0, fixed_nodes = 0;
+    double fixed_tokens = 0.0;
+    for (int32_t s = 0; s < rc->S; s++) {
+        const int32_t slot = e->slot_of[s];
+        const eng_stream *es = &e->streams[slot];
+        if (s < rc->gr.n_tree && es->params.spec == KDT_SPEC_AUTO && g->n_probe[slot] > 0) {
+            const int32_t cap = g->n_probe[slot] < g->caps[s] ? g->n_probe[slot] : g->caps[s];
+            bs[n] = (kdt_budget_stream){g->probe + (int64_t)slot * g->MN, cap, e->b_depth_limit[s]};
+            idx[n++] = s;
+        } else {
+            fixed_nodes += 1 + e->b_budget[s];
+            fixed_tokens += 1.0 + (s < rc->gr.n_draft ? g->accept_mean : 0.0);
+        }
+    }
+    if (n == 0) return;
+    kdt_budget_choose(&e->budget, n, bs, fixed_nodes, fixed_tokens, chosen);
+    int32_t last = 0;
+    for (int32_t i = 0; i < n; i++) {
+        e->b_budget[idx[i]] = chosen[i];
+        if (chosen[i] > last) last = chosen[i];
+    }
+    e->stats.last_budget = last;
+}
+
 kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_slots, kdt_stream_event *events,
                                 int32_t *n_ev) {
     eng_gpu *g = e->gpu;
@@ -474,6 +531,8 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
     if (rc.gr.n_draft > 0 && e->depth > g->Lmax)
         return kdt_fail(KDT_ERR_INTERNAL, "engine GPU: draft depth %d exceeds the buffers' %d", e->depth, g->Lmax);
     rc.K = kdt_round_topk_k(e, &rc.gr);
+    memcpy(g->caps, e->b_budget, sizeof(int32_t) * (size_t)S);
+    if (rc.gr.n_auto > 0) choose_lagged(e, g, &rc);
     rc.stride = 1;
     for (int32_t s = 0; s < S; s++) {
         if (1 + e->b_budget[s] > rc.stride) rc.stride = 1 + e->b_budget[s];
@@ -487,10 +546,11 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
     memcpy(g->h_par + 2 * MS, e->b_prefix, sizeof(int32_t) * (size_t)S);
     memcpy(g->h_par + 3 * MS, e->b_depth_limit, sizeof(int32_t) * (size_t)S);
     memcpy(g->h_par + 4 * MS, e->b_budget, sizeof(int32_t) * (size_t)S);
-    CU(cudaMemcpyAsync(g->d_par, g->h_par, sizeof(int32_t) * 5 * (size_t)MS, cudaMemcpyHostToDevice, g->stream),
+    memcpy(g->h_par + 5 * MS, g->caps, sizeof(int32_t) * (size_t)S);
+    CU(cudaMemcpyAsync(g->d_par, g->h_par, sizeof(int32_t) * 6 * (size_t)MS, cudaMemcpyHostToDevice, g->stream),
        "round parameters");
 
-    const int use_graph = g->graphs_on && !e->test_draft && rc.gr.n_auto == 0 && !rc.any_sampled;
+    const int use_graph = g->graphs_on && !e->test_draft && !rc.any_sampled;
     if (use_graph) {
         /* staging needs only the lengths: done first, then the whole device round as one graph */
         KDT_TRY(stage(e, g, &rc));
@@ -508,12 +568,9 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
     const int32_t *h_tau = g->h_acc, *h_err = g->h_acc + MS, *h_emit = g->h_acc + 3 * MS;
     KDT_TRY(kdt_tree_errors_check(h_err, S));
     int64_t nodes_total = 0;
-    double realised = 0.0, predicted = 0.0;
-    if (rc.gr.n_auto > 0) { /* the final trees' scores for the calibration */
-        CU(cudaMemcpy(e->t_n_nodes, g->db.n_nodes, sizeof(int32_t) * (size_t)S, cudaMemcpyDeviceToHost), "scores");
-        CU(cudaMemcpy(e->t_score, g->db.score, sizeof(float) * (size_t)S * rc.stride, cudaMemcpyDeviceToHost),
-           "scores");
-    }
+    double realised = 0.0, predicted = 0.0, realised_auto = 0.0;
+    const int32_t *probe_n = (const int32_t *)g->h_probe;
+    const float *probe_sc = g->h_probe + MS;
     kdt_status st = KDT_OK;
     for (int32_t s = 0; s < S; s++) {
         const int32_t slot = e->slot_of[s];
@@ -522,9 +579,18 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
         if (tau < 1 || tau > KDT_MAX_PATH)
             return kdt_fail(KDT_ERR_INTERNAL, "engine GPU: stream %d: tau %d", es->id, tau);
         nodes_total += 1 + e->b_budget[s];
-        if (s < rc.gr.n_draft) {
-            realised += tau - 1;
-            if (rc.gr.n_auto > 0) predicted += kdt_round_surrogate(e, s, rc.stride);
+        if (s < rc.gr.n_draft) realised += tau - 1;
+        if (rc.gr.n_auto > 0 && s < rc.gr.n_tree && es->params.spec == KDT_SPEC_AUTO) {
+            /* this round's tree is the first b_budget pops of its probe: the surrogate of what was
+             * verified, then the probe is kept for the next round's choice */
+            const int32_t np = probe_n[s] - 1 < 0 ? 0 : probe_n[s] - 1 > g->MN - 1 ? g->MN - 1 : probe_n[s] - 1;
+            const float *sc = probe_sc + (int64_t)s * rc.pstride + 1;
+            double sum = 0.0;
+            for (int32_t i = 0; i < np && i < e->b_budget[s]; i++) sum += exp((double)sc[i]);
+            predicted += sum < e->b_depth_limit[s] ? sum : e->b_depth_limit[s];
+            realised_auto += tau - 1;
+            memcpy(g->probe + (int64_t)slot * g->MN, sc, sizeof(float) * (size_t)np);
+            g->n_probe[slot] = np;
         }
         int32_t *evt = e->ev_tokens + (int64_t)slot * KDT_MAX_PATH;
         const int32_t n = kdt_round_emit(es, h_emit + (int64_t)s * KDT_MAX_PATH, tau, evt);
@@ -557,6 +623,7 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
     e->stats.t_verify += t_verify;
     e->stats.t_accept += t_acc;
     kdt_budget_observe_round(&e->budget, wall - t_verify, nodes_total, t_verify);
-    if (rc.gr.n_auto > 0 && rc.gr.n_draft > 0) kdt_budget_observe_accept(&e->budget, predicted, realised);
+    if (rc.gr.n_auto > 0) kdt_budget_observe_accept(&e->budget, predicted, realised_auto);
+    if (rc.gr.n_draft > 0) g->accept_mean = 0.9 * g->accept_mean + 0.1 * realised / rc.gr.n_draft;
     return KDT_OK;
 }
