@@ -248,7 +248,7 @@ kdt_status kdt_model_verify(const kdt_model *m, kdt_kv_cache *c, const kdt_tree 
  * GEMMs reduce every output over K in one fixed blocking (split-K counts depend on the weight
  * shape only, never on the row count), the attention walks a row's visible keys in their list
  * order (committed prefix, then its tree ancestors by slot) in fixed 32-key tiles and fixed
- * 512-key splits (depending on the row's key count only), MoE rows are routed and weighted in
+ * splits (128 keys up to 4096 keys, then 512, a function of the row's key count only), MoE rows are routed and weighted in
  * a fixed order. So prefill, decode and tree verify of one path give identical bits, alone or in
  * any batch; graph replays equal eager runs. The GPU does not reproduce the CPU's bits: the KV
  * cache and the attention operands are bf16 (relative error ~1e-3 in the logits).

@@ -145,7 +145,8 @@ int32_t kdt_round_topk_k(const kdt_engine *e, const round_groups *g);
 round_bufs kdt_round_host_bufs(kdt_engine *e);
 kdt_tree kdt_round_tree_view(const round_bufs *b, int32_t s0, int32_t n, int32_t stride);
 /* tree_build of every group at the budgets in b->budget; budget_host is the host copy of them
- * (for the stride) */
+ * (for the stride). *stride: in, the smallest stride wanted (1 = as the budgets need); out, the
+ * stride used. */
 kdt_status kdt_round_build_trees(const kdt_engine *e, const round_bufs *b, const int32_t *budget_host,
                                  const kdt_engine_kernels *kern, void *stream, const round_groups *g, int32_t S,
                                  int32_t K, int32_t *stride);

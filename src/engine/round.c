@@ -141,7 +141,7 @@ round_bufs kdt_round_host_bufs(kdt_engine *e) {
 kdt_status kdt_round_build_trees(const kdt_engine *e, const round_bufs *b, const int32_t *budget_host,
                                  const kdt_engine_kernels *kern, void *stream, const round_groups *g, int32_t S,
                                  int32_t K, int32_t *stride_out) {
-    int32_t stride = 1;
+    int32_t stride = *stride_out > 1 ? *stride_out : 1; /* a caller may ask for a wider stride */
     for (int32_t s = 0; s < S; s++)
         if (1 + budget_host[s] > stride) stride = 1 + budget_host[s];
     const int32_t L = e->depth > 0 ? e->depth : 1;
@@ -297,6 +297,7 @@ static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots
     if (st != KDT_OK) return st;
     if (g.n_auto > 0) {
         kdt_round_auto_choose(e, &g, S, stride);
+        stride = 1;
         st = kdt_round_build_trees(e, &hb, e->b_budget, e->kern, e->cuda_stream, &g, S, K, &stride);
         if (st != KDT_OK) return st;
     }

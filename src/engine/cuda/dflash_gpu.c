@@ -324,7 +324,7 @@ static kdt_status build(kdt_dflash_gpu *g, const kdt_dflash *d) {
     int32_t pc = pairs < 32 ? pairs : 32;
     size_t smem = 0;
     for (;;) {
-        g->attn_warps = pc < 8 ? pc : 8;
+        g->attn_warps = pc < 16 ? pc : 16; /* one (row, head) pair per warp for the tiny drafter */
         smem = kdt_df_attn_smem(pc, hd, g->attn_warps);
         if (smem <= g->target->smem_optin || pc == 1) break;
         pc = (pc + 1) / 2;

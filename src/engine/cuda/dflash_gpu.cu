@@ -159,10 +159,19 @@ __global__ void k_df_attn(const kdt_df_attn_args a) {
             const float *qp = qs + pl * hd;
             float sc = -INFINITY;
             if (lane < tn) {
+                /* four independent partial sums: the dot is a latency chain otherwise (hd is even;
+                 * a fixed order, so results stay batch-invariant) */
                 const float *kp = ks + lane * (hd + 1);
-                float d = 0.0f;
-                for (int e = 0; e < hd; e++) d += qp[e] * kp[e];
-                sc = d * a.scale;
+                float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+                int e = 0;
+                for (; e + 4 <= hd; e += 4) {
+                    d0 += qp[e] * kp[e];
+                    d1 += qp[e + 1] * kp[e + 1];
+                    d2 += qp[e + 2] * kp[e + 2];
+                    d3 += qp[e + 3] * kp[e + 3];
+                }
+                for (; e < hd; e++) d0 += qp[e] * kp[e];
+                sc = ((d0 + d1) + (d2 + d3)) * a.scale;
             }
             const float m_old = ms[pl], m_new = fmaxf(m_old, warp_max(sc));
             const float p = lane < tn ? expf(sc - m_new) : 0.0f;
@@ -173,9 +182,14 @@ __global__ void k_df_attn(const kdt_df_attn_args a) {
             float *op = os + pl * hd;
             const float *pw = ps + warp * KT;
             for (int e = lane; e < hd; e += 32) {
-                float acc = op[e] * corr;
-                for (int j = 0; j < tn; j++) acc += pw[j] * vs[j * hd + e];
-                op[e] = acc;
+                float a0 = 0.0f, a1 = 0.0f; /* two chains over the tile's keys */
+                int j = 0;
+                for (; j + 2 <= tn; j += 2) {
+                    a0 += pw[j] * vs[j * hd + e];
+                    a1 += pw[j + 1] * vs[(j + 1) * hd + e];
+                }
+                if (j < tn) a0 += pw[j] * vs[j * hd + e];
+                op[e] = op[e] * corr + (a0 + a1);
             }
             __syncwarp(); /* every lane has read ms[pl] and ps */
             if (lane == 0) {

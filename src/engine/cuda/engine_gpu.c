@@ -82,6 +82,10 @@ struct eng_gpu {
     uint64_t use_clock;
     int graphs_on;
     int capturing;
+    int profile;                /* KDT_ENGINE_PROFILE=1: per-stage means on stderr at free */
+    double prof[6];             /* seconds: draft pass, top-K + build, verify, accept + commit,
+                                   context append, host (wall minus GPU stages) */
+    uint64_t prof_rounds;
 };
 
 static kdt_status cuda_fail(cudaError_t err, const char *what) {
@@ -125,6 +129,13 @@ void kdt_engine_gpu_free(kdt_engine *e) {
     eng_gpu *g = e ? e->gpu : NULL;
     if (!g) return;
     if (g->stream) cudaStreamSynchronize(g->stream);
+    if (g->profile && g->prof_rounds) {
+        static const char *names[6] = {"draft pass", "top-K + tree build", "verify pass", "accept + KV commit",
+                                       "drafter context", "host + syncs"};
+        fprintf(stderr, "engine GPU profile, mean over %llu rounds (microseconds):\n",
+                (unsigned long long)g->prof_rounds);
+        for (int i = 0; i < 6; i++) fprintf(stderr, "  %-20s %9.1f\n", names[i], 1e6 * g->prof[i] / (double)g->prof_rounds);
+    }
     for (int32_t i = 0; i < g->n_graphs; i++) cudaGraphExecDestroy(g->graphs[i].exec);
     for (int i = 0; i < N_EVENTS; i++)
         if (g->ev[i]) cudaEventDestroy(g->ev[i]);
@@ -198,6 +209,8 @@ kdt_status kdt_engine_gpu_create(kdt_engine *e, int verbose) {
     g->Kmax = e->top_k_max;
     g->V = e->mc->vocab_size;
     g->D = e->mc->hidden_size;
+    const char *pf = getenv("KDT_ENGINE_PROFILE");
+    g->profile = pf && pf[0] == '1';
     const char *ng = getenv("KDT_NO_GRAPHS");
     g->graphs_on = !(ng && ng[0] && strcmp(ng, "0") != 0);
     kdt_gpu_options go = {0, verbose ? 1 : 0, 0};
@@ -345,6 +358,7 @@ static kdt_status enqueue_draft_build(kdt_engine *e, eng_gpu *g, round_ctx *rc) 
                            cudaMemcpyDeviceToHost, g->stream),
            "probe");
     }
+    stride = rc->stride;
     KDT_TRY(kdt_round_build_trees(e, &g->db, e->b_budget, &kdt_engine_kernels_cuda, g->stream, &rc->gr, S, rc->K,
                                   &stride));
     rc->pstride = pstride;
@@ -539,6 +553,11 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
         if (e->streams[e->slot_of[s]].params.temperature > 0.0f) rc.any_sampled = 1;
         else rc.any_greedy = 1;
     }
+    if (rc.gr.n_auto > 0) { /* auto's budgets vary per round: a power-of-two stride keeps the graphs few */
+        int32_t b = 2;
+        while (b < rc.stride) b *= 2;
+        rc.stride = b < g->MN ? b : g->MN;
+    }
     rc.want_taps = rc.gr.n_draft > 0 && g->draft && e->n_taps > 0;
     /* per-stream parameters up */
     memcpy(g->h_par, e->slot_of, sizeof(int32_t) * (size_t)S);
@@ -616,6 +635,16 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
     const double t_build = elapsed_s(g, 1, 2);
     double t_acc = wall - t_draft - t_verify - t_build;
     if (t_acc < 0) t_acc = 0;
+    if (g->profile) {
+        const double stg[5] = {elapsed_s(g, 0, 1), t_build, t_verify, elapsed_s(g, 3, 4), elapsed_s(g, 4, 5)};
+        double gpu = 0;
+        for (int i = 0; i < 5; i++) {
+            g->prof[i] += stg[i];
+            gpu += stg[i];
+        }
+        g->prof[5] += wall - gpu;
+        g->prof_rounds++;
+    }
     e->stats.rounds++;
     e->stats.stream_rounds += (uint64_t)S;
     e->stats.t_draft += t_draft;

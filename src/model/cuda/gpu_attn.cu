@@ -34,6 +34,7 @@ constexpr int PS = TILE + 8;   /* bf16 per probability row (80 B: conflict-free 
 constexpr int TPR = 8;         /* softmax threads per head row, TILE / TPR keys each */
 
 __host__ __device__ inline int split_keys(int n_keys) {
+    if (n_keys <= KDT_G_ATT_SHORT_KEYS) return KDT_G_ATT_SPLIT_SHORT;
     if (n_keys <= 64 * KDT_G_ATT_SPLIT) return KDT_G_ATT_SPLIT;
     const int per = (n_keys + KDT_G_ATT_MAX_SPLITS - 1) / KDT_G_ATT_MAX_SPLITS;
     return (per + TILE - 1) / TILE * TILE;

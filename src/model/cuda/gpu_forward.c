@@ -57,7 +57,10 @@ static size_t align16(size_t v) { return (v + 15) & ~(size_t)15; }
 /* The most attention splits a row with up to max_keys keys can have (n_splits is not monotone
  * above 64 * KDT_G_ATT_SPLIT keys, where the split grows instead). */
 static int32_t max_row_splits(int32_t max_keys) {
-    return max_keys > 64 * KDT_G_ATT_SPLIT ? KDT_G_ATT_MAX_SPLITS : kdt_attn_n_splits(max_keys);
+    /* the split size steps up at KDT_G_ATT_SHORT_KEYS, so the most splits may come below it */
+    const int32_t short_max = kdt_attn_n_splits(max_keys < KDT_G_ATT_SHORT_KEYS ? max_keys : KDT_G_ATT_SHORT_KEYS);
+    const int32_t long_max = max_keys > 64 * KDT_G_ATT_SPLIT ? KDT_G_ATT_MAX_SPLITS : kdt_attn_n_splits(max_keys);
+    return short_max > long_max ? short_max : long_max;
 }
 
 /* GEMM stages: 4 when two CTAs of 4 fit an SM (H100/H200), else what fits (results never
