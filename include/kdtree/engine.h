@@ -134,6 +134,8 @@ int32_t kdt_engine_max_context(const kdt_engine *e);
 int32_t kdt_engine_draft_depth(const kdt_engine *e);
 void kdt_engine_eos_ids(const kdt_engine *e, const int32_t **ids, int32_t *n);
 const char *kdt_finish_reason_name(kdt_finish_reason r);
+/* Where the engine decodes: "cpu", or "cuda (<GPU name>)". Valid while the engine lives. */
+const char *kdt_engine_device_name(const kdt_engine *e);
 
 #ifdef __cplusplus
 }

@@ -29,5 +29,7 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
 /* Frees slot's KV pages on the GPU. */
 void kdt_engine_gpu_release(kdt_engine *e, int32_t slot);
 int32_t kdt_engine_gpu_free_pages(const kdt_engine *e);
+/* "cuda (<device name>)" */
+const char *kdt_engine_gpu_device_name(const kdt_engine *e);
 
 #endif

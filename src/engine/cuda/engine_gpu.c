@@ -82,6 +82,7 @@ struct eng_gpu {
     uint64_t use_clock;
     int graphs_on;
     int capturing;
+    char device_name[300];      /* "cuda (NVIDIA H200)" */
     int profile;                /* KDT_ENGINE_PROFILE=1: per-stage means on stderr at free */
     double prof[6];             /* seconds: draft pass, top-K + build, verify, accept + commit,
                                    context append, host (wall minus GPU stages) */
@@ -213,6 +214,11 @@ kdt_status kdt_engine_gpu_create(kdt_engine *e, int verbose) {
     g->profile = pf && pf[0] == '1';
     const char *ng = getenv("KDT_NO_GRAPHS");
     g->graphs_on = !(ng && ng[0] && strcmp(ng, "0") != 0);
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+        snprintf(g->device_name, sizeof g->device_name, "cuda (%s)", prop.name);
+    else
+        snprintf(g->device_name, sizeof g->device_name, "cuda");
     kdt_gpu_options go = {0, verbose ? 1 : 0, 0};
     KDT_TRY(kdt_model_to_gpu(e->model, &go, &g->model));
     kdt_kv_cache_options ko = {e->pages_total, e->max_streams, e->pages_per_stream_max};
@@ -241,6 +247,10 @@ kdt_status kdt_engine_gpu_create(kdt_engine *e, int verbose) {
 
 void kdt_engine_gpu_release(kdt_engine *e, int32_t slot) {
     if (e && e->gpu) kdt_gpu_kv_stream_release(e->gpu->kv, slot);
+}
+
+const char *kdt_engine_gpu_device_name(const kdt_engine *e) {
+    return e && e->gpu ? e->gpu->device_name : "cpu";
 }
 
 int32_t kdt_engine_gpu_free_pages(const kdt_engine *e) {

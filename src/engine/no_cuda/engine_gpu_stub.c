@@ -37,3 +37,8 @@ int32_t kdt_engine_gpu_free_pages(const kdt_engine *e) {
     (void)e;
     return 0;
 }
+
+const char *kdt_engine_gpu_device_name(const kdt_engine *e) {
+    (void)e;
+    return "cpu";
+}
