@@ -464,21 +464,15 @@ kdt_status kdt_model_decode(const kdt_model *m, kdt_kv_cache *kv, int32_t n_stre
     KDT_CHECK_ARG(n_streams >= 1 && n_streams <= kv->max_streams, "%s: n_streams = %d (1..%d)", fn, n_streams,
                   kv->max_streams);
     int32_t *ids = malloc((size_t)n_streams * 2 * sizeof(int32_t));
-    uint8_t *seen = calloc((size_t)kv->max_streams, 1);
     row_desc *rows = malloc((size_t)n_streams * sizeof *rows);
-    if (!ids || !seen || !rows) {
+    if (!ids || !rows) {
         st = kdt_fail(KDT_ERR_OUT_OF_MEMORY, "%s", fn);
         goto done;
     }
     int32_t *need = ids + n_streams;
+    if ((st = kdt_resolve_stream_ids(fn, stream_ids, n_streams, kv->max_streams, ids)) != KDT_OK) goto done;
     for (int32_t s = 0; s < n_streams; s++) {
-        const int32_t id = stream_ids ? stream_ids[s] : s;
-        if (id < 0 || id >= kv->max_streams || seen[id]) {
-            st = kdt_fail(KDT_ERR_INVALID_ARG, "%s: stream_ids[%d] = %d is out of range or repeated", fn, s, id);
-            goto done;
-        }
-        seen[id] = 1;
-        ids[s] = id;
+        const int32_t id = ids[s];
         if ((st = check_token(fn, m, tokens[s], "tokens", s)) != KDT_OK) goto done;
         if (kv->length[id] >= m->cfg.max_position_embeddings) {
             st = kdt_fail(KDT_ERR_CAPACITY, "%s: stream %d is at max_position_embeddings %d", fn, id,
@@ -501,7 +495,6 @@ kdt_status kdt_model_decode(const kdt_model *m, kdt_kv_cache *kv, int32_t n_stre
     for (int32_t s = 0; s < n_streams; s++) kv->length[ids[s]] = kv->written[ids[s]] = need[s];
 done:
     free(ids);
-    free(seen);
     free(rows);
     return st;
 }
@@ -557,22 +550,16 @@ kdt_status kdt_model_verify(const kdt_model *m, kdt_kv_cache *kv, const kdt_tree
                   "%s: a tree array (n_nodes, token, parent, depth, position, anc_mask) is NULL", fn);
     const int32_t W = KDT_MASK_WORDS(N);
     int32_t *ids = malloc((size_t)S * 2 * sizeof(int32_t));
-    uint8_t *seen = calloc((size_t)kv->max_streams, 1);
     row_desc *rows = NULL;
-    if (!ids || !seen) {
+    if (!ids) {
         st = kdt_fail(KDT_ERR_OUT_OF_MEMORY, "%s", fn);
         goto done;
     }
     int32_t *need = ids + S;
     int64_t n_rows = 0;
+    if ((st = kdt_resolve_stream_ids(fn, stream_ids, S, kv->max_streams, ids)) != KDT_OK) goto done;
     for (int32_t s = 0; s < S; s++) {
-        const int32_t id = stream_ids ? stream_ids[s] : s;
-        if (id < 0 || id >= kv->max_streams || seen[id]) {
-            st = kdt_fail(KDT_ERR_INVALID_ARG, "%s: stream_ids[%d] = %d is out of range or repeated", fn, s, id);
-            goto done;
-        }
-        seen[id] = 1;
-        ids[s] = id;
+        const int32_t id = ids[s];
         if ((st = check_tree_stream(m, tree, s, kv->length[id])) != KDT_OK) goto done;
         need[s] = kv->length[id] + tree->n_nodes[s];
         n_rows += tree->n_nodes[s];
@@ -604,7 +591,6 @@ kdt_status kdt_model_verify(const kdt_model *m, kdt_kv_cache *kv, const kdt_tree
     for (int32_t s = 0; s < S; s++) kv->written[ids[s]] = need[s];
 done:
     free(ids);
-    free(seen);
     free(rows);
     return st;
 }

@@ -171,6 +171,10 @@ static inline float *kdt_kv_row(const kdt_kv_cache *c, int32_t l, int32_t s, int
 }
 
 /* Ensures every stream in streams[0..n) has pages for need[i] slots; all-or-nothing. */
+/* ids[s] = stream_ids[s] (or s when stream_ids is NULL) for s < n, checked: each in
+ * 0..max_streams-1 and none repeated; otherwise KDT_ERR_INVALID_ARG naming fn and the entry. */
+kdt_status kdt_resolve_stream_ids(const char *fn, const int32_t *stream_ids, int32_t n, int32_t max_streams,
+                                  int32_t *ids);
 kdt_status kdt_kv_reserve_many(kdt_kv_cache *c, int32_t n, const int32_t *streams,
                                const int32_t *need);
 

@@ -386,23 +386,17 @@ kdt_status kdt_gpu_stage_decode(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t n_stre
                   "%s: n_streams = %d (1..%d)", fn, n_streams,
                   c->max_streams < r->opt.max_rows ? c->max_streams : r->opt.max_rows);
     int32_t *ids = malloc((size_t)n_streams * 2 * sizeof(int32_t));
-    uint8_t *seen = calloc((size_t)c->max_streams, 1);
     kdt_status st = KDT_OK;
-    if (!ids || !seen) {
+    if (!ids) {
         st = kdt_fail(KDT_ERR_OUT_OF_MEMORY, "%s", fn);
         goto done;
     }
     int32_t *need = ids + n_streams;
     stage_view v;
     memset(&v, 0, sizeof v);
+    if ((st = kdt_resolve_stream_ids(fn, stream_ids, n_streams, c->max_streams, ids)) != KDT_OK) goto done;
     for (int32_t s = 0; s < n_streams; s++) {
-        const int32_t id = stream_ids ? stream_ids[s] : s;
-        if (id < 0 || id >= c->max_streams || seen[id]) {
-            st = kdt_fail(KDT_ERR_INVALID_ARG, "%s: stream_ids[%d] = %d is out of range or repeated", fn, s, id);
-            goto done;
-        }
-        seen[id] = 1;
-        ids[s] = id;
+        const int32_t id = ids[s];
         if ((st = check_token(fn, r, tokens[s], "tokens", s)) != KDT_OK) goto done;
         if (c->length[id] >= r->g->cfg.max_position_embeddings) {
             st = kdt_fail(KDT_ERR_CAPACITY, "%s: stream %d is at max_position_embeddings %d", fn, id,
@@ -428,7 +422,6 @@ kdt_status kdt_gpu_stage_decode(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t n_stre
     for (int32_t s = 0; s < n_streams; s++) c->length[ids[s]] = c->written[ids[s]] = need[s];
 done:
     free(ids);
-    free(seen);
     return st;
 }
 
@@ -484,23 +477,17 @@ kdt_status kdt_gpu_stage_verify(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_tree
                   fn, S, N, r->opt.max_rows);
     const int32_t W = KDT_MASK_WORDS(N);
     int32_t *ids = malloc((size_t)S * 2 * sizeof(int32_t));
-    uint8_t *seen = calloc((size_t)c->max_streams, 1);
     kdt_status st = KDT_OK;
-    if (!ids || !seen) {
+    if (!ids) {
         st = kdt_fail(KDT_ERR_OUT_OF_MEMORY, "%s", fn);
         goto done;
     }
     int32_t *need = ids + S;
     stage_view v;
     memset(&v, 0, sizeof v);
+    if ((st = kdt_resolve_stream_ids(fn, stream_ids, S, c->max_streams, ids)) != KDT_OK) goto done;
     for (int32_t s = 0; s < S; s++) {
-        const int32_t id = stream_ids ? stream_ids[s] : s;
-        if (id < 0 || id >= c->max_streams || seen[id]) {
-            st = kdt_fail(KDT_ERR_INVALID_ARG, "%s: stream_ids[%d] = %d is out of range or repeated", fn, s, id);
-            goto done;
-        }
-        seen[id] = 1;
-        ids[s] = id;
+        const int32_t id = ids[s];
         if ((st = check_tree_stream(r, tree, s, c->length[id], id)) != KDT_OK) goto done;
         need[s] = c->length[id] + tree->n_nodes[s];
     }
@@ -533,7 +520,6 @@ kdt_status kdt_gpu_stage_verify(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_tree
     for (int32_t s = 0; s < S; s++) c->written[ids[s]] = need[s];
 done:
     free(ids);
-    free(seen);
     return st;
 }
 
@@ -555,12 +541,9 @@ kdt_status kdt_gpu_stage_verify_device(kdt_gpu_runner *r, kdt_gpu_kv *c, const k
                   "%s: a tree array (n_nodes, token, position, anc_mask) is NULL", fn);
     int32_t ids[KDT_GPU_TREE_STREAMS], need[KDT_GPU_TREE_STREAMS];
     int64_t splits = 0;
+    KDT_TRY(kdt_resolve_stream_ids(fn, stream_ids, S, c->max_streams, ids));
     for (int32_t s = 0; s < S; s++) {
-        const int32_t id = stream_ids[s];
-        KDT_CHECK_ARG(id >= 0 && id < c->max_streams, "%s: stream_ids[%d] = %d is out of range", fn, s, id);
-        for (int32_t q = 0; q < s; q++)
-            KDT_CHECK_ARG(ids[q] != id, "%s: stream_ids[%d] = %d is repeated", fn, s, id);
-        ids[s] = id;
+        const int32_t id = ids[s];
         const int32_t P = c->length[id], nb = node_bound[s], db = depth_bound[s];
         KDT_CHECK_ARG(nb >= 1 && nb <= N && db >= 0 && db < nb, "%s: stream %d: node bound %d, depth bound %d (max_nodes %d)",
                       fn, s, nb, db, N);
