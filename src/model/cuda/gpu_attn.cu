@@ -16,7 +16,11 @@
  * unnormalised O, running max (log2 domain) and sum. HG = 16 (4 warps, fits 99 KB of shared
  * memory) or 64 (8 warps, a quarter of the KV re-reads when there are many heads); the per-head
  * arithmetic is identical, so the choice never changes a bit and is made per launch.
- * attn_combine: per row and head, merges the splits in order.
+ * attn_combine: per row and head, merges the splits in order. One CTA per (row, chunk of the
+ * row's H x d_c outputs) (kdt_g_chunk_cols, so a decode row gets a CTA per half head, not one
+ * for all); the chunk's heads' max, sum and split weights are computed once per item and every
+ * output element is one fma chain over its splits in order: the same operations, whatever the
+ * chunk.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -290,33 +294,61 @@ __global__ void __launch_bounds__(AttCfg<HG>::THREADS, 1) attn_partial(const kdt
     }
 }
 
-/* o_lat[r][h] = sum_j O_j 2^(m_j - M) / sum_j l_j 2^(m_j - M), splits j in order. */
-__global__ void __launch_bounds__(256) attn_combine(const kdt_attn_args a) {
-    extern __shared__ float cm[]; /* [H] M, [H] 1 / L */
-    const int n_rows = a.hdr->n_rows;
-    for (int r = blockIdx.x; r < n_rows; r += gridDim.x) {
+constexpr int CT = 256;                      /* attn_combine threads */
+constexpr int CH = 16;                       /* most heads one combine item spans */
+constexpr int CS = KDT_G_ATT_MAX_SPLITS;     /* n_splits never exceeds it */
+
+/* o_lat[r][h] = sum_j O_j 2^(m_j - M) / sum_j l_j 2^(m_j - M), splits j in order, M = max_j m_j.
+ * Item = (row, outputs [lo, hi) of the row's H x d_c, spanning heads h_lo..). Per head: M by
+ * fmaxf in split order, L by an fma chain in split order, w_j = exp2f(m_j - M); per element:
+ * o = fma(O_j, w_j, o) in split order, then o / L: what `o += O_j * exp2f(m_j - M)` and
+ * `L += l_j * exp2f(m_j - M)` compile to, so the chunking never changes a bit. */
+__global__ void __launch_bounds__(CT) attn_combine(const kdt_attn_args a, int cols) {
+    __shared__ float sw[CH][CS + 1], sl[CH][CS + 1]; /* m_j, then w_j; l_j (+1: a thread per head) */
+    __shared__ float sM[CH], sL[CH];
+    const int n_rows = a.hdr->n_rows, width = a.H * a.dc, per_row = (width + cols - 1) / cols;
+    const int64_t stride = (int64_t)a.H * a.dc; /* one split's outputs */
+    for (long long it = blockIdx.x; it < (long long)n_rows * per_row; it += gridDim.x) {
+        const int r = (int)(it / per_row), lo = (int)(it % per_row) * cols, hi = min(lo + cols, width);
+        const int h_lo = lo / a.dc, nh = (hi - 1) / a.dc - h_lo + 1; /* <= CH (launcher) */
         const kdt_grow row = a.rows[r];
-        const int ns = n_splits(row.n_keys), base = row.split_off;
-        __syncthreads();
-        for (int h = threadIdx.x; h < a.H; h += blockDim.x) {
-            float M = -INFINITY;
-            for (int j = 0; j < ns; j++) M = fmaxf(M, a.att_m[(int64_t)(base + j) * a.H + h]);
-            float L = 0.0f;
-            for (int j = 0; j < ns; j++)
-                L += a.att_l[(int64_t)(base + j) * a.H + h] * exp2f(a.att_m[(int64_t)(base + j) * a.H + h] - M);
-            cm[h] = M;
-            cm[a.H + h] = L;
+        const int ns = min(n_splits(row.n_keys), CS), base = row.split_off;
+        __syncthreads(); /* the previous item is done with the weights */
+        for (int i = threadIdx.x; i < nh * ns; i += CT) {
+            const int j = i / nh, h = i % nh;
+            const int64_t sj = (int64_t)(base + j) * a.H + h_lo + h;
+            sw[h][j] = a.att_m[sj];
+            sl[h][j] = a.att_l[sj];
         }
         __syncthreads();
-        for (int i = threadIdx.x; i < a.H * a.dc; i += blockDim.x) {
-            const int h = i / a.dc, c = i % a.dc;
-            const float M = cm[h];
+        if (threadIdx.x < nh) {
+            const int h = threadIdx.x;
+            float M = -INFINITY;
+            for (int j = 0; j < ns; j++) M = fmaxf(M, sw[h][j]);
+            float L = 0.0f;
+            for (int j = 0; j < ns; j++) L = __fmaf_rn(sl[h][j], exp2f(sw[h][j] - M), L);
+            sM[h] = M;
+            sL[h] = L;
+        }
+        __syncthreads(); /* every m_j is read: overwrite them with the weights */
+        for (int i = threadIdx.x; i < nh * ns; i += CT) {
+            const int j = i / nh, h = i % nh;
+            sw[h][j] = exp2f(sw[h][j] - sM[h]);
+        }
+        __syncthreads();
+        for (int i = lo + threadIdx.x; i < hi; i += CT) {
+            const int h = i / a.dc - h_lo;
+            const float *src = a.att_o + (int64_t)base * stride + i;
             float o = 0.0f;
-            for (int j = 0; j < ns; j++) {
-                const int64_t sj = (int64_t)(base + j) * a.H + h;
-                o += a.att_o[sj * a.dc + c] * exp2f(a.att_m[sj] - M);
+            for (int j0 = 0; j0 < ns; j0 += 16) { /* loads 16 splits at a time, fmas in order */
+                float t[16];
+#pragma unroll
+                for (int u = 0; u < 16; u++) t[u] = j0 + u < ns ? src[(j0 + u) * stride] : 0.0f;
+#pragma unroll
+                for (int u = 0; u < 16; u++)
+                    if (j0 + u < ns) o = __fmaf_rn(t[u], sw[h][j0 + u], o);
             }
-            a.o_lat[((int64_t)r * a.H + h) * a.dc + c] = o / cm[a.H + h];
+            a.o_lat[(int64_t)r * width + i] = o / sL[h];
         }
     }
 }
@@ -481,8 +513,12 @@ extern "C" kdt_status kdt_attn_launch(const kdt_attn_args *a, cudaStream_t s) {
     }
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) {
-        const int rows_grid = a->max_rows < 1024 ? a->max_rows : 1024;
-        attn_combine<<<rows_grid, 256, 2 * (size_t)a->H * sizeof(float), s>>>(*a);
+        /* rows x chunks of the H d_c outputs; a chunk of whole heads spans at most CH of them, a
+         * shorter one at most two */
+        int cols = kdt_g_chunk_cols(a->max_rows, a->H * a->dc, CT);
+        if (cols >= a->dc) cols = (cols / a->dc < CH ? cols / a->dc : CH) * a->dc;
+        const int64_t items = (int64_t)(a->max_rows > 1 ? a->max_rows : 1) * ((a->H * a->dc + cols - 1) / cols);
+        attn_combine<<<(unsigned)(items < 4096 ? items : 4096), CT, 0, s>>>(*a, cols);
         e = cudaGetLastError();
     }
     if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "GPU attention: launch failed: %s", cudaGetErrorString(e));

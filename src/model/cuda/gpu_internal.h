@@ -37,6 +37,21 @@ extern "C" {
 
 static inline int64_t kdt_g_round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
+/* The "rows x column chunks" grid of the row-wise kernels (gpu_ops.cu, attn_combine): each row's
+ * `width` columns are cut into chunks of a multiple of `unit` columns, one CTA per (row, chunk),
+ * so that a pass over few rows (a decode) still gets about KDT_G_SPLIT_TARGET CTAs; from
+ * KDT_G_SPLIT_TARGET rows up a row is one chunk. The rule reads the launch bound and the shape
+ * only, never the device-side row count, so a captured graph serves every batch that fits it; the
+ * kernels keep a column's arithmetic the same in any chunk, so results never depend on the rule.
+ * Returns the columns per chunk (chunks per row: width divided by it, rounded up). */
+static inline int32_t kdt_g_chunk_cols(int32_t max_rows, int32_t width, int32_t unit) {
+    const int64_t units = width > unit ? ((int64_t)width + unit - 1) / unit : 1;
+    int64_t want = (KDT_G_SPLIT_TARGET + (int64_t)max_rows - 1) / (max_rows > 1 ? max_rows : 1);
+    if (want > units) want = units;
+    if (want < 1) want = 1;
+    return (int32_t)((units + want - 1) / want * unit);
+}
+
 /* A bf16 weight on the device: `batch` matrices [rows][ld] at batch_stride elements apart. */
 typedef struct kdt_gmat {
     uint16_t *w;

@@ -8,7 +8,12 @@
  * Every reduction runs in a fixed order with a fixed block size (256 threads; the block sum is a
  * shuffle tree per warp, then the 8 warp sums added in warp order), so a row's results never
  * depend on the other rows. The order of arithmetic follows forward.c where it matters for
- * reading the code; bitwise agreement with the CPU is not a goal (the GPU contracts a*b+c). */
+ * reading the code; bitwise agreement with the CPU is not a goal (the GPU contracts a*b+c).
+ *
+ * Grids: the row-wise kernels run one CTA per (row, column chunk) item (kdt_g_chunk_cols), so a
+ * decode of one row is not one serial CTA. A kernel with a row reduction (RMSNorm) has every
+ * chunk's CTA compute the whole row's sum with the one fixed tree and then write only its own
+ * columns; an element's arithmetic is the same in whichever chunk it lands. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -35,11 +40,53 @@ __device__ __forceinline__ float block_sum(float v, float *red) {
     return s;
 }
 
-/* sum of the split-K partials of element i (split order) */
+/* Sum of the split-K partials of element i, one addition chain in split order. The loads go
+ * out SB at a time (a router has ~28 splits: a few memory latencies instead of one per split);
+ * the additions are the plain loop's, so are the bits. */
+template <int SB = 8>
 __device__ __forceinline__ float split_sum(const float *part, int splits, int64_t split_stride, int64_t i) {
     float v = part[i];
-    for (int s = 1; s < splits; s++) v += part[s * split_stride + i];
+    for (int s0 = 1; s0 < splits; s0 += SB) {
+        float t[SB];
+#pragma unroll
+        for (int j = 0; j < SB; j++) t[j] = s0 + j < splits ? part[(s0 + j) * split_stride + i] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < SB; j++)
+            if (s0 + j < splits) v += t[j];
+    }
     return v;
+}
+
+/* Block sum of x[d]^2 over d < n: thread t adds d = t, t + RB, ... in that order with fma (what
+ * `ss += x[d] * x[d]` compiles to), loads going out 8 at a time, then block_sum. */
+__device__ __forceinline__ float sum_squares(const float *x, int n, float *red) {
+    float ss = 0.0f;
+    for (int d0 = threadIdx.x; d0 < n; d0 += 8 * RB) {
+        float t[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) t[j] = d0 + j * RB < n ? x[d0 + j * RB] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (d0 + j * RB < n) ss = __fmaf_rn(t[j], t[j], ss);
+    }
+    return block_sum(ss, red);
+}
+
+/* Column chunks of one launch (kdt_g_chunk_cols): n per row, cols each; item it of the grid is
+ * row it / n, columns [lo, hi). */
+struct Chunks {
+    int n, cols;
+};
+struct Item {
+    int r, c, lo, hi;
+};
+__device__ __forceinline__ Item item_of(int it, Chunks ch, int width) {
+    Item t;
+    t.r = it / ch.n;
+    t.c = it % ch.n;
+    t.lo = t.c * ch.cols;
+    t.hi = min(t.lo + ch.cols, width);
+    return t;
 }
 
 __device__ __forceinline__ int clamp_rows(int m, int max_rows) { return m < 0 ? 0 : (m > max_rows ? max_rows : m); }
@@ -51,26 +98,27 @@ __global__ void k_scatter(int32_t *table, const int32_t *updates, const kdt_gsta
 }
 
 __global__ void __launch_bounds__(RB) k_embed(const kdt_gstage_hdr *hdr, const kdt_grow *rows, kdt_gmat embed,
-                                               float *x, int D, int max_rows) {
+                                               float *x, int D, int max_rows, Chunks ch) {
     const int n = clamp_rows(hdr->n_rows, max_rows);
-    for (int r = blockIdx.x; r < n; r += gridDim.x) {
-        const uint16_t *e = embed.w + (int64_t)rows[r].token * embed.ld;
-        for (int d = threadIdx.x; d < D; d += RB) x[(int64_t)r * D + d] = bf16_to_f32(e[d]);
+    for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
+        const Item t = item_of(it, ch, D);
+        const uint16_t *e = embed.w + (int64_t)rows[t.r].token * embed.ld;
+        for (int d = t.lo + threadIdx.x; d < t.hi; d += RB) x[(int64_t)t.r * D + d] = bf16_to_f32(e[d]);
     }
 }
 
-/* out[m] = RMSNorm(x[rowmap ? rowmap[m] : m]) * w for m < *m_dev */
+/* out[m] = RMSNorm(x[rowmap ? rowmap[m] : m]) * w for m < *m_dev; every chunk of row m sums the
+ * whole row (the same tree), then writes its columns (so out must not alias x) */
 __global__ void __launch_bounds__(RB) k_rmsnorm(const float *x, const int32_t *rowmap, const float *w, float eps,
-                                                 int D, float *out, const int32_t *m_dev, int max_rows) {
+                                                 int D, float *out, const int32_t *m_dev, int max_rows, Chunks ch) {
     __shared__ float red[RB / 32];
     const int n = clamp_rows(*m_dev, max_rows);
-    for (int m = blockIdx.x; m < n; m += gridDim.x) {
-        const float *xr = x + (int64_t)(rowmap ? rowmap[m] : m) * D;
-        float ss = 0.0f;
-        for (int d = threadIdx.x; d < D; d += RB) ss += xr[d] * xr[d];
-        ss = block_sum(ss, red);
+    for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
+        const Item t = item_of(it, ch, D);
+        const float *xr = x + (int64_t)(rowmap ? rowmap[t.r] : t.r) * D;
+        const float ss = sum_squares(xr, D, red);
         const float inv = 1.0f / sqrtf(ss / (float)D + eps);
-        for (int d = threadIdx.x; d < D; d += RB) out[(int64_t)m * D + d] = w[d] * (xr[d] * inv);
+        for (int d = t.lo + threadIdx.x; d < t.hi; d += RB) out[(int64_t)t.r * D + d] = w[d] * (xr[d] * inv);
     }
 }
 
@@ -94,33 +142,41 @@ struct PostA {
     int max_rows;
 };
 
-/* [q_a | kv_a] partials -> qa = RMSNorm(q_a x) and the cache row [RMSNorm(c_kv) | RoPE(k_pe)] */
-__global__ void __launch_bounds__(RB) k_post_a(const PostA a) {
+/* [q_a | kv_a] partials -> qa = RMSNorm(q_a x) and the cache row [RMSNorm(c_kv) | RoPE(k_pe)].
+ * Chunks cut the q_lora + d_c normalised columns; a chunk's CTA sums the partials of the
+ * section(s) it touches (q_a, c_kv) into shared memory and takes their RMS with the one tree, so
+ * each section's norm is the same bits in every chunk; the last chunk also ropes and writes k_pe. */
+__global__ void __launch_bounds__(RB) k_post_a(const PostA a, Chunks ch) {
     extern __shared__ float v[]; /* [q_lora + d_c + d_r] */
     __shared__ float red[RB / 32];
-    const int n = clamp_rows(a.hdr->n_rows, a.max_rows), width = a.q_lora + a.dc + a.dr;
+    const int n = clamp_rows(a.hdr->n_rows, a.max_rows), qkv = a.q_lora + a.dc, width = qkv + a.dr;
     const float latent_eps = 1e-6f;
-    for (int r = blockIdx.x; r < n; r += gridDim.x) {
+    for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
+        const Item t = item_of(it, ch, qkv);
+        const int r = t.r;
+        const bool in_q = t.lo < a.q_lora, in_kv = t.hi > a.q_lora, last = t.c == ch.n - 1;
+        const int s0 = in_q ? 0 : a.q_lora, s1 = last ? width : (in_kv ? qkv : a.q_lora);
         const kdt_grow row = a.rows[r];
         __syncthreads();
-        for (int i = threadIdx.x; i < width; i += RB) v[i] = split_sum(a.part, a.splits, a.split_stride, (int64_t)r * a.ldp + i);
+        for (int i = s0 + threadIdx.x; i < s1; i += RB)
+            v[i] = split_sum(a.part, a.splits, a.split_stride, (int64_t)r * a.ldp + i);
         __syncthreads();
-        if (a.q_lora > 0) {
-            float ss = 0.0f;
-            for (int i = threadIdx.x; i < a.q_lora; i += RB) ss += v[i] * v[i];
-            ss = block_sum(ss, red);
+        if (in_q) {
+            const float ss = sum_squares(v, a.q_lora, red);
             const float inv = 1.0f / sqrtf(ss / (float)a.q_lora + latent_eps);
-            for (int i = threadIdx.x; i < a.q_lora; i += RB) a.qa[(int64_t)r * a.q_lora + i] = a.q_a_norm[i] * (v[i] * inv);
+            for (int i = t.lo + threadIdx.x; i < min(t.hi, a.q_lora); i += RB)
+                a.qa[(int64_t)r * a.q_lora + i] = a.q_a_norm[i] * (v[i] * inv);
         }
+        if (!in_kv) continue;
         const float *kv = v + a.q_lora;
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < a.dc; i += RB) ss += kv[i] * kv[i];
-        ss = block_sum(ss, red);
+        const float ss = sum_squares(kv, a.dc, red);
         const float inv = 1.0f / sqrtf(ss / (float)a.dc + latent_eps);
         int page = a.block_table[(int64_t)row.stream * a.max_pages + row.slot / a.page_size];
         if (page < 0 || page >= a.n_pages) page = 0; /* host-validated; never write out of bounds */
         uint16_t *dst = a.cache + ((int64_t)page * a.page_size + row.slot % a.page_size) * a.row_stride;
-        for (int i = threadIdx.x; i < a.dc; i += RB) dst[i] = f32_to_bf16(a.kv_a_norm[i] * (kv[i] * inv));
+        for (int i = max(t.lo - a.q_lora, 0) + threadIdx.x; i < t.hi - a.q_lora; i += RB)
+            dst[i] = f32_to_bf16(a.kv_a_norm[i] * (kv[i] * inv));
+        if (!last) continue;
         float *pe = v + a.q_lora + a.dc;
         const float *cs = a.rope_cs + (int64_t)row.pos * a.dr;
         for (int i = threadIdx.x; i < a.dr / 2; i += RB) rope_pair(pe, cs, i, a.dr, a.interleave);
@@ -138,18 +194,23 @@ struct PostQ {
     int max_rows;
 };
 
-/* q partials -> q_nope [R][H][d_n] and the RoPE'd q_pe into q_abs[r][h][d_c..] */
-__global__ void __launch_bounds__(RB) k_post_q(const PostQ a) {
+/* q partials -> q_nope [R][H][d_n] and the RoPE'd q_pe into q_abs[r][h][d_c..]. A row's items are
+ * H d_n q_nope elements, then H d_r / 2 rotated pairs; chunks cut that list. */
+__global__ void __launch_bounds__(RB) k_post_q(const PostQ a, Chunks ch) {
     const int n = clamp_rows(a.hdr->n_rows, a.max_rows), dqk = a.dn + a.dr, dq = a.dc + a.dr, half = a.dr / 2;
-    for (int r = blockIdx.x; r < n; r += gridDim.x) {
-        const kdt_grow row = a.rows[r];
-        for (int i = threadIdx.x; i < a.H * a.dn; i += RB) {
+    const int n_nope = a.H * a.dn;
+    for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
+        const Item t = item_of(it, ch, n_nope + a.H * half);
+        const int r = t.r;
+        for (int i = t.lo + threadIdx.x; i < min(t.hi, n_nope); i += RB) {
             const int h = i / a.dn, d = i % a.dn;
             a.q_nope[(int64_t)r * a.H * a.dn + i] =
                 split_sum(a.part, a.splits, a.split_stride, (int64_t)r * a.ldp + h * dqk + d);
         }
+        if (t.hi <= n_nope) continue;
+        const kdt_grow row = a.rows[r];
         const float *cs = a.rope_cs + (int64_t)row.pos * a.dr;
-        for (int i = threadIdx.x; i < a.H * half; i += RB) {
+        for (int i = max(t.lo - n_nope, 0) + threadIdx.x; i < t.hi - n_nope; i += RB) {
             const int h = i / half, p = i % half;
             const int ia = a.interleave ? 2 * p : p, ib = a.interleave ? 2 * p + 1 : p + half;
             const int64_t base = (int64_t)r * a.ldp + h * dqk + a.dn;
@@ -166,54 +227,43 @@ __global__ void __launch_bounds__(RB) k_post_q(const PostQ a) {
 /* dst[r][b * d_bstride + c] = sum_s part[s][r][b * p_bstride + c], c < ncols, b < batch */
 __global__ void __launch_bounds__(RB) k_sum_splits(const float *part, int splits, int64_t split_stride, int ldp,
                                                     int batch, int p_bstride, int ncols, float *dst, int ldd,
-                                                    int d_bstride, const int32_t *m_dev, int max_rows) {
+                                                    int d_bstride, const int32_t *m_dev, int max_rows, Chunks ch) {
     const int n = clamp_rows(*m_dev, max_rows);
     const int per_row = batch * ncols;
-    for (int r = blockIdx.x; r < n; r += gridDim.x)
-        for (int i = threadIdx.x; i < per_row; i += RB) {
+    for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
+        const Item t = item_of(it, ch, per_row);
+        for (int i = t.lo + threadIdx.x; i < t.hi; i += RB) {
             const int b = i / ncols, c = i % ncols;
-            dst[(int64_t)r * ldd + (int64_t)b * d_bstride + c] =
-                split_sum(part, splits, split_stride, (int64_t)r * ldp + (int64_t)b * p_bstride + c);
+            dst[(int64_t)t.r * ldd + (int64_t)b * d_bstride + c] =
+                split_sum(part, splits, split_stride, (int64_t)t.r * ldp + (int64_t)b * p_bstride + c);
         }
-}
-
-/* x += o_proj partials; xn = RMSNorm(x) * post_norm */
-__global__ void __launch_bounds__(RB) k_post_o(float *x, const float *part, int splits, int64_t split_stride,
-                                                const float *w, float eps, int D, float *xn, const int32_t *m_dev,
-                                                int max_rows) {
-    __shared__ float red[RB / 32];
-    const int n = clamp_rows(*m_dev, max_rows);
-    for (int r = blockIdx.x; r < n; r += gridDim.x) {
-        float *xr = x + (int64_t)r * D;
-        float ss = 0.0f;
-        for (int d = threadIdx.x; d < D; d += RB) {
-            const float v = xr[d] + split_sum(part, splits, split_stride, (int64_t)r * D + d);
-            xr[d] = v;
-            ss += v * v;
-        }
-        ss = block_sum(ss, red);
-        const float inv = 1.0f / sqrtf(ss / (float)D + eps);
-        for (int d = threadIdx.x; d < D; d += RB) xn[(int64_t)r * D + d] = w[d] * (xr[d] * inv);
     }
 }
 
+/* x += partials (the o_proj finish is this, then k_rmsnorm: the row's new x must be complete
+ * before any chunk sums its squares) */
 __global__ void __launch_bounds__(RB) k_residual(float *x, const float *part, int splits, int64_t split_stride,
-                                                  int D, const int32_t *m_dev, int max_rows) {
+                                                  int D, const int32_t *m_dev, int max_rows, Chunks ch) {
     const int n = clamp_rows(*m_dev, max_rows);
-    for (int r = blockIdx.x; r < n; r += gridDim.x)
-        for (int d = threadIdx.x; d < D; d += RB)
-            x[(int64_t)r * D + d] += split_sum(part, splits, split_stride, (int64_t)r * D + d);
+    for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
+        const Item t = item_of(it, ch, D);
+        for (int d = t.lo + threadIdx.x; d < t.hi; d += RB)
+            x[(int64_t)t.r * D + d] += split_sum(part, splits, split_stride, (int64_t)t.r * D + d);
+    }
 }
 
 /* h[p][j] = silu(gate) * up for j < I (the row's expert's I, or `inter`); gate/up interleaved
- * by 32-column blocks in the partials */
+ * by 32-column blocks in the partials. Chunks cut `width` (>= every I) columns. */
 __global__ void __launch_bounds__(RB) k_swiglu(const float *part, int splits, int64_t split_stride, int ldp,
                                                 const int32_t *n_dev, int max_n, const int32_t *pair_expert,
-                                                const kdt_gpu_expert *experts, int inter, float *h, int ldh) {
+                                                const kdt_gpu_expert *experts, int inter, float *h, int ldh,
+                                                int width, Chunks ch) {
     const int n = clamp_rows(*n_dev, max_n);
-    for (int p = blockIdx.x; p < n; p += gridDim.x) {
+    for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
+        const Item t = item_of(it, ch, width);
+        const int p = t.r;
         const int I = pair_expert ? experts[pair_expert[p]].inter : inter;
-        for (int j = threadIdx.x; j < I; j += RB) {
+        for (int j = t.lo + threadIdx.x; j < min(t.hi, I); j += RB) {
             const int gc = (j / KDT_G_GU_BLOCK) * 2 * KDT_G_GU_BLOCK + j % KDT_G_GU_BLOCK;
             const float gt = split_sum(part, splits, split_stride, (int64_t)p * ldp + gc);
             const float up = split_sum(part, splits, split_stride, (int64_t)p * ldp + gc + KDT_G_GU_BLOCK);
@@ -239,25 +289,63 @@ __device__ __forceinline__ bool beats(const float *val, int i, int bi) {
     return val[i] > val[bi] || (!(val[bi] > val[i]) && i < bi);
 }
 
-/* One warp per row: sigmoid scores, biased choice, group filter, top-k, weights, sorted by id. */
-__global__ void __launch_bounds__(128) k_route(const Route a) {
+constexpr int RT = 256;         /* router threads */
+constexpr int ROUTE_MAX_RPC = RT / 32;
+
+/* Shared-memory scratch of one router row: scores, biased scores, group scores, allowed and kept
+ * flags; rows route_row_bytes apart. */
+struct RouteRow {
+    float *sc, *ch, *grp;
+    unsigned char *allowed, *kept;
+};
+__host__ __device__ inline size_t route_row_bytes(int E, int G) {
+    return ((size_t)E * 8 + (size_t)E + (size_t)G * 5 + 16 + 15) / 16 * 16;
+}
+__device__ __forceinline__ RouteRow route_row(unsigned char *smem, int q, int E, int G) {
+    RouteRow t;
+    t.sc = reinterpret_cast<float *>(smem + q * route_row_bytes(E, G));
+    t.ch = t.sc + E;
+    t.grp = t.ch + E;
+    t.allowed = reinterpret_cast<unsigned char *>(t.grp + G);
+    t.kept = t.allowed + E;
+    return t;
+}
+
+/* Rows per router CTA: 1 while that keeps the grid within about KDT_G_SPLIT_TARGET CTAs (a decode
+ * then scores its experts with all RT threads), up to one per warp for large batches. */
+int route_rows_per_cta(int max_rows, int E, int G) {
+    int rpc = (max_rows + KDT_G_SPLIT_TARGET - 1) / KDT_G_SPLIT_TARGET;
+    if (rpc > ROUTE_MAX_RPC) rpc = ROUTE_MAX_RPC;
+    while (rpc > 1 && (size_t)rpc * route_row_bytes(E, G) > 48 * 1024) rpc--;
+    return rpc < 1 ? 1 : rpc;
+}
+
+/* rpc rows per CTA: all RT threads compute the rows' sigmoid scores, then warp w runs row w's
+ * biased choice, group filter, top-k, weights, sorted by id (the selection is one warp's
+ * sequence of steps whatever rpc is, and a score's arithmetic does not depend on its thread). */
+__global__ void __launch_bounds__(RT) k_route(const Route a, int rpc) {
     extern __shared__ unsigned char rsm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int E = a.E, G = a.G;
-    const size_t per_warp = (size_t)E * 8 + (size_t)E + (size_t)G * 5 + 16;
-    unsigned char *base = rsm + warp * ((per_warp + 15) / 16 * 16);
-    float *sc = reinterpret_cast<float *>(base), *ch = sc + E, *grp = ch + E;
-    unsigned char *allowed = reinterpret_cast<unsigned char *>(grp + G), *kept = allowed + E;
+    const RouteRow mine = route_row(rsm, warp, E, G);
+    float *sc = mine.sc, *ch = mine.ch, *grp = mine.grp;
+    unsigned char *allowed = mine.allowed, *kept = mine.kept;
     const int n = clamp_rows(a.hdr->n_rows, a.max_rows);
-    for (int r = blockIdx.x * 4 + warp; r < n; r += gridDim.x * 4) {
-        for (int e = lane; e < E; e += 32) {
-            const float l = split_sum(a.part, a.splits, a.split_stride, (int64_t)r * E + e);
+    for (int r0 = blockIdx.x * rpc; r0 < n; r0 += gridDim.x * rpc) {
+        const int nr = min(rpc, n - r0);
+        __syncthreads(); /* the previous rows' selections are done with the scratch */
+        for (int i = threadIdx.x; i < nr * E; i += RT) {
+            const int q = i / E, e = i % E;
+            const RouteRow t = route_row(rsm, q, E, G);
+            const float l = split_sum<16>(a.part, a.splits, a.split_stride, (int64_t)(r0 + q) * E + e);
             const float s = 1.0f / (1.0f + expf(-l));
-            sc[e] = s;
-            ch[e] = s + a.bias[e]; /* bias: selection only */
-            allowed[e] = 1;
+            t.sc[e] = s;
+            t.ch[e] = s + a.bias[e]; /* bias: selection only */
+            t.allowed[e] = 1;
         }
-        __syncwarp();
+        __syncthreads();
+        if (warp >= nr) continue;
+        const int r = r0 + warp;
         if (G > 1) {
             const int per = E / G;
             for (int g = lane; g < G; g += 32) { /* group score: top-1 + top-2 biased scores */
@@ -400,24 +488,29 @@ __global__ void k_moe_plan(const Plan a) {
 /* x += sum_k y[pair(r, k)] w[r][k] (slots in increasing expert id) + y[shared pair of r] */
 __global__ void __launch_bounds__(RB) k_moe_combine(float *x, const float *y, int D, int K, const int32_t *pos_of,
                                                      const int32_t *pos_shared, const float *wgt, int has_shared,
-                                                     const kdt_gstage_hdr *hdr, int max_rows) {
+                                                     const kdt_gstage_hdr *hdr, int max_rows, Chunks ch) {
     const int n = clamp_rows(hdr->n_rows, max_rows);
-    for (int r = blockIdx.x; r < n; r += gridDim.x)
-        for (int d = threadIdx.x; d < D; d += RB) {
+    for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
+        const Item t = item_of(it, ch, D);
+        const int r = t.r;
+        for (int d = t.lo + threadIdx.x; d < t.hi; d += RB) {
             float acc = 0.0f;
             for (int k = 0; k < K; k++) acc += y[(int64_t)pos_of[r * K + k] * D + d] * wgt[r * K + k];
             const float out = has_shared ? acc + y[(int64_t)pos_shared[r] * D + d] : acc;
             x[(int64_t)r * D + d] += out;
         }
+    }
 }
 
 __global__ void __launch_bounds__(RB) k_taps(const float *x, int D, const kdt_gstage_hdr *hdr, const kdt_grow *rows,
-                                              float *taps, int max_taps, int t, int max_rows) {
+                                              float *taps, int max_taps, int t, int max_rows, Chunks ch) {
     const int n = clamp_rows(hdr->n_rows, max_rows);
-    for (int r = blockIdx.x; r < n; r += gridDim.x) {
-        const int ti = rows[r].tap_index;
+    for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
+        const Item c = item_of(it, ch, D);
+        const int ti = rows[c.r].tap_index;
         if (ti < 0) continue;
-        for (int d = threadIdx.x; d < D; d += RB) taps[((int64_t)ti * max_taps + t) * D + d] = x[(int64_t)r * D + d];
+        for (int d = c.lo + threadIdx.x; d < c.hi; d += RB)
+            taps[((int64_t)ti * max_taps + t) * D + d] = x[(int64_t)c.r * D + d];
     }
 }
 
@@ -524,7 +617,18 @@ kdt_status launched(const char *what) {
     return KDT_OK;
 }
 
-unsigned grid_rows(int max_rows) { return (unsigned)(max_rows < 1 ? 1 : (max_rows > 4096 ? 4096 : max_rows)); }
+/* The rows x chunks launch of a row-wise kernel whose rows are `width` columns wide: chunks of a
+ * multiple of RB columns (kdt_g_chunk_cols), at most 4096 CTAs (the kernels stride over items). */
+Chunks row_chunks(int max_rows, int width) {
+    const int cols = kdt_g_chunk_cols(max_rows, width, RB);
+    Chunks c = {(width + cols - 1) / cols, cols};
+    if (c.n < 1) c.n = 1;
+    return c;
+}
+unsigned grid_of(int max_rows, Chunks c) {
+    const int64_t items = (int64_t)(max_rows < 1 ? 1 : max_rows) * c.n;
+    return (unsigned)(items > 4096 ? 4096 : items);
+}
 
 } // namespace
 
@@ -538,13 +642,15 @@ extern "C" kdt_status kdt_op_scatter(int32_t *table, const int32_t *updates, con
 
 extern "C" kdt_status kdt_op_embed(const kdt_gstage_hdr *hdr, const kdt_grow *rows, const kdt_gmat *embed, float *x,
                                    int32_t D, int32_t max_rows, cudaStream_t s) {
-    k_embed<<<grid_rows(max_rows), RB, 0, s>>>(hdr, rows, *embed, x, D, max_rows);
+    const Chunks ch = row_chunks(max_rows, D);
+    k_embed<<<grid_of(max_rows, ch), RB, 0, s>>>(hdr, rows, *embed, x, D, max_rows, ch);
     return launched("GPU embedding");
 }
 
 extern "C" kdt_status kdt_op_rmsnorm(const float *x, const int32_t *rowmap, const float *w, float eps, int32_t D,
                                      float *out, const int32_t *m_dev, int32_t max_rows, cudaStream_t s) {
-    k_rmsnorm<<<grid_rows(max_rows), RB, 0, s>>>(x, rowmap, w, eps, D, out, m_dev, max_rows);
+    const Chunks ch = row_chunks(max_rows, D);
+    k_rmsnorm<<<grid_of(max_rows, ch), RB, 0, s>>>(x, rowmap, w, eps, D, out, m_dev, max_rows, ch);
     return launched("GPU RMSNorm");
 }
 
@@ -557,7 +663,8 @@ extern "C" kdt_status kdt_op_post_a(const float *part, int32_t splits, int64_t s
                                     cudaStream_t s) {
     PostA a = {part, splits, split_stride, ldp, q_lora, dc, dr, q_a_norm, kv_a_norm, rope_cs, interleave,
                hdr, rows, cache, block_table, max_pages, page_size, n_pages, row_stride, qa, max_rows};
-    k_post_a<<<grid_rows(max_rows), RB, (size_t)(q_lora + dc + dr) * sizeof(float), s>>>(a);
+    const Chunks ch = row_chunks(max_rows, q_lora + dc);
+    k_post_a<<<grid_of(max_rows, ch), RB, (size_t)(q_lora + dc + dr) * sizeof(float), s>>>(a, ch);
     return launched("GPU q_a / kv_a finish");
 }
 
@@ -566,28 +673,35 @@ extern "C" kdt_status kdt_op_post_q(const float *part, int32_t splits, int64_t s
                                     const kdt_gstage_hdr *hdr, const kdt_grow *rows, float *q_nope, float *q_abs,
                                     int32_t max_rows, cudaStream_t s) {
     PostQ a = {part, splits, split_stride, ldp, H, dn, dr, dc, rope_cs, interleave, hdr, rows, q_nope, q_abs, max_rows};
-    k_post_q<<<grid_rows(max_rows), RB, 0, s>>>(a);
+    const Chunks ch = row_chunks(max_rows, H * dn + H * (dr / 2));
+    k_post_q<<<grid_of(max_rows, ch), RB, 0, s>>>(a, ch);
     return launched("GPU q finish");
 }
 
 extern "C" kdt_status kdt_op_sum_splits(const float *part, int32_t splits, int64_t split_stride, int32_t ldp,
                                         int32_t batch, int32_t p_bstride, int32_t ncols, float *dst, int32_t ldd,
                                         int32_t d_bstride, const int32_t *m_dev, int32_t max_rows, cudaStream_t s) {
-    k_sum_splits<<<grid_rows(max_rows), RB, 0, s>>>(part, splits, split_stride, ldp, batch, p_bstride, ncols, dst, ldd,
-                                                    d_bstride, m_dev, max_rows);
+    const Chunks ch = row_chunks(max_rows, batch * ncols);
+    k_sum_splits<<<grid_of(max_rows, ch), RB, 0, s>>>(part, splits, split_stride, ldp, batch, p_bstride, ncols, dst,
+                                                      ldd, d_bstride, m_dev, max_rows, ch);
     return launched("GPU split-K sum");
 }
 
 extern "C" kdt_status kdt_op_post_o(float *x, const float *part, int32_t splits, int64_t split_stride, const float *w,
                                     float eps, int32_t D, float *xn, const int32_t *m_dev, int32_t max_rows,
                                     cudaStream_t s) {
-    k_post_o<<<grid_rows(max_rows), RB, 0, s>>>(x, part, splits, split_stride, w, eps, D, xn, m_dev, max_rows);
+    /* x + partials, then the RMSNorm: the same arithmetic as one fused pass per row, but the row's
+     * sum of squares needs all of its new x, which a chunked single pass could not wait for */
+    const Chunks ch = row_chunks(max_rows, D);
+    k_residual<<<grid_of(max_rows, ch), RB, 0, s>>>(x, part, splits, split_stride, D, m_dev, max_rows, ch);
+    k_rmsnorm<<<grid_of(max_rows, ch), RB, 0, s>>>(x, NULL, w, eps, D, xn, m_dev, max_rows, ch);
     return launched("GPU o_proj finish");
 }
 
 extern "C" kdt_status kdt_op_residual(float *x, const float *part, int32_t splits, int64_t split_stride, int32_t D,
                                       const int32_t *m_dev, int32_t max_rows, cudaStream_t s) {
-    k_residual<<<grid_rows(max_rows), RB, 0, s>>>(x, part, splits, split_stride, D, m_dev, max_rows);
+    const Chunks ch = row_chunks(max_rows, D);
+    k_residual<<<grid_of(max_rows, ch), RB, 0, s>>>(x, part, splits, split_stride, D, m_dev, max_rows, ch);
     return launched("GPU residual");
 }
 
@@ -595,15 +709,15 @@ extern "C" kdt_status kdt_op_swiglu(const float *part, int32_t splits, int64_t s
                                     const int32_t *n_dev, int32_t max_n, const int32_t *pair_expert,
                                     const kdt_gpu_expert *experts, int32_t inter, float *h, int32_t ldh,
                                     cudaStream_t s) {
-    k_swiglu<<<grid_rows(max_n), RB, 0, s>>>(part, splits, split_stride, ldp, n_dev, max_n, pair_expert, experts,
-                                             inter, h, ldh);
+    const int width = pair_expert ? ldp / 2 : inter; /* an expert's I is at most its i_pad <= ldp / 2 */
+    const Chunks ch = row_chunks(max_n, width);
+    k_swiglu<<<grid_of(max_n, ch), RB, 0, s>>>(part, splits, split_stride, ldp, n_dev, max_n, pair_expert, experts,
+                                               inter, h, ldh, width, ch);
     return launched("GPU SwiGLU");
 }
 
-extern "C" size_t kdt_op_route_smem(int32_t E, int32_t G) {
-    const size_t per_warp = (size_t)E * 8 + (size_t)E + (size_t)G * 5 + 16;
-    return 4 * ((per_warp + 15) / 16 * 16);
-}
+/* shared memory of one router row (a CTA holds route_rows_per_cta of them) */
+extern "C" size_t kdt_op_route_smem(int32_t E, int32_t G) { return route_row_bytes(E, G); }
 
 extern "C" kdt_status kdt_op_route(const float *part, int32_t splits, int64_t split_stride, const float *bias,
                                    const kdt_model_config *cfg, const kdt_gstage_hdr *hdr, int32_t *sel, float *wgt,
@@ -611,8 +725,10 @@ extern "C" kdt_status kdt_op_route(const float *part, int32_t splits, int64_t sp
     Route a = {part, splits, split_stride, bias, cfg->n_routed_experts, cfg->n_experts_per_tok,
                cfg->n_group > 1 ? cfg->n_group : 1, cfg->topk_group, cfg->norm_topk_prob,
                cfg->routed_scaling_factor, hdr, sel, wgt, max_rows};
-    const unsigned blocks = (unsigned)((max_rows + 3) / 4);
-    k_route<<<blocks, 128, kdt_op_route_smem(a.E, a.G), s>>>(a);
+    const int rpc = route_rows_per_cta(max_rows, a.E, a.G);
+    int blocks = (max_rows + rpc - 1) / rpc;
+    blocks = blocks < 1 ? 1 : (blocks > 4096 ? 4096 : blocks);
+    k_route<<<(unsigned)blocks, RT, rpc * route_row_bytes(a.E, a.G), s>>>(a, rpc);
     return launched("GPU MoE router");
 }
 
@@ -632,13 +748,16 @@ extern "C" kdt_status kdt_op_moe_plan(const kdt_gstage_hdr *hdr, const int32_t *
 extern "C" kdt_status kdt_op_moe_combine(float *x, const float *y, int32_t D, int32_t K, const int32_t *pos_of,
                                          const int32_t *pos_shared, const float *wgt, int32_t has_shared,
                                          const kdt_gstage_hdr *hdr, int32_t max_rows, cudaStream_t s) {
-    k_moe_combine<<<grid_rows(max_rows), RB, 0, s>>>(x, y, D, K, pos_of, pos_shared, wgt, has_shared, hdr, max_rows);
+    const Chunks ch = row_chunks(max_rows, D);
+    k_moe_combine<<<grid_of(max_rows, ch), RB, 0, s>>>(x, y, D, K, pos_of, pos_shared, wgt, has_shared, hdr, max_rows,
+                                                       ch);
     return launched("GPU MoE combine");
 }
 
 extern "C" kdt_status kdt_op_taps(const float *x, int32_t D, const kdt_gstage_hdr *hdr, const kdt_grow *rows,
                                   float *taps, int32_t max_taps, int32_t t, int32_t max_rows, cudaStream_t s) {
-    k_taps<<<grid_rows(max_rows), RB, 0, s>>>(x, D, hdr, rows, taps, max_taps, t, max_rows);
+    const Chunks ch = row_chunks(max_rows, D);
+    k_taps<<<grid_of(max_rows, ch), RB, 0, s>>>(x, D, hdr, rows, taps, max_taps, t, max_rows, ch);
     return launched("GPU taps");
 }
 
