@@ -1,25 +1,41 @@
 /* gpu_gemm.cu - the GEMMs of the GPU forward: Y = X W^T with X fp32 activations [M][K] and W a
  * bf16 weight [N][ld] (nn.Linear layout), on tensor cores (mma.sync m16n8k16, fp32 accumulate).
- * Three kernels share one CTA tile:
- *   gemm_kernel     dense projections; split-K partials Y_s, batched over heads for W_UK / W_UV;
- *   grouped_kernel  MoE experts: walks the (expert, pair range) item list built on the device;
- *   head_kernel     lm_head with the fused argmax (per vocabulary tile) and optional logits.
+ * Three kernels:
+ *   gemm      dense projections; split-K partials Y_s, batched over heads for W_UK / W_UV;
+ *   grouped   MoE experts: walks the (expert, pair range) item list built on the device;
+ *   head      lm_head with the fused argmax (per 64-column vocabulary tile) and optional logits.
+ * Each CTA owns 64 output columns (4 warps, warp w owns 16 = two n8 tiles) and walks K in 64-wide
+ * blocks. X enters the tensor cores as bf16 hi + lo (two products per step), so the activations
+ * keep ~16 mantissa bits while the weights are bf16.
  *
- * CTA tile: 64 output columns x all M rows in passes of 64, 4 warps (warp w owns 16 columns,
- * all four 16-row m-tiles), K in 64-wide blocks through a cp.async pipeline of STAGES stages:
- * W tile [64][64+8] bf16 and X tile [64][64+8] fp32 (the +8 padding makes the fragment loads
- * bank-conflict free). X enters the tensor cores as bf16 hi + lo (two products per step), so the
- * activations keep ~16 mantissa bits while the weights are bf16.
+ * Two implementations of the same arithmetic:
+ *   v2 (default)  built for decode / tree verify (1..64 rows): the X block is converted to hi / lo
+ *                 once per CTA (not once per warp) into its own double buffer, fragments come from
+ *                 ldmatrix, and the pipeline depth follows the rows of the pass: the shared-memory
+ *                 pool holds as many (W, X) stages as fit (9 for <= 8 rows, 3 for 64), so a CTA
+ *                 keeps up to 64 KB of weights in flight; weights stream with an L2 evict-first
+ *                 hint. Rows are processed in passes of at most `cap` rows (64 on H100 / H200).
+ *   v1            the original kernels (4 m-tiles x fp32 X tile per stage, per-warp conversion),
+ *                 selected by KDT_GEMM_V1=1 (read once per process) for A/B runs.
  *
- * Batch invariance: an output element (m, n) is accumulated over K in one fixed sequence - K
- * blocks ascending inside its split, the four k16 steps of a block ascending, hi then lo - and the
- * split count comes from kdt_gemm_plan(N, ld, batch) alone. M only decides how many m-tiles are
- * computed and which pass holds a row; tensor-core rows never mix. So a row's result is the same
- * bits whatever the other rows are, and whatever the pipeline depth (STAGES) is.
+ * Batch invariance, the rule that keeps both bitwise identical (and must keep holding for any
+ * future variant): an output element (m, n) is the fp32 accumulator chain, starting from +0, of
+ *     for each 64-wide K block of its split, ascending: for kk = 0..3: mma(hi), then mma(lo)
+ * where every mma is m16n8k16 bf16 x bf16 -> fp32, its A row holds bf16_rn(x) (hi) or
+ * bf16_rn(x - hi) (lo) of X row m at k = block + 16 kk + 0..15 in the standard fragment positions
+ * (zero beyond kx), and its B column holds W row n at the same k. The split comes from
+ * kdt_gemm_plan(N, ld, batch) alone. A tensor-core C element depends only on its own A row, B
+ * column and C input - rows never mix - so tiling in M and N, rows per pass, which rows share a
+ * CTA or a fragment position, pipeline depth, warp layout, grid shape and the v1 / v2 choice
+ * cannot change a bit. That is also why v2 may choose its pipeline from the device-side row count
+ * and the host may choose variants from launch bounds: none of these choices reaches the chain.
+ * Changing the split plan, the k16 order, hi-before-lo, the mma shape or the hi / lo rounding
+ * WOULD change results (and break speculative decoding == greedy decoding).
  */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "gpu_internal.h"
 #include "gpu_mma.cuh"
@@ -28,6 +44,80 @@ namespace {
 using namespace kg;
 
 constexpr int BN = KDT_G_BN, BM = KDT_G_BM, BK = KDT_G_BK, THREADS = 128;
+
+/* Shared-memory pool of one CTA for a runner's `stages` (kdt_gemm_smem_bytes). Index 4 is the
+ * H100 / H200 size: two CTAs fill a 228 KB SM (2 x (113 + 1 reserved) KB); 3 fits two CTAs on
+ * an A100; every entry also holds the v1 kernels' `stages` x 27 KB. */
+constexpr int POOL_BYTES[5] = {0, 0, 55296, 82944, 115712};
+
+int pool_bytes(int stages) { return POOL_BYTES[stages < 2 ? 2 : (stages > 4 ? 4 : stages)]; }
+
+struct Identity {
+    __device__ int operator()(int m) const { return m; }
+};
+struct Gather {
+    const int32_t *rows;
+    __device__ int operator()(int m) const { return rows[m]; }
+};
+
+/* Writes a pass's accumulators (rows of 4 m-tiles, this warp's two n8 tiles) to y (row i of the
+ * pass at y + i * ldy), rows < m_valid, columns < n_valid. */
+__device__ __forceinline__ void store_acc(const float (&acc)[4][2][4], float *y, int64_t ldy, int m_valid,
+                                          int n_valid) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int c = warp * 16 + j * 8 + 2 * t;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = mt * 16 + g + 8 * h;
+                if (r < m_valid) {
+                    if (c < n_valid) y[(int64_t)r * ldy + c] = acc[mt][j][2 * h];
+                    if (c + 1 < n_valid) y[(int64_t)r * ldy + c + 1] = acc[mt][j][2 * h + 1];
+                }
+            }
+        }
+}
+
+/* lm_head epilogue of one pass, the tile [m_valid][BN + 1] in shared memory: logits rows, then
+ * every row's first maximum of the tile (strict >; -inf / INT_MAX when there is none, a NaN row). */
+__device__ __forceinline__ void head_epilogue(const kdt_head_args &a, const float *tile, int m0, int m_valid,
+                                              int n0, int n_valid) {
+    const int V = a.w.rows;
+    if (a.logits)
+        for (int i = threadIdx.x; i < m_valid * BN; i += THREADS) {
+            const int r = i / BN, c = i % BN;
+            if (c < n_valid) {
+                const int out = a.rows[a.head_rows[m0 + r]].out_index;
+                a.logits[(int64_t)out * V + n0 + c] = tile[r * (BN + 1) + c];
+            }
+        }
+    for (int r = threadIdx.x; r < m_valid; r += THREADS) {
+        float best = -INFINITY;
+        int idx = 0x7fffffff;
+        for (int c = 0; c < n_valid; c++) {
+            const float v = tile[r * (BN + 1) + c];
+            if (v > best) best = v, idx = n0 + c;
+        }
+        a.am_val[(int64_t)blockIdx.x * a.am_ld + m0 + r] = best;
+        a.am_idx[(int64_t)blockIdx.x * a.am_ld + m0 + r] = idx;
+    }
+}
+
+__device__ __forceinline__ int clamp_m(const int32_t *m_dev, int m_max) {
+    const int M = *m_dev;
+    return M < 0 ? 0 : (M > m_max ? m_max : M);
+}
+
+/* ============================ v1: the original kernels (KDT_GEMM_V1=1) ============================
+ * CTA tile: 64 columns x all M rows in passes of 64, 4 warps (warp w owns 16 columns, all four
+ * 16-row m-tiles), K in 64-wide blocks through a cp.async pipeline of STAGES stages: W tile
+ * [64][64+8] bf16 and X tile [64][64+8] fp32 (the +8 padding makes the fragment loads bank-conflict
+ * free); every warp converts the X fragments it needs to hi / lo itself. */
+namespace v1 {
+
 constexpr int WS = BK + 8;                       /* bf16 per W smem row (144 B) */
 constexpr int XS = BK + 8;                       /* floats per X smem row (288 B) */
 constexpr int W_STAGE = BN * WS * 2;             /* 9216 B */
@@ -37,6 +127,7 @@ constexpr int W_ROWS_PER_THREAD = BN * (BK / 8) / THREADS;  /* 4: 16-byte W chun
 constexpr int X_ROWS_PER_THREAD = BM * (BK / 4) / THREADS;  /* 8: 16-byte X chunks per thread */
 static_assert(W_ROWS_PER_THREAD == 4 && X_ROWS_PER_THREAD == 8, "loader layout");
 static_assert(BM * (BN + 1) * 4 <= 2 * STAGE_BYTES, "argmax tile fits two stages");
+static_assert(4 * STAGE_BYTES <= 115712 && 3 * STAGE_BYTES <= 82944 && 2 * STAGE_BYTES <= 55296, "pool sizes");
 
 /* One CTA pass: W rows [n0, n0 + n_valid) (w points at row n0), X rows [0, m_valid) of the pass
  * (row i at xrow[i]), K blocks [k_begin, k_end). */
@@ -159,40 +250,11 @@ __device__ __forceinline__ void set_x_rows(Pass &p, const float *x, int64_t ldx,
     }
 }
 
-/* Writes the pass's accumulators to y (row i of the pass at y + i * ldy), columns < n_valid. */
-__device__ __forceinline__ void store_acc(const float (&acc)[4][2][4], float *y, int64_t ldy, int m_valid,
-                                          int n_valid) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const int c = warp * 16 + j * 8 + 2 * t;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int r = mt * 16 + g + 8 * h;
-                if (r < m_valid) {
-                    if (c < n_valid) y[(int64_t)r * ldy + c] = acc[mt][j][2 * h];
-                    if (c + 1 < n_valid) y[(int64_t)r * ldy + c + 1] = acc[mt][j][2 * h + 1];
-                }
-            }
-        }
-}
-
-struct Identity {
-    __device__ int operator()(int m) const { return m; }
-};
-struct Gather {
-    const int32_t *rows;
-    __device__ int operator()(int m) const { return rows[m]; }
-};
-
 template <int STAGES>
 __global__ void __launch_bounds__(THREADS) gemm_kernel(const kdt_gemm_args a) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int n0 = blockIdx.x * BN, split = blockIdx.y, b = blockIdx.z;
-    int M = *a.m_dev;
-    M = M < 0 ? 0 : (M > a.m_max ? a.m_max : M);
+    const int M = clamp_m(a.m_dev, a.m_max);
     Pass p;
     p.w = a.w + b * a.w_batch + (int64_t)n0 * a.ldw;
     p.ldw = a.ldw;
@@ -242,13 +304,11 @@ template <int STAGES>
 __global__ void __launch_bounds__(THREADS) head_kernel(const kdt_head_args a) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int n0 = blockIdx.x * BN;
-    const int V = a.w.rows;
-    int M = *a.m_dev;
-    M = M < 0 ? 0 : (M > a.m_max ? a.m_max : M);
+    const int M = clamp_m(a.m_dev, a.m_max);
     Pass p;
     p.ldw = a.w.ld;
     p.w = a.w.w + (int64_t)n0 * p.ldw;
-    p.n_valid = min(BN, V - n0);
+    p.n_valid = min(BN, a.w.rows - n0);
     p.kx = a.kx;
     p.k_begin = 0;
     p.k_end = p.ldw;
@@ -260,32 +320,381 @@ __global__ void __launch_bounds__(THREADS) head_kernel(const kdt_head_args a) {
         mainloop<STAGES>(p, smem, acc);
         store_acc(acc, tile, BN + 1, p.m_valid, p.n_valid);
         __syncthreads();
-        if (a.logits)
-            for (int i = threadIdx.x; i < p.m_valid * BN; i += THREADS) {
-                const int r = i / BN, c = i % BN;
-                if (c < p.n_valid) {
-                    const int out = a.rows[a.head_rows[m0 + r]].out_index;
-                    a.logits[(int64_t)out * V + n0 + c] = tile[r * (BN + 1) + c];
-                }
-            }
-        if ((int)threadIdx.x < p.m_valid) {
-            /* first maximum of the tile (strict >), -inf / INT_MAX when there is none (NaN row) */
-            float best = -INFINITY;
-            int idx = 0x7fffffff;
-            for (int c = 0; c < p.n_valid; c++) {
-                const float v = tile[threadIdx.x * (BN + 1) + c];
-                if (v > best) best = v, idx = n0 + c;
-            }
-            a.am_val[(int64_t)blockIdx.x * a.am_ld + m0 + threadIdx.x] = best;
-            a.am_idx[(int64_t)blockIdx.x * a.am_ld + m0 + threadIdx.x] = idx;
-        }
+        head_epilogue(a, tile, m0, p.m_valid, n0, p.n_valid);
         __syncthreads();
     }
+}
+
+} // namespace v1
+
+/* ================================= v2: the default kernels =====================================
+ * Per pass of m_valid <= cap rows, with R = 8 (m_valid <= 8) or m_valid rounded up to 16:
+ *   pool = [ hi / lo double buffer: 2 x 2 planes x R rows x 72 bf16 ]
+ *          [ stage 0 .. S-1: W [64][72] bf16 (9216 B) | X [R][64] fp32 (R x 256 B) ]
+ * with S = as many stages as the pool holds (at most MAX_STAGES). cp.async group g carries W block
+ * g and X block g + 1 (group 0 also X block 0), so when block `it` is computed, X block it + 1 has
+ * landed too and is converted (each thread converts the 16-byte chunks it loaded itself) into the
+ * other hi / lo buffer while the tensor cores work: one __syncthreads per block. Rows m_valid..R-1
+ * of the hi / lo planes are zero for the whole pass. With R = 8 the A fragment's rows 8..15 are the
+ * zero registers and one ldmatrix.x4 fetches hi and lo; otherwise two ldmatrix.x4 per m-tile. */
+constexpr int V2_ROWS = 64;                      /* rows per pass the kernels are compiled for */
+constexpr int V2_MT = V2_ROWS / 16;              /* m-tiles: 4 (store_acc's layout) */
+constexpr int V2_XROWS = V2_ROWS / 8;            /* X rows per thread: (tid >> 4) + 8 i */
+constexpr int V2_WP = BK + 8;                    /* bf16 per W row in shared memory (144 B) */
+constexpr int V2_XCP = BK + 8;                   /* bf16 per hi / lo row (144 B) */
+constexpr int V2_W_STAGE = BN * V2_WP * 2;       /* 9216 B */
+constexpr int V2_X_ROW = BK * 4;                 /* bytes per staged fp32 X row (256 B; one warp
+                                                    reads two whole rows: conflict-free) */
+constexpr int V2_MAX_STAGES = 10;
+static_assert(V2_MT == 4, "store_acc covers 4 m-tiles");
+
+__host__ __device__ constexpr int v2_tile_rows(int m) { return m <= 8 ? 8 : (m + 15) & ~15; }
+__host__ __device__ constexpr int v2_xc_bytes(int R) { return 2 * 2 * R * V2_XCP * 2; }
+__host__ __device__ constexpr int v2_stage_bytes(int R) { return V2_W_STAGE + R * V2_X_ROW; }
+__host__ __device__ inline int v2_stages(int R, int pool) {
+    const int s = (pool - v2_xc_bytes(R)) / v2_stage_bytes(R);
+    return s > V2_MAX_STAGES ? V2_MAX_STAGES : s;
+}
+
+/* Launch configuration: dynamic shared memory of the launch and rows per pass (<= V2_ROWS). */
+struct V2Cfg {
+    int pool;
+    int cap;
+};
+
+/* One CTA pass: W rows [n0, n0 + n_valid) (w points at row n0, k = 0), K blocks
+ * k_begin / 64 + [0, nk), X rows [0, m_valid) (this thread's rows at xrow[i]). */
+struct V2Pass {
+    const uint16_t *w;
+    int64_t ldw;
+    int n_valid, kx, m_valid, k_begin, nk;
+    uint32_t xalign;                             /* bit i: xrow[i] is 16-byte aligned */
+    const float *xrow[V2_XROWS];
+};
+
+__device__ __forceinline__ uint64_t evict_first_policy() {
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+    return p;
+}
+
+/* cp_async16 with an L2 cache policy (weights are read once per pass: keep X and partials). */
+__device__ __forceinline__ void cp_async16_pol(void *dst, const void *src, int src_bytes, uint64_t pol) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_u32(dst)),
+                 "l"(src), "r"(src_bytes), "l"(pol));
+}
+
+/* Four 8x8 b16 matrices (not transposed); lane l addresses row (l % 8) of matrix (l / 8). */
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+
+/* cp.async.wait_group with a run-time count (n <= MAX_STAGES - 2). */
+__device__ __forceinline__ void cp_async_wait_n(int n) {
+    switch (n) {
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 5: cp_async_wait<5>(); break;
+    case 6: cp_async_wait<6>(); break;
+    case 7: cp_async_wait<7>(); break;
+    case 8: cp_async_wait<8>(); break;
+    default: cp_async_wait<0>(); break;
+    }
+}
+static_assert(V2_MAX_STAGES - 2 <= 8, "cp_async_wait_n covers the deepest pipeline");
+
+/* W block kb of the pass into a stage: thread tid copies chunk (tid & 7) of rows (tid >> 3) + 16 i;
+ * rows >= n_valid are zero-filled. */
+__device__ __forceinline__ void v2_load_w(const V2Pass &p, uint16_t *ws, int kb, uint64_t pol) {
+    const int tid = threadIdx.x, r0 = tid >> 3, c = (tid & 7) * 8;
+    const uint16_t *src = p.w + (int64_t)r0 * p.ldw + p.k_begin + kb * BK + c;
+    const int64_t step = 16 * p.ldw;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const bool ok = r0 + 16 * i < p.n_valid;
+        cp_async16_pol(ws + (r0 + 16 * i) * V2_WP + c, ok ? src + i * step : p.w, ok ? 16 : 0, pol);
+    }
+}
+
+/* X block kb of the pass (fp32, zero at k >= kx): thread tid copies chunk (tid & 15) of its rows
+ * (tid >> 4) + 8 i < m_valid. Same values as v1's X tile. */
+__device__ __forceinline__ void v2_load_x(const V2Pass &p, float *xs, int kb) {
+    const int tid = threadIdx.x, xch = tid & 15, k = p.k_begin + kb * BK + xch * 4;
+#pragma unroll
+    for (int i = 0; i < V2_XROWS; i++) {
+        const int r = (tid >> 4) + 8 * i;
+        if (r >= p.m_valid) break;
+        float *dst = xs + r * BK + xch * 4;
+        const float *src = p.xrow[i];
+        if (k + 4 <= p.kx && ((p.xalign >> i) & 1)) {
+            cp_async16(dst, src + k, 16);
+        } else if (k < p.kx) { /* ragged K or unaligned rows: element by element */
+            float4 v;
+            v.x = src[k];
+            v.y = k + 1 < p.kx ? src[k + 1] : 0.0f;
+            v.z = k + 2 < p.kx ? src[k + 2] : 0.0f;
+            v.w = k + 3 < p.kx ? src[k + 3] : 0.0f;
+            *reinterpret_cast<float4 *>(dst) = v;
+        } else {
+            *reinterpret_cast<float4 *>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    }
+}
+
+/* The thread's own X chunks of a staged block -> hi / lo planes (split_bf16, as v1 per fragment). */
+__device__ __forceinline__ void v2_convert(const V2Pass &p, const float *xs, uint16_t *hi, uint16_t *lo) {
+    const int tid = threadIdx.x, xch = tid & 15;
+#pragma unroll
+    for (int i = 0; i < V2_XROWS; i++) {
+        const int r = (tid >> 4) + 8 * i;
+        if (r >= p.m_valid) break;
+        const float4 v = *reinterpret_cast<const float4 *>(xs + r * BK + xch * 4);
+        uint2 h, l;
+        split_bf16(make_float2(v.x, v.y), h.x, l.x);
+        split_bf16(make_float2(v.z, v.w), h.y, l.y);
+        *reinterpret_cast<uint2 *>(hi + r * V2_XCP + xch * 4) = h;
+        *reinterpret_cast<uint2 *>(lo + r * V2_XCP + xch * 4) = l;
+    }
+}
+
+/* acc[mt][j] += X W^T over one 64-wide K block: per kk, per accumulator, hi then lo (the v1 order). */
+__device__ __forceinline__ void v2_compute(const uint16_t *ws, const uint16_t *hi, const uint16_t *lo, bool half,
+                                           int mtiles, float (&acc)[V2_MT][2][4]) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    /* B: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15) of the warp's
+     * 16 columns -> b[0] b[1] (n8 tile 0), b[2] b[3] (n8 tile 1): v1's b[j][0], b[j][1]. */
+    const uint16_t *wp = ws + (warp * 16 + ((lane >> 4) << 3) + (lane & 7)) * V2_WP + ((lane >> 3) & 1) * 8;
+    if (half) {
+        /* rows 0-7 only: matrices hi k 0-7, hi k 8-15, lo k 0-7, lo k 8-15 -> a0, a2 of hi and lo */
+        const uint16_t *xp = (lane < 16 ? hi : lo) + (lane & 7) * V2_XCP + ((lane >> 3) & 1) * 8;
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) {
+            uint32_t b[4], x[4];
+            ldsm_x4(b, wp + kk * 16);
+            ldsm_x4(x, xp + kk * 16);
+            const uint32_t ah[4] = {x[0], 0u, x[1], 0u}, al[4] = {x[2], 0u, x[3], 0u};
+            mma16816(acc[0][0], ah, b[0], b[1]);
+            mma16816(acc[0][0], al, b[0], b[1]);
+            mma16816(acc[0][1], ah, b[2], b[3]);
+            mma16816(acc[0][1], al, b[2], b[3]);
+        }
+        return;
+    }
+    /* A of m-tile mt: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
+     * (rows 8-15, k 8-15) -> a0 a1 a2 a3 */
+    const int xo = (((lane >> 3) & 1) * 8 + (lane & 7)) * V2_XCP + (lane >> 4) * 8;
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) {
+        uint32_t b[4];
+        ldsm_x4(b, wp + kk * 16);
+#pragma unroll
+        for (int mt = 0; mt < V2_MT; mt++) {
+            if (mt < mtiles) {
+                uint32_t ah[4], al[4];
+                ldsm_x4(ah, hi + mt * 16 * V2_XCP + xo + kk * 16);
+                ldsm_x4(al, lo + mt * 16 * V2_XCP + xo + kk * 16);
+                mma16816(acc[mt][0], ah, b[0], b[1]);
+                mma16816(acc[mt][0], al, b[0], b[1]);
+                mma16816(acc[mt][1], ah, b[2], b[3]);
+                mma16816(acc[mt][1], al, b[2], b[3]);
+            }
+        }
+    }
+}
+
+/* One pass: acc = the pass's X rows times the CTA's 64 W rows over its K blocks. Ends with the
+ * pipeline drained and a barrier (shared memory free for the caller). */
+__device__ __forceinline__ void v2_pass(const V2Pass &p, unsigned char *smem, int pool, uint64_t pol,
+                                     float (&acc)[V2_MT][2][4]) {
+    const int tid = threadIdx.x;
+    const int R = v2_tile_rows(p.m_valid), plane = R * V2_XCP, sb = v2_stage_bytes(R);
+    const int S = v2_stages(R, pool), nk = p.nk;
+    const bool half = p.m_valid <= 8;
+    uint16_t *xc = reinterpret_cast<uint16_t *>(smem);        /* [buffer][hi, lo][R][V2_XCP] */
+    unsigned char *st = smem + v2_xc_bytes(R);
+#define V2_W(s) reinterpret_cast<uint16_t *>(st + (s) * sb)
+#define V2_X(s) reinterpret_cast<float *>(st + (s) * sb + V2_W_STAGE)
+#pragma unroll
+    for (int mt = 0; mt < V2_MT; mt++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][j][e] = 0.0f;
+    {   /* rows m_valid..R-1 of both buffers' planes: zero (64 used columns = 8 chunks per row) */
+        const int per_plane = (R - p.m_valid) * 8;
+        for (int i = tid; i < 4 * per_plane; i += THREADS) {
+            const int pl = i / per_plane, c = i - pl * per_plane;
+            *reinterpret_cast<uint4 *>(xc + pl * plane + (p.m_valid + (c >> 3)) * V2_XCP + (c & 7) * 8) =
+                make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+    /* prologue: groups 0 .. S-2; group g = W block g + X block g + 1 (group 0: + X block 0) */
+    if (nk > 0) v2_load_x(p, V2_X(0), 0);
+    for (int g = 0; g < S - 1; g++) {
+        if (g < nk) v2_load_w(p, V2_W(g), g, pol);
+        if (g + 1 < nk) v2_load_x(p, V2_X(g + 1), g + 1);
+        cp_async_commit();
+    }
+    cp_async_wait_n(S - 2);                       /* group 0 */
+    if (nk > 0) v2_convert(p, V2_X(0), xc, xc + plane);
+    int cs = 0;                                   /* stage of block it; X block it + S goes there */
+    int ls = S - 1;                               /* stage of W block it + S - 1 */
+    int xs = 1;                                   /* stage of X block it + 1 */
+    for (int it = 0; it < nk; it++) {
+        cp_async_wait_n(S - 2);                   /* groups <= it: W block it, X block it + 1 */
+        __syncthreads();                          /* ... of every thread; block it - 1 consumed */
+        const int j = it + S - 1;
+        if (j < nk) v2_load_w(p, V2_W(ls), j, pol);
+        if (j + 1 < nk) v2_load_x(p, V2_X(cs), j + 1);
+        cp_async_commit();
+        uint16_t *cur = xc + (it & 1) * 2 * plane, *nxt = xc + ((it + 1) & 1) * 2 * plane;
+        if (it + 1 < nk) v2_convert(p, V2_X(xs), nxt, nxt + plane);
+        v2_compute(V2_W(cs), cur, cur + plane, half, R >> 4, acc);
+        cs = cs + 1 == S ? 0 : cs + 1;
+        ls = ls + 1 == S ? 0 : ls + 1;
+        xs = xs + 1 == S ? 0 : xs + 1;
+    }
+#undef V2_W
+#undef V2_X
+    cp_async_wait<0>();
+    __syncthreads();
+}
+
+/* This thread's X row pointers for rows [m0, m0 + m_valid) of a pass; row i of the pass is X row
+ * rowmap(m0 + i). */
+template <typename RowMap>
+__device__ __forceinline__ void v2_set_x_rows(V2Pass &p, const float *x, int64_t ldx, int m0, RowMap rowmap) {
+    p.xalign = 0;
+#pragma unroll
+    for (int i = 0; i < V2_XROWS; i++) {
+        const int r = (threadIdx.x >> 4) + 8 * i;
+        p.xrow[i] = r < p.m_valid ? x + (int64_t)rowmap(m0 + r) * ldx : nullptr;
+        if (((uintptr_t)p.xrow[i] & 15) == 0) p.xalign |= 1u << i;
+    }
+}
+
+__global__ void __launch_bounds__(THREADS) v2_gemm_kernel(const kdt_gemm_args a, const V2Cfg c) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int n0 = blockIdx.x * BN, split = blockIdx.y, b = blockIdx.z;
+    const int M = clamp_m(a.m_dev, a.m_max);
+    const uint64_t pol = evict_first_policy();
+    V2Pass p;
+    p.w = a.w + b * a.w_batch + (int64_t)n0 * a.ldw;
+    p.ldw = a.ldw;
+    p.n_valid = min(BN, a.n - n0);
+    p.kx = a.kx;
+    p.k_begin = split * a.k_chunk;
+    p.nk = max(0, (min(p.k_begin + a.k_chunk, a.ldw) - p.k_begin) / BK);
+    const float *x = a.x + b * a.x_batch;
+    float *y = a.y + split * a.y_split + b * a.y_batch + n0;
+    float acc[V2_MT][2][4];
+    for (int m0 = 0; m0 < M; m0 += c.cap) {
+        p.m_valid = min(c.cap, M - m0);
+        if (a.x_rows) v2_set_x_rows(p, x, a.ldx, m0, Gather{a.x_rows});
+        else v2_set_x_rows(p, x, a.ldx, m0, Identity{});
+        v2_pass(p, smem, c.pool, pol, acc);
+        store_acc(acc, y + (int64_t)m0 * a.ldy, a.ldy, p.m_valid, p.n_valid);
+    }
+}
+
+__global__ void __launch_bounds__(THREADS) v2_grouped_kernel(const kdt_grouped_args a, const V2Cfg c) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int n0 = blockIdx.x * BN;
+    const int n_items = *a.n_items;
+    const uint64_t pol = evict_first_policy();
+    float acc[V2_MT][2][4];
+    for (int it = blockIdx.y; it < n_items; it += gridDim.y) {
+        const int e = a.items[3 * it], p0 = a.items[3 * it + 1], rows = a.items[3 * it + 2];
+        const kdt_gpu_expert ex = a.experts[e];
+        const int N = a.which == 0 ? 2 * ex.i_pad : a.kd;
+        if (n0 >= N) continue;
+        V2Pass p;
+        p.ldw = a.which == 0 ? ex.ld_d : ex.ld_i;
+        p.w = (a.which == 0 ? ex.gu : ex.down) + (int64_t)n0 * p.ldw;
+        p.n_valid = min(BN, N - n0);
+        p.kx = a.which == 0 ? a.kd : ex.inter;
+        p.k_begin = 0;
+        p.nk = (int)(p.ldw / BK);
+        for (int m0 = 0; m0 < rows; m0 += c.cap) {
+            p.m_valid = min(c.cap, rows - m0);
+            if (a.which == 0) v2_set_x_rows(p, a.x, a.ldx, p0 + m0, Gather{a.pair_row});
+            else v2_set_x_rows(p, a.x, a.ldx, p0 + m0, Identity{});
+            v2_pass(p, smem, c.pool, pol, acc);
+            store_acc(acc, a.y + (int64_t)(p0 + m0) * a.ldy + n0, a.ldy, p.m_valid, p.n_valid);
+        }
+    }
+}
+
+__global__ void __launch_bounds__(THREADS) v2_head_kernel(const kdt_head_args a, const V2Cfg c) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int n0 = blockIdx.x * BN;
+    const int M = clamp_m(a.m_dev, a.m_max);
+    const uint64_t pol = evict_first_policy();
+    V2Pass p;
+    p.ldw = a.w.ld;
+    p.w = a.w.w + (int64_t)n0 * p.ldw;
+    p.n_valid = min(BN, a.w.rows - n0);
+    p.kx = a.kx;
+    p.k_begin = 0;
+    p.nk = a.w.ld / BK;
+    float acc[V2_MT][2][4];
+    float *tile = reinterpret_cast<float *>(smem); /* [cap][BN + 1], after the pipeline drained */
+    for (int m0 = 0; m0 < M; m0 += c.cap) {
+        p.m_valid = min(c.cap, M - m0);
+        v2_set_x_rows(p, a.x, a.kx, m0, Identity{});
+        v2_pass(p, smem, c.pool, pol, acc);
+        store_acc(acc, tile, BN + 1, p.m_valid, p.n_valid);
+        __syncthreads();
+        head_epilogue(a, tile, m0, p.m_valid, n0, p.n_valid);
+        __syncthreads();
+    }
+}
+
+/* Rows per pass for a pool: the most (multiple of 16, <= 64) that still leave 3 stages (2 when
+ * nothing does), so the weight stream always has a block in flight while one is computed. */
+V2Cfg v2_config(int stages) {
+    V2Cfg c;
+    c.pool = pool_bytes(stages);
+    c.cap = 16;
+    for (int want = 3; want >= 2; want--)
+        for (int r = V2_ROWS; r >= 16; r -= 16)
+            if (v2_stages(r, c.pool) >= want) {
+                c.cap = r;
+                return c;
+            }
+    return c;
+}
+static_assert(V2_ROWS * (BN + 1) * 4 <= 55296, "argmax tile fits the smallest pool");
+static_assert(v2_xc_bytes(16) + 3 * v2_stage_bytes(16) <= 55296, "the smallest pool runs 16-row passes");
+
+bool read_v1_env() {
+    const char *e = getenv("KDT_GEMM_V1");
+    return e != nullptr && e[0] == '1';
+}
+
+/* KDT_GEMM_V1=1: the original kernels (read once per process; both give the same bits). */
+bool use_v1() {
+    static const bool v1 = read_v1_env();
+    return v1;
 }
 
 template <typename K>
 cudaError_t set_smem(K kernel, size_t bytes) {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
+
+template <typename K>
+cudaError_t set_smem_v2(K kernel, size_t bytes) {
+    cudaError_t e = set_smem(kernel, bytes);
+    /* two 113 KB CTAs per SM need the largest shared-memory carveout (a hint) */
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 (int)cudaSharedmemCarveoutMaxShared);
+    return e;
 }
 
 kdt_status launch_error(const char *what) {
@@ -296,7 +705,7 @@ kdt_status launch_error(const char *what) {
 
 } // namespace
 
-extern "C" size_t kdt_gemm_smem_bytes(int32_t stages) { return (size_t)stages * STAGE_BYTES; }
+extern "C" size_t kdt_gemm_smem_bytes(int32_t stages) { return (size_t)pool_bytes(stages); }
 
 extern "C" void kdt_gemm_plan(int32_t n, int32_t ldw, int32_t batch, int32_t *splits, int32_t *k_chunk) {
     const int64_t tiles = (int64_t)((n + BN - 1) / BN) * (batch > 0 ? batch : 1);
@@ -314,25 +723,39 @@ extern "C" void kdt_gemm_plan(int32_t n, int32_t ldw, int32_t batch, int32_t *sp
 /* Raises the dynamic shared-memory limit of every GEMM instance (call before any capture). */
 extern "C" kdt_status kdt_gemm_init(int32_t stages) {
     cudaError_t e = cudaSuccess;
+    if (stages < 2 || stages > 4) return kdt_fail(KDT_ERR_INTERNAL, "kdt_gemm_init: %d stages", stages);
     const size_t bytes = kdt_gemm_smem_bytes(stages);
     switch (stages) {
     case 2:
-        if (e == cudaSuccess) e = set_smem(gemm_kernel<2>, bytes);
-        if (e == cudaSuccess) e = set_smem(grouped_kernel<2>, bytes);
-        if (e == cudaSuccess) e = set_smem(head_kernel<2>, bytes);
+        if (e == cudaSuccess) e = set_smem(v1::gemm_kernel<2>, bytes);
+        if (e == cudaSuccess) e = set_smem(v1::grouped_kernel<2>, bytes);
+        if (e == cudaSuccess) e = set_smem(v1::head_kernel<2>, bytes);
         break;
     case 3:
-        if (e == cudaSuccess) e = set_smem(gemm_kernel<3>, bytes);
-        if (e == cudaSuccess) e = set_smem(grouped_kernel<3>, bytes);
-        if (e == cudaSuccess) e = set_smem(head_kernel<3>, bytes);
+        if (e == cudaSuccess) e = set_smem(v1::gemm_kernel<3>, bytes);
+        if (e == cudaSuccess) e = set_smem(v1::grouped_kernel<3>, bytes);
+        if (e == cudaSuccess) e = set_smem(v1::head_kernel<3>, bytes);
         break;
-    case 4:
-        if (e == cudaSuccess) e = set_smem(gemm_kernel<4>, bytes);
-        if (e == cudaSuccess) e = set_smem(grouped_kernel<4>, bytes);
-        if (e == cudaSuccess) e = set_smem(head_kernel<4>, bytes);
+    default:
+        if (e == cudaSuccess) e = set_smem(v1::gemm_kernel<4>, bytes);
+        if (e == cudaSuccess) e = set_smem(v1::grouped_kernel<4>, bytes);
+        if (e == cudaSuccess) e = set_smem(v1::head_kernel<4>, bytes);
         break;
-    default: return kdt_fail(KDT_ERR_INTERNAL, "kdt_gemm_init: %d stages", stages);
     }
+    /* v2 is one instance for every pool: allow the largest pool this device can take, so runners
+     * with different `stages` never lower each other's limit */
+    int dev = 0, optin = 0;
+    if (e == cudaSuccess) e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    size_t v2_bytes = bytes;
+    for (int s2 = 4; s2 > stages; s2--)
+        if ((size_t)pool_bytes(s2) <= (size_t)optin) {
+            v2_bytes = (size_t)pool_bytes(s2);
+            break;
+        }
+    if (e == cudaSuccess) e = set_smem_v2(v2_gemm_kernel, v2_bytes);
+    if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel, v2_bytes);
+    if (e == cudaSuccess) e = set_smem_v2(v2_head_kernel, v2_bytes);
     if (e != cudaSuccess)
         return kdt_fail(KDT_ERR_CUDA, "GPU GEMM: %zu bytes of shared memory: %s", bytes, cudaGetErrorString(e));
     return KDT_OK;
@@ -343,22 +766,32 @@ extern "C" kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cu
         return kdt_fail(KDT_ERR_INTERNAL, "GPU GEMM: ld %d, k_chunk %d, m_max %d, n %d", a->ldw, a->k_chunk,
                         a->m_max, a->n);
     const dim3 grid((unsigned)((a->n + BN - 1) / BN), (unsigned)a->splits, (unsigned)(a->batch > 0 ? a->batch : 1));
-    const size_t smem = kdt_gemm_smem_bytes(stages);
-    switch (stages) {
-    case 2: gemm_kernel<2><<<grid, THREADS, smem, s>>>(*a); break;
-    case 3: gemm_kernel<3><<<grid, THREADS, smem, s>>>(*a); break;
-    default: gemm_kernel<4><<<grid, THREADS, smem, s>>>(*a); break;
+    if (use_v1()) {
+        const size_t smem = (size_t)(stages < 2 ? 2 : (stages > 4 ? 4 : stages)) * v1::STAGE_BYTES;
+        switch (stages) {
+        case 2: v1::gemm_kernel<2><<<grid, THREADS, smem, s>>>(*a); break;
+        case 3: v1::gemm_kernel<3><<<grid, THREADS, smem, s>>>(*a); break;
+        default: v1::gemm_kernel<4><<<grid, THREADS, smem, s>>>(*a); break;
+        }
+    } else {
+        const V2Cfg c = v2_config(stages);
+        v2_gemm_kernel<<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
     }
     return launch_error("GPU GEMM");
 }
 
 extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s) {
     const dim3 grid((unsigned)((a->n_max + BN - 1) / BN), (unsigned)(a->grid_items > 0 ? a->grid_items : 1));
-    const size_t smem = kdt_gemm_smem_bytes(stages);
-    switch (stages) {
-    case 2: grouped_kernel<2><<<grid, THREADS, smem, s>>>(*a); break;
-    case 3: grouped_kernel<3><<<grid, THREADS, smem, s>>>(*a); break;
-    default: grouped_kernel<4><<<grid, THREADS, smem, s>>>(*a); break;
+    if (use_v1()) {
+        const size_t smem = (size_t)(stages < 2 ? 2 : (stages > 4 ? 4 : stages)) * v1::STAGE_BYTES;
+        switch (stages) {
+        case 2: v1::grouped_kernel<2><<<grid, THREADS, smem, s>>>(*a); break;
+        case 3: v1::grouped_kernel<3><<<grid, THREADS, smem, s>>>(*a); break;
+        default: v1::grouped_kernel<4><<<grid, THREADS, smem, s>>>(*a); break;
+        }
+    } else {
+        const V2Cfg c = v2_config(stages);
+        v2_grouped_kernel<<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
     }
     return launch_error("GPU grouped GEMM");
 }
@@ -367,11 +800,16 @@ extern "C" kdt_status kdt_head_launch(const kdt_head_args *a, int32_t stages, cu
     if (a->w.ld % BK || a->m_max < 1)
         return kdt_fail(KDT_ERR_INTERNAL, "GPU lm_head: ld %d, m_max %d", a->w.ld, a->m_max);
     const dim3 grid((unsigned)((a->w.rows + BN - 1) / BN));
-    const size_t smem = kdt_gemm_smem_bytes(stages);
-    switch (stages) {
-    case 2: head_kernel<2><<<grid, THREADS, smem, s>>>(*a); break;
-    case 3: head_kernel<3><<<grid, THREADS, smem, s>>>(*a); break;
-    default: head_kernel<4><<<grid, THREADS, smem, s>>>(*a); break;
+    if (use_v1()) {
+        const size_t smem = (size_t)(stages < 2 ? 2 : (stages > 4 ? 4 : stages)) * v1::STAGE_BYTES;
+        switch (stages) {
+        case 2: v1::head_kernel<2><<<grid, THREADS, smem, s>>>(*a); break;
+        case 3: v1::head_kernel<3><<<grid, THREADS, smem, s>>>(*a); break;
+        default: v1::head_kernel<4><<<grid, THREADS, smem, s>>>(*a); break;
+        }
+    } else {
+        const V2Cfg c = v2_config(stages);
+        v2_head_kernel<<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
     }
     return launch_error("GPU lm_head");
 }
