@@ -78,6 +78,10 @@ build_exe() { # name sources...
 for t in tests/test_*.c; do build_exe "$(basename "$t" .c)" "$t" & done; wait
 if [ "$USE_CUDA" = 1 ]; then
   for t in tests/gpu/test_*.c; do build_exe "gpu_$(basename "$t" .c)" "$t" & done; wait
+  if pkg-config --exists jansson 2>/dev/null; then # the GEMM v1/v2 test compiles gpu_gemm.cu into itself
+    $NVCC -std=c++17 -O3 --expt-relaxed-constexpr -Iinclude -Isrc -Isrc/common -Isrc/model/cuda $GENCODE \
+      tests/gpu/test_gemm_ab_gpu.cu -o "$OUT/gpu_test_gemm_ab"
+  fi
   BENCH=( bench/bench_*.c )
   [ ${#BENCH[@]} -gt 0 ] && build_exe bench_kernels "${BENCH[@]}"
 fi

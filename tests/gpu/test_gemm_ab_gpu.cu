@@ -1,0 +1,614 @@
+/* test_gemm_ab_gpu.cu - the GEMMs of src/model/cuda/gpu_gemm.cu, v1 (the first kernels, kept behind
+ * KDT_GEMM_V1=1) against v2 (the small-M kernels) in ONE process on the same inputs.
+ *   1. bitwise: dense GEMM (gather / identity rows, ragged kx, unaligned ldx, batch, split-K),
+ *      grouped MoE GEMM (gate/up gather and down), lm_head (logits + fused argmax), many M;
+ *      plus "row alone == row inside a batch" for v2.
+ *   2. timing (cudaEvent, L2 flushed by a 512 MB read before every launch, median of reps) of the
+ *      Kimi K2.6 decode / verify shapes for v1 and v2, with GB/s of weight bytes.
+ * Built by CMake as gpu_test_gemm_ab (label gpu). Run: gpu_test_gemm_ab [--timing]
+ * (exit 0 = all bitwise checks passed; --timing adds part 2, a benchmark, not part of the test). */
+#include "gpu_gemm.cu"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <vector>
+#include <algorithm>
+
+extern "C" kdt_status kdt_fail(kdt_status s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "kdt_fail: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    return s;
+}
+
+#define CK(x)                                                                                    \
+    do {                                                                                         \
+        cudaError_t e_ = (x);                                                                    \
+        if (e_ != cudaSuccess) {                                                                 \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
+            exit(2);                                                                             \
+        }                                                                                        \
+    } while (0)
+
+static int n_fail = 0, n_pass = 0;
+
+__device__ uint64_t mix(uint64_t x) {
+    x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL; x ^= x >> 33;
+    return x;
+}
+/* bf16 weights: random sign / mantissa, exponent spread over 2^-12 .. 2^3; zero padding columns */
+__global__ void k_fill_w(uint16_t *w, int64_t rows, int cols, int ld, uint64_t seed) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < rows * ld; i += (int64_t)gridDim.x * blockDim.x) {
+        const int c = (int)(i % ld);
+        if (c >= cols) { w[i] = 0; continue; }
+        const uint64_t h = mix(seed * 0x9e3779b97f4a7c15ULL + (uint64_t)i);
+        const uint32_t sign = (uint32_t)(h & 1) << 15, man = (uint32_t)(h >> 1) & 0x7f, ex = 115 + (uint32_t)((h >> 8) % 16);
+        w[i] = (uint16_t)(sign | (ex << 7) | man);
+    }
+}
+/* fp32 activations: full 24-bit mantissas, exponents 2^-10 .. 2^5, some exact zeros */
+__global__ void k_fill_x(float *x, int64_t n, uint64_t seed) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const uint64_t h = mix(seed * 0x632be59bd9b4e019ULL + (uint64_t)i);
+        if ((h & 63) == 0) { x[i] = 0.0f; continue; }
+        const uint32_t sign = (uint32_t)(h >> 6 & 1) << 31, man = (uint32_t)(h >> 7) & 0x7fffff,
+                       ex = 117 + (uint32_t)((h >> 32) % 16);
+        x[i] = __uint_as_float(sign | (ex << 23) | man);
+    }
+}
+__global__ void k_poison(uint32_t *p, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        p[i] = 0x7fc0dead;
+}
+__global__ void k_sink(const float4 *p, int64_t n, float *out) {
+    float a = 0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float4 v = p[i];
+        a += v.x + v.y + v.z + v.w;
+    }
+    if (a == 12345.678f) *out = a;
+}
+
+static void poison(void *p, size_t bytes) { k_poison<<<1024, 256>>>((uint32_t *)p, (int64_t)(bytes / 4)); }
+
+template <typename T>
+static T *dalloc(size_t n) {
+    T *p;
+    CK(cudaMalloc(&p, n * sizeof(T)));
+    return p;
+}
+
+static int32_t *dint(const std::vector<int32_t> &v) {
+    int32_t *p = dalloc<int32_t>(v.size() ? v.size() : 1);
+    if (v.size()) CK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    return p;
+}
+
+static bool same(const void *a, const void *b, size_t bytes, const char *what) {
+    std::vector<unsigned char> ha(bytes), hb(bytes);
+    CK(cudaMemcpy(ha.data(), a, bytes, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hb.data(), b, bytes, cudaMemcpyDeviceToHost));
+    if (memcmp(ha.data(), hb.data(), bytes) == 0) {
+        n_pass++;
+        return true;
+    }
+    size_t i = 0;
+    while (ha[i] == hb[i]) i++;
+    fprintf(stderr, "  FAIL %s: first difference at byte %zu of %zu\n", what, i, bytes);
+    n_fail++;
+    return false;
+}
+
+static const int STAGES = 4;
+
+static void launch_gemm(const kdt_gemm_args &a, bool v1) {
+    const dim3 grid((unsigned)((a.n + BN - 1) / BN), (unsigned)a.splits, (unsigned)(a.batch > 0 ? a.batch : 1));
+    if (v1) v1::gemm_kernel<STAGES><<<grid, THREADS, STAGES * v1::STAGE_BYTES>>>(a);
+    else {
+        const V2Cfg c = v2_config(STAGES);
+        v2_gemm_kernel<<<grid, THREADS, c.pool>>>(a, c);
+    }
+    CK(cudaGetLastError());
+}
+static void launch_grouped(const kdt_grouped_args &a, bool v1) {
+    const dim3 grid((unsigned)((a.n_max + BN - 1) / BN), (unsigned)(a.grid_items > 0 ? a.grid_items : 1));
+    if (v1) v1::grouped_kernel<STAGES><<<grid, THREADS, STAGES * v1::STAGE_BYTES>>>(a);
+    else {
+        const V2Cfg c = v2_config(STAGES);
+        v2_grouped_kernel<<<grid, THREADS, c.pool>>>(a, c);
+    }
+    CK(cudaGetLastError());
+}
+static void launch_head(const kdt_head_args &a, bool v1) {
+    const dim3 grid((unsigned)((a.w.rows + BN - 1) / BN));
+    if (v1) v1::head_kernel<STAGES><<<grid, THREADS, STAGES * v1::STAGE_BYTES>>>(a);
+    else {
+        const V2Cfg c = v2_config(STAGES);
+        v2_head_kernel<<<grid, THREADS, c.pool>>>(a, c);
+    }
+    CK(cudaGetLastError());
+}
+
+/* ---- dense --------------------------------------------------------------------------------------- */
+struct DenseCase {
+    int n, cols, batch, kx, ldx_extra, gather, M;
+};
+
+static void dense_case(const DenseCase &dc, uint64_t seed) {
+    const int ld = (int)kdt_g_round_up(dc.cols, 64);
+    const int batch = dc.batch;
+    const int kx = dc.kx;
+    const int64_t ldx = kx + dc.ldx_extra;
+    int splits, k_chunk;
+    kdt_gemm_plan(dc.n, ld, batch, &splits, &k_chunk);
+    const int Mx = dc.M + 3; /* X rows available (gather picks among them) */
+    uint16_t *w = dalloc<uint16_t>((size_t)batch * dc.n * ld);
+    k_fill_w<<<1024, 256>>>(w, (int64_t)batch * dc.n, dc.cols, ld, seed);
+    const int64_t x_batch = (int64_t)Mx * ldx;
+    float *x = dalloc<float>((size_t)batch * x_batch + 8);
+    k_fill_x<<<1024, 256>>>(x, (int64_t)batch * x_batch + 8, seed + 1);
+    std::vector<int32_t> rows(dc.M);
+    for (int m = 0; m < dc.M; m++) rows[m] = (m * 7 + 3) % Mx;
+    int32_t *d_rows = dint(rows);
+    std::vector<int32_t> mv = {dc.M};
+    int32_t *d_m = dint(mv);
+    const int64_t ldy = dc.n + 5, y_batch = (int64_t)dc.M * ldy, y_split = y_batch * batch;
+    const size_t ybytes = (size_t)splits * y_split * 4;
+    float *y1 = dalloc<float>(ybytes / 4), *y2 = dalloc<float>(ybytes / 4);
+    poison(y1, ybytes);
+    poison(y2, ybytes);
+    kdt_gemm_args a;
+    memset(&a, 0, sizeof a);
+    a.x = x + 1 * (dc.ldx_extra & 1); /* odd ldx / offset base: unaligned rows take the element path */
+    a.ldx = ldx;
+    a.x_batch = x_batch;
+    a.kx = kx;
+    a.x_rows = dc.gather ? d_rows : nullptr;
+    a.w = w;
+    a.ldw = ld;
+    a.w_batch = (int64_t)dc.n * ld;
+    a.n = dc.n;
+    a.ldy = ldy;
+    a.y_split = y_split;
+    a.y_batch = y_batch;
+    a.m_dev = d_m;
+    a.m_max = dc.M;
+    a.batch = batch;
+    a.splits = splits;
+    a.k_chunk = k_chunk;
+    a.y = y1;
+    launch_gemm(a, true);
+    a.y = y2;
+    launch_gemm(a, false);
+    CK(cudaDeviceSynchronize());
+    char what[200];
+    snprintf(what, sizeof what, "dense n=%d cols=%d batch=%d kx=%d ldx=%lld gather=%d M=%d splits=%d", dc.n, dc.cols,
+             batch, kx, (long long)ldx, dc.gather, dc.M, splits);
+    same(y1, y2, ybytes, what);
+    /* v2: every row alone (M = 1, x at that row) == the row inside the batch */
+    if (!dc.gather && dc.M > 1) {
+        const int probe[3] = {0, dc.M / 2, dc.M - 1};
+        for (int q = 0; q < 3; q++) {
+            const int m = probe[q];
+            std::vector<int32_t> one = {1};
+            int32_t *d_one = dint(one);
+            const int64_t yb1 = ldy, ys1 = yb1 * batch;
+            float *yo = dalloc<float>((size_t)splits * ys1);
+            poison(yo, (size_t)splits * ys1 * 4);
+            kdt_gemm_args b = a;
+            b.x = a.x + (int64_t)m * ldx;
+            b.m_dev = d_one;
+            b.m_max = 1;
+            b.y = yo;
+            b.y_batch = yb1;
+            b.y_split = ys1;
+            launch_gemm(b, false);
+            CK(cudaDeviceSynchronize());
+            std::vector<float> h1((size_t)splits * ys1), hb((size_t)splits * y_split);
+            CK(cudaMemcpy(h1.data(), yo, h1.size() * 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(hb.data(), y2, hb.size() * 4, cudaMemcpyDeviceToHost));
+            bool ok = true;
+            for (int s = 0; s < splits && ok; s++)
+                for (int bb = 0; bb < batch && ok; bb++)
+                    ok = memcmp(&h1[(size_t)s * ys1 + (size_t)bb * yb1], &hb[(size_t)s * y_split + (size_t)bb * y_batch + (size_t)m * ldy],
+                                (size_t)dc.n * 4) == 0;
+            if (ok) n_pass++;
+            else {
+                n_fail++;
+                fprintf(stderr, "  FAIL alone-vs-batch row %d of %s\n", m, what);
+            }
+            cudaFree(yo);
+            cudaFree(d_one);
+        }
+    }
+    cudaFree(w);
+    cudaFree(x);
+    cudaFree(d_rows);
+    cudaFree(d_m);
+    cudaFree(y1);
+    cudaFree(y2);
+}
+
+/* ---- grouped ----------------------------------------------------------------------------------- */
+static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_expert, int xrows, uint64_t seed,
+                         int grid_items) {
+    const int i_pad = (int)kdt_g_round_up(I, 32), ld_d = (int)kdt_g_round_up(D, 64), ld_i = (int)kdt_g_round_up(I, 64);
+    std::vector<kdt_gpu_expert> ex(E);
+    std::vector<uint16_t *> bufs;
+    for (int e = 0; e < E; e++) {
+        uint16_t *gu = dalloc<uint16_t>((size_t)2 * i_pad * ld_d), *dn = dalloc<uint16_t>((size_t)D * ld_i);
+        k_fill_w<<<1024, 256>>>(gu, 2 * i_pad, D, ld_d, seed + 10 * e);
+        k_fill_w<<<1024, 256>>>(dn, D, I, ld_i, seed + 10 * e + 5);
+        ex[e].gu = gu;
+        ex[e].down = dn;
+        ex[e].inter = I;
+        ex[e].i_pad = i_pad;
+        ex[e].ld_d = ld_d;
+        ex[e].ld_i = ld_i;
+        bufs.push_back(gu);
+        bufs.push_back(dn);
+    }
+    kdt_gpu_expert *d_ex = dalloc<kdt_gpu_expert>(E);
+    CK(cudaMemcpy(d_ex, ex.data(), E * sizeof(kdt_gpu_expert), cudaMemcpyHostToDevice));
+    std::vector<int32_t> items, pair_row;
+    int pairs = 0;
+    for (int e = 0; e < E; e++) {
+        const int c = rows_per_expert[e];
+        for (int i = 0; i * 64 < c; i++) {
+            items.push_back(e);
+            items.push_back(pairs + i * 64);
+            items.push_back(std::min(64, c - i * 64));
+        }
+        for (int r = 0; r < c; r++) pair_row.push_back((r * 5 + e) % xrows);
+        pairs += c;
+    }
+    const int n_items = (int)items.size() / 3;
+    std::vector<int32_t> cnt = {n_items, pairs};
+    int32_t *d_items = dint(items), *d_pr = dint(pair_row), *d_cnt = dint(cnt);
+    const int ldh = (int)kdt_g_round_up(I, 4) + 3; /* h rows: odd ld -> element path for unaligned rows */
+    float *xn = dalloc<float>((size_t)xrows * D), *h = dalloc<float>((size_t)std::max(pairs, 1) * ldh + 8);
+    k_fill_x<<<1024, 256>>>(xn, (int64_t)xrows * D, seed + 100);
+    k_fill_x<<<1024, 256>>>(h, (int64_t)std::max(pairs, 1) * ldh + 8, seed + 101);
+    const int ldp = 2 * i_pad;
+    const size_t b0 = (size_t)std::max(pairs, 1) * ldp * 4, b1 = (size_t)std::max(pairs, 1) * D * 4;
+    float *y1 = dalloc<float>(b0 / 4), *y2 = dalloc<float>(b0 / 4), *z1 = dalloc<float>(b1 / 4), *z2 = dalloc<float>(b1 / 4);
+    poison(y1, b0);
+    poison(y2, b0);
+    poison(z1, b1);
+    poison(z2, b1);
+    kdt_grouped_args a;
+    memset(&a, 0, sizeof a);
+    a.which = 0;
+    a.x = xn;
+    a.ldx = D;
+    a.pair_row = d_pr;
+    a.experts = d_ex;
+    a.items = d_items;
+    a.n_items = d_cnt;
+    a.ldy = ldp;
+    a.n_max = ldp;
+    a.kd = D;
+    a.grid_items = grid_items;
+    a.y = y1;
+    launch_grouped(a, true);
+    a.y = y2;
+    launch_grouped(a, false);
+    kdt_grouped_args b = a;
+    b.which = 1;
+    b.x = h + 1;
+    b.ldx = ldh;
+    b.ldy = D;
+    b.n_max = D;
+    b.y = z1;
+    launch_grouped(b, true);
+    b.y = z2;
+    launch_grouped(b, false);
+    CK(cudaDeviceSynchronize());
+    char what[200];
+    snprintf(what, sizeof what, "grouped gate/up D=%d I=%d E=%d items=%d pairs=%d grid_items=%d", D, I, E, n_items, pairs,
+             grid_items);
+    same(y1, y2, b0, what);
+    snprintf(what, sizeof what, "grouped down D=%d I=%d E=%d items=%d pairs=%d grid_items=%d", D, I, E, n_items, pairs,
+             grid_items);
+    same(z1, z2, b1, what);
+    for (auto p : bufs) cudaFree(p);
+    cudaFree(d_ex);
+    cudaFree(d_items);
+    cudaFree(d_pr);
+    cudaFree(d_cnt);
+    cudaFree(xn);
+    cudaFree(h);
+    cudaFree(y1);
+    cudaFree(y2);
+    cudaFree(z1);
+    cudaFree(z2);
+}
+
+/* ---- head -------------------------------------------------------------------------------------- */
+static void head_case(int V, int D, int M, uint64_t seed) {
+    const int ld = (int)kdt_g_round_up(D, 64);
+    uint16_t *w = dalloc<uint16_t>((size_t)V * ld);
+    k_fill_w<<<1024, 256>>>(w, V, D, ld, seed);
+    float *x = dalloc<float>((size_t)M * D);
+    k_fill_x<<<1024, 256>>>(x, (int64_t)M * D, seed + 1);
+    std::vector<kdt_grow> rows(M);
+    memset(rows.data(), 0, rows.size() * sizeof(kdt_grow));
+    std::vector<int32_t> head(M);
+    for (int m = 0; m < M; m++) {
+        head[m] = M - 1 - m;         /* head row m is staged row M-1-m, whose output row is m */
+        rows[M - 1 - m].out_index = m;
+    }
+    kdt_grow *d_rows = dalloc<kdt_grow>(M);
+    CK(cudaMemcpy(d_rows, rows.data(), M * sizeof(kdt_grow), cudaMemcpyHostToDevice));
+    int32_t *d_head = dint(head);
+    std::vector<int32_t> mv = {M};
+    int32_t *d_m = dint(mv);
+    const int tiles = (V + 63) / 64;
+    float *l1 = dalloc<float>((size_t)M * V), *l2 = dalloc<float>((size_t)M * V);
+    float *v1 = dalloc<float>((size_t)tiles * M), *v2 = dalloc<float>((size_t)tiles * M);
+    int32_t *i1 = dalloc<int32_t>((size_t)tiles * M), *i2 = dalloc<int32_t>((size_t)tiles * M);
+    poison(l1, (size_t)M * V * 4);
+    poison(l2, (size_t)M * V * 4);
+    poison(v1, (size_t)tiles * M * 4);
+    poison(v2, (size_t)tiles * M * 4);
+    poison(i1, (size_t)tiles * M * 4);
+    poison(i2, (size_t)tiles * M * 4);
+    kdt_head_args a;
+    memset(&a, 0, sizeof a);
+    a.x = x;
+    a.kx = D;
+    a.w.w = w;
+    a.w.rows = V;
+    a.w.cols = D;
+    a.w.ld = ld;
+    a.w.batch = 1;
+    a.m_dev = d_m;
+    a.m_max = M;
+    a.rows = d_rows;
+    a.head_rows = d_head;
+    a.am_ld = M;
+    a.logits = l1;
+    a.am_val = v1;
+    a.am_idx = i1;
+    launch_head(a, true);
+    a.logits = l2;
+    a.am_val = v2;
+    a.am_idx = i2;
+    launch_head(a, false);
+    CK(cudaDeviceSynchronize());
+    char what[160];
+    snprintf(what, sizeof what, "head logits V=%d D=%d M=%d", V, D, M);
+    same(l1, l2, (size_t)M * V * 4, what);
+    snprintf(what, sizeof what, "head am_val V=%d D=%d M=%d", V, D, M);
+    same(v1, v2, (size_t)tiles * M * 4, what);
+    snprintf(what, sizeof what, "head am_idx V=%d D=%d M=%d", V, D, M);
+    same(i1, i2, (size_t)tiles * M * 4, what);
+    cudaFree(w); cudaFree(x); cudaFree(d_rows); cudaFree(d_head); cudaFree(d_m);
+    cudaFree(l1); cudaFree(l2); cudaFree(v1); cudaFree(v2); cudaFree(i1); cudaFree(i2);
+}
+
+/* ---- timing ------------------------------------------------------------------------------------ */
+static float *g_flush, *g_sink;
+static const int64_t FLUSH_FLOATS = (int64_t)128 << 20; /* 512 MB */
+
+template <typename F>
+static double time_us(F launch, int reps) {
+    std::vector<float> t;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int r = 0; r < reps + 1; r++) {
+        k_sink<<<1024, 512>>>((const float4 *)g_flush, FLUSH_FLOATS / 4, g_sink);
+        CK(cudaEventRecord(e0));
+        launch();
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (r) t.push_back(ms * 1000.0f);
+    }
+    std::sort(t.begin(), t.end());
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return t[t.size() / 2];
+}
+
+static void timing() {
+    g_flush = dalloc<float>(FLUSH_FLOATS);
+    g_sink = dalloc<float>(1);
+    CK(cudaMemset(g_flush, 0, FLUSH_FLOATS * 4));
+    const int D = 7168, I = 2048, E = 9;
+    const int Ms[] = {1, 8, 9, 16, 17, 32, 33, 64, 65};
+    printf("\ntiming (median us, L2 flushed; GB/s = weight bytes / time)\n");
+    /* dense shapes of one Kimi K2.6 layer */
+    struct Shape { const char *name; int n, cols, batch; } shapes[] = {
+        {"w_a (q_a+kv_a)", 1536 + 512 + 64, 7168, 1}, {"q_b", 64 * 192, 1536, 1}, {"o_proj", 7168, 8192, 1},
+        {"uk_t (batch 64)", 512, 128, 64}, {"uv (batch 64)", 128, 512, 64}, {"router", 384, 7168, 1}};
+    const int Mmax = 65;
+    float *x = dalloc<float>((size_t)Mmax * 8192 * 64);
+    k_fill_x<<<1024, 256>>>(x, (int64_t)Mmax * 8192 * 64, 7);
+    for (auto &sh : shapes) {
+        const int ld = (int)kdt_g_round_up(sh.cols, 64);
+        uint16_t *w = dalloc<uint16_t>((size_t)sh.batch * sh.n * ld);
+        k_fill_w<<<1024, 256>>>(w, (int64_t)sh.batch * sh.n, sh.cols, ld, 3);
+        int splits, k_chunk;
+        kdt_gemm_plan(sh.n, ld, sh.batch, &splits, &k_chunk);
+        float *y = dalloc<float>((size_t)splits * Mmax * sh.n * sh.batch);
+        const double bytes = (double)sh.batch * sh.n * ld * 2;
+        for (int M : Ms) {
+            std::vector<int32_t> mv = {M};
+            int32_t *d_m = dint(mv);
+            kdt_gemm_args a;
+            memset(&a, 0, sizeof a);
+            a.x = x;
+            a.ldx = sh.batch > 1 ? (int64_t)sh.batch * sh.cols : sh.cols;
+            a.x_batch = sh.batch > 1 ? sh.cols : 0;
+            a.kx = sh.cols;
+            a.w = w;
+            a.ldw = ld;
+            a.w_batch = (int64_t)sh.n * ld;
+            a.n = sh.n;
+            a.y = y;
+            a.ldy = sh.batch > 1 ? (int64_t)sh.batch * sh.n : sh.n;
+            a.y_batch = sh.batch > 1 ? sh.n : 0;
+            a.y_split = (int64_t)M * sh.n * sh.batch;
+            a.m_dev = d_m;
+            a.m_max = M;
+            a.batch = sh.batch;
+            a.splits = splits;
+            a.k_chunk = k_chunk;
+            const double t1 = time_us([&] { launch_gemm(a, true); }, 9);
+            const double t2 = time_us([&] { launch_gemm(a, false); }, 9);
+            printf("  %-16s grid (%d,%d,%d) M=%-3d  v1 %8.1f us %7.0f GB/s   v2 %8.1f us %7.0f GB/s   x%.2f\n", sh.name,
+                   (sh.n + 63) / 64, splits, sh.batch, M, t1, bytes / t1 / 1e3, t2, bytes / t2 / 1e3, t1 / t2);
+            cudaFree(d_m);
+        }
+        cudaFree(w);
+        cudaFree(y);
+    }
+    cudaFree(x);
+    /* grouped: 9 experts (8 routed + shared), rows per expert r (decode: 1; verify corr: ~N) */
+    const int i_pad = I, ld_d = D, ld_i = I;
+    std::vector<kdt_gpu_expert> ex(E);
+    std::vector<uint16_t *> bufs;
+    for (int e = 0; e < E; e++) {
+        uint16_t *gu = dalloc<uint16_t>((size_t)2 * i_pad * ld_d), *dn = dalloc<uint16_t>((size_t)D * ld_i);
+        k_fill_w<<<1024, 256>>>(gu, 2 * i_pad, D, ld_d, 50 + e);
+        k_fill_w<<<1024, 256>>>(dn, D, I, ld_i, 80 + e);
+        ex[e] = kdt_gpu_expert{gu, dn, I, i_pad, ld_d, ld_i};
+        bufs.push_back(gu);
+        bufs.push_back(dn);
+    }
+    kdt_gpu_expert *d_ex = dalloc<kdt_gpu_expert>(E);
+    CK(cudaMemcpy(d_ex, ex.data(), E * sizeof(kdt_gpu_expert), cudaMemcpyHostToDevice));
+    const double gu_bytes = (double)E * 2 * i_pad * ld_d * 2, dn_bytes = (double)E * D * ld_i * 2;
+    const int Rs[] = {1, 2, 8, 16, 32, 58, 65};
+    for (int R : Rs) {
+        std::vector<int32_t> items, pair_row;
+        int pairs = 0;
+        for (int e = 0; e < E; e++) {
+            for (int i = 0; i * 64 < R; i++) {
+                items.push_back(e);
+                items.push_back(pairs + i * 64);
+                items.push_back(std::min(64, R - i * 64));
+            }
+            for (int r = 0; r < R; r++) pair_row.push_back(r);
+            pairs += R;
+        }
+        const int n_items = (int)items.size() / 3;
+        std::vector<int32_t> cnt = {n_items, pairs};
+        int32_t *d_items = dint(items), *d_pr = dint(pair_row), *d_cnt = dint(cnt);
+        float *xn = dalloc<float>((size_t)R * D), *h = dalloc<float>((size_t)pairs * I);
+        float *y = dalloc<float>((size_t)pairs * 2 * i_pad), *z = dalloc<float>((size_t)pairs * D);
+        k_fill_x<<<1024, 256>>>(xn, (int64_t)R * D, 9);
+        k_fill_x<<<1024, 256>>>(h, (int64_t)pairs * I, 10);
+        kdt_grouped_args a;
+        memset(&a, 0, sizeof a);
+        a.which = 0;
+        a.x = xn;
+        a.ldx = D;
+        a.pair_row = d_pr;
+        a.experts = d_ex;
+        a.items = d_items;
+        a.n_items = d_cnt;
+        a.y = y;
+        a.ldy = 2 * i_pad;
+        a.n_max = 2 * i_pad;
+        a.kd = D;
+        a.grid_items = n_items + 1;
+        kdt_grouped_args b = a;
+        b.which = 1;
+        b.x = h;
+        b.ldx = I;
+        b.y = z;
+        b.ldy = D;
+        b.n_max = D;
+        const double t1 = time_us([&] { launch_grouped(a, true); }, 9), t2 = time_us([&] { launch_grouped(a, false); }, 9);
+        printf("  grouped gate/up  9 experts x %2d rows (%2d items)  v1 %8.1f us %7.0f GB/s   v2 %8.1f us %7.0f GB/s   x%.2f\n",
+               R, n_items, t1, gu_bytes / t1 / 1e3, t2, gu_bytes / t2 / 1e3, t1 / t2);
+        const double t3 = time_us([&] { launch_grouped(b, true); }, 9), t4 = time_us([&] { launch_grouped(b, false); }, 9);
+        printf("  grouped down     9 experts x %2d rows (%2d items)  v1 %8.1f us %7.0f GB/s   v2 %8.1f us %7.0f GB/s   x%.2f\n",
+               R, n_items, t3, dn_bytes / t3 / 1e3, t4, dn_bytes / t4 / 1e3, t3 / t4);
+        cudaFree(d_items); cudaFree(d_pr); cudaFree(d_cnt); cudaFree(xn); cudaFree(h); cudaFree(y); cudaFree(z);
+    }
+    for (auto p : bufs) cudaFree(p);
+    cudaFree(d_ex);
+    /* lm_head 163840 x 7168 */
+    {
+        const int V = 163840;
+        uint16_t *w = dalloc<uint16_t>((size_t)V * D);
+        k_fill_w<<<1024, 256>>>(w, V, D, D, 99);
+        const int Mh = 65, tiles = V / 64;
+        float *xh = dalloc<float>((size_t)Mh * D), *av = dalloc<float>((size_t)tiles * Mh);
+        int32_t *ai = dalloc<int32_t>((size_t)tiles * Mh);
+        k_fill_x<<<1024, 256>>>(xh, (int64_t)Mh * D, 11);
+        std::vector<kdt_grow> rows(Mh);
+        memset(rows.data(), 0, rows.size() * sizeof(kdt_grow));
+        std::vector<int32_t> head(Mh);
+        for (int m = 0; m < Mh; m++) head[m] = m;
+        kdt_grow *d_rows = dalloc<kdt_grow>(Mh);
+        CK(cudaMemcpy(d_rows, rows.data(), Mh * sizeof(kdt_grow), cudaMemcpyHostToDevice));
+        int32_t *d_head = dint(head);
+        for (int M : {1, 9, 65}) {
+            std::vector<int32_t> mv = {M};
+            int32_t *d_m = dint(mv);
+            kdt_head_args a;
+            memset(&a, 0, sizeof a);
+            a.x = xh;
+            a.kx = D;
+            a.w.w = w;
+            a.w.rows = V;
+            a.w.cols = D;
+            a.w.ld = D;
+            a.w.batch = 1;
+            a.m_dev = d_m;
+            a.m_max = M;
+            a.rows = d_rows;
+            a.head_rows = d_head;
+            a.am_ld = Mh;
+            a.am_val = av;
+            a.am_idx = ai;
+            const double bytes = (double)V * D * 2;
+            const double t1 = time_us([&] { launch_head(a, true); }, 5), t2 = time_us([&] { launch_head(a, false); }, 5);
+            printf("  lm_head argmax   M=%-3d  v1 %8.1f us %7.0f GB/s   v2 %8.1f us %7.0f GB/s   x%.2f\n", M, t1,
+                   bytes / t1 / 1e3, t2, bytes / t2 / 1e3, t1 / t2);
+            cudaFree(d_m);
+        }
+        cudaFree(w); cudaFree(xh); cudaFree(av); cudaFree(ai); cudaFree(d_rows); cudaFree(d_head);
+    }
+    cudaFree(g_flush);
+    cudaFree(g_sink);
+}
+
+int main(int argc, char **argv) {
+    const bool do_timing = argc > 1 && strcmp(argv[1], "--timing") == 0;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs; v2 pool %d B, rows per pass %d\n", prop.name, prop.multiProcessorCount,
+           v2_config(STAGES).pool, v2_config(STAGES).cap);
+    if (kdt_gemm_init(STAGES) != KDT_OK) return 2;
+    uint64_t seed = 1;
+    /* dense: many M (pass boundaries 8 / 16 / 64), ragged kx, unaligned ldx, gather, batch, splits */
+    const int Ms[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 65, 80, 100, 129, 200};
+    for (int M : Ms) {
+        dense_case({200, 7168, 1, 7168, 0, 0, M}, seed++);         /* split-K, n not a multiple of 64 */
+        dense_case({130, 300, 1, 300, 1, 1, M}, seed++);           /* ragged K, unaligned rows, gather */
+        dense_case({96, 128, 3, 128, 0, 0, M}, seed++);            /* batch */
+        dense_case({64, 640, 1, 600, 4, 0, M}, seed++);            /* kx < cols-ish, aligned */
+    }
+    /* grouped: items of 1..64 rows, experts with 0 rows, > 64 rows (several items), ragged I */
+    grouped_case(448, 200, 5, {1, 0, 3, 64, 65}, 70, seed++, 16);
+    grouped_case(448, 200, 5, {9, 17, 33, 130, 8}, 140, seed++, 3);
+    grouped_case(7168 / 8, 2048 / 8, 9, {1, 1, 1, 1, 1, 1, 1, 1, 1}, 1, seed++, 10);
+    grouped_case(7168 / 8, 2048 / 8, 9, {58, 60, 65, 61, 57, 59, 62, 64, 65}, 65, seed++, 64);
+    /* head: ties are rare with random data; argmax / logits / tile order */
+    for (int M : {1, 5, 8, 9, 16, 33, 64, 65, 70}) head_case(1000, 448, M, seed++);
+    head_case(4160, 7168, 3, seed++);
+    printf("bitwise v1 == v2: %d passed, %d failed\n", n_pass, n_fail);
+    if (do_timing) timing();
+    return n_fail ? 1 : 0;
+}
