@@ -1,22 +1,40 @@
 /* tree_accept.cu - CUDA tree_accept: validation + greedy walk, one warp per stream, all on the
- * GPU (no host walk). The flags are defined in cpu/tree_accept.c; this kernel evaluates the same
- * per-node predicates in parallel, so outputs match the CPU twin bit for bit.
+ * GPU (no host walk). The flags are defined in cpu/tree_accept.c; these kernels evaluate the same
+ * per-node predicates in parallel, so outputs match the CPU twin bit for bit. Two kernels; v2 is
+ * the default for max_nodes <= 64, v1 (the previous kernel) runs with KDT_TREE_ACCEPT_V1=1 and
+ * for larger trees.
  *
- * Per stream (one warp, WARPS_PER_CTA streams per CTA):
- *   1. lanes load their nodes (lane l owns nodes l, l+32, ...); the first PREFETCH_CHUNKS chunks
- *      are loaded before n_nodes arrives, so the two global round trips overlap;
- *   2. per-node checks (parent, depth, links), gathers of depth/parent/target at the parent or
- *      link target; three small per-warp shared tables:
- *        seen[]   bitmap of counted in-links (atomicOr; a bit already set = second in-link),
- *        dup[]    open-addressing set of (parent, token) keys (atomicCAS; equal key = DUP_TOKEN),
- *        child[]  child[p] = the child of p whose token equals target[p] (the walk's next hop);
- *   3. flags OR-reduced over the warp; a clean tree is walked by following child[] from the root
- *      (every hop goes one level deeper, so at most L + 1 <= KDT_MAX_PATH nodes);
- *   4. lanes 0..KDT_MAX_PATH-1 write one row element each.
- * Every index is range-checked before it is dereferenced; the loops are bounded by n_nodes.
+ * At these sizes the time is latency: dependent global round trips, shared-memory atomics and
+ * barriers, and the launch itself. v2 (one warp per stream and per CTA, node x in register x/32
+ * of lane x%32, no shared memory, no atomics, no barrier):
+ *   1. one global round trip: n_nodes and all six arrays of every slot < 32*C are loaded
+ *      together (slots past max_nodes clamped to slot 0, so nothing waits for n_nodes);
+ *   2. the gathers at the parent / link targets (depth, target, parent) are warp shuffles;
+ *      counted in-links are OR-reduced into a bitmask (no per-node counts are needed: see the
+ *      in-link comment in the kernel); duplicate (parent, token) keys are found by
+ *      __match_any_sync (slots 0..31) plus a broadcast loop over slots 32..n-1;
+ *   3. the walk is pointer doubling on "ancestor still to check" (log2(max_depth) rounds of one
+ *      shuffle), which runs alongside the validation instead of after it; an accepted node
+ *      writes its own row element (accepted[depth], emit[depth] = its target), so the emit
+ *      values need no gather after the walk.
+ * v1 had two dependent global round trips (the second for every gather), 64-bit atomicCAS
+ * hashing and atomicOr in-link counting in shared memory (32 lanes contending on one word for
+ * B <= 32), a sequential shared-memory walk and a third round trip for emit[].
+ *   v1 per stream (one warp, up to 4 streams per CTA): lanes load their nodes (the first
+ *   PREFETCH_CHUNKS chunks before n_nodes arrives), check them with gathers from global memory
+ *   and three per-warp shared tables (seen[] in-link bitmap, dup[] (parent, token) set,
+ *   child[] = the child of p whose token equals target[p]), OR-reduce the flags, follow child[]
+ *   from the root, and write the rows.
+ * Launch: with programmatic dependent launch (PDL, sm_90+, unless KDT_TREE_PDL=0) the kernel
+ * may start while the previous kernel in the stream finishes; it waits (griddepcontrol.wait)
+ * before its first global access, so only the launch latency overlaps. PDL is only used when
+ * the loaded kernel was compiled for sm_90+ (cudaFuncGetAttributes().ptxVersion).
+ * Every index is range-checked (or clamped) before it is dereferenced; loops are bounded.
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "common.h"
 #include "kdtree/kernels.h"
@@ -29,6 +47,20 @@ constexpr int WARPS_PER_CTA_MAX = 4;
 constexpr int PREFETCH_CHUNKS = 5;       /* nodes 0..159 (B <= 159) load before n_nodes arrives */
 constexpr int SMEM_BUDGET = 48 * 1024;   /* default dynamic shared memory limit per CTA */
 constexpr uint64_t EMPTY_KEY = ~0ull;    /* keys have a parent >= 0, so bit 63 is clear */
+
+constexpr unsigned FULL = 0xffffffffu;
+
+/* Programmatic dependent launch (sm_90+; no-ops elsewhere and when launched without PDL). */
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 /* Per-warp shared layout, sized by max_nodes on the host. */
 struct WarpSmemLayout {
@@ -158,6 +190,8 @@ tree_accept_kernel(const TreeArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int s = blockIdx.x * a.warps_per_cta + warp;
+    pdl_wait(); /* no-op unless launched as a PDL secondary (the v2 path's large-tree fallback) */
+    pdl_launch_dependents();
     if (s >= a.n_streams) return; /* whole warp leaves together */
     unsigned char *ws = smem_raw + (size_t)warp * a.smem.bytes;
     unsigned long long *dup_set = reinterpret_cast<unsigned long long *>(ws);
@@ -227,11 +261,212 @@ tree_accept_kernel(const TreeArgs a) {
     }
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * v2 (default, max_nodes <= 64): registers and warp intrinsics only (see the top of this file).
+ * ------------------------------------------------------------------------------------------- */
+
+/* v[x] where node x lives in register x / 32 of lane x % 32; x in [0, 32 * C). All lanes. */
+template <int C>
+__device__ __forceinline__ int gather(const int (&v)[C], int x) {
+    int r = __shfl_sync(FULL, v[0], x & 31);
+#pragma unroll
+    for (int c = 1; c < C; c++) {
+        const int t = __shfl_sync(FULL, v[c], x & 31);
+        r = (x >> 5) == c ? t : r;
+    }
+    return r;
+}
+
+/* One warp per stream and per CTA; C = ceil(max_nodes / 32) <= 2 node slots per lane. */
+template <int C>
+__global__ void __launch_bounds__(32) tree_accept_v2_kernel(const TreeArgs a) {
+    static_assert(C == 1 || C == 2, "the duplicate test below covers at most 64 slots");
+    const int s = blockIdx.x, lane = threadIdx.x;
+    const int maxn = a.max_nodes;
+    const int64_t base = (int64_t)s * maxn;
+
+    pdl_wait(); /* the tree and targets may come from the previous kernel in the stream */
+    pdl_launch_dependents();
+
+    /* 1. One global round trip: n_nodes and all six arrays of every slot (clamped to slot 0
+     *    past max_nodes, so always in bounds); nothing waits for n_nodes. */
+    int par[C], dep[C], tok[C], fc[C], ns[C], tgt[C];
+    const int n_in = __ldg(a.n_nodes + s);
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        const int i = c * 32 + lane;
+        const int64_t at = base + (i < maxn ? i : 0);
+        par[c] = __ldg(a.parent + at);
+        dep[c] = __ldg(a.depth + at);
+        tok[c] = __ldg(a.token + at);
+        fc[c] = __ldg(a.first_child + at);
+        ns[c] = __ldg(a.next_sibling + at);
+        tgt[c] = __ldg(a.target + at);
+    }
+    const bool size_ok = n_in >= 1 && n_in <= maxn; /* else BAD_SIZE and nothing else */
+    const int n = size_ok ? n_in : 0;
+
+    /* 2. Per-node predicates of cpu/tree_accept.c, with shuffle gathers at the parent and link
+     *    targets (indices clamped in range). Counted links set bits in `linked`; (parent,
+     *    token) keys for the duplicate test; walk[] starts the pointer doubling of the walk. */
+    int f = 0;
+    uint32_t linked[C];
+    uint64_t key[C];
+    int walk[C];
+#pragma unroll
+    for (int c = 0; c < C; c++) linked[c] = 0u;
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        const int i = c * 32 + lane;
+        const bool node = i < n;
+        const bool parent_ok = i > 0 && par[c] >= 0 && par[c] < i;
+        const bool fc_fwd = fc[c] > i && fc[c] < n, ns_fwd = ns[c] > i && ns[c] < n;
+        const int pc = parent_ok ? par[c] : 0;
+        const int dep_par = gather<C>(dep, pc);
+        const int tgt_par = gather<C>(tgt, pc);
+        const int par_of_fc = gather<C>(par, fc_fwd ? fc[c] : 0);
+        const int par_of_ns = gather<C>(par, ns_fwd ? ns[c] : 0);
+        /* The CPU's if / else-if chains as predicates (branch-free; same bits). */
+        const bool root = i == 0;
+        const bool bad_parent = root ? par[c] != -1 : !parent_ok;
+        const bool bad_depth = root ? dep[c] != 0
+                                    : dep[c] < 1 || dep[c] > a.max_depth ||
+                                          (parent_ok && dep_par != dep[c] - 1);
+        /* a link x != -1: out of range -> BAD_LINK; 0 <= x <= i -> CYCLE; forward -> checked */
+        const bool fc_out = fc[c] < -1 || fc[c] >= n, ns_out = ns[c] < -1 || ns[c] >= n;
+        const bool fc_cycle = fc[c] >= 0 && fc[c] <= i, ns_cycle = ns[c] >= 0 && ns[c] <= i;
+        const bool fc_ok = fc_fwd && par_of_fc == i;
+        const bool ns_ok = ns_fwd && !root && par_of_ns == par[c];
+        int g = (bad_parent ? KDT_TREE_BAD_PARENT : 0) | (bad_depth ? KDT_TREE_BAD_DEPTH : 0);
+        if (fc_out || (fc_fwd && !fc_ok) || ns_out || (ns_fwd && !ns_ok)) g |= KDT_TREE_BAD_LINK;
+        if (fc_cycle || ns_cycle) g |= KDT_TREE_CYCLE;
+        const bool fc_counted = node && fc_ok, ns_counted = node && ns_ok; /* in-links */
+#pragma unroll
+        for (int w = 0; w < C; w++) { /* (no dynamic register index) */
+            if (fc_counted && (fc[c] >> 5) == w) linked[w] |= 1u << (fc[c] & 31);
+            if (ns_counted && (ns[c] >> 5) == w) linked[w] |= 1u << (ns[c] & 31);
+        }
+        if (node) f |= g;
+        /* (parent, token) of a node with a valid parent; else a key no other slot has */
+        key[c] = node && parent_ok ? ((uint64_t)(uint32_t)par[c] << 32) | (uint32_t)tok[c]
+                                   : (uint64_t)(0x80000000u | (uint32_t)i) << 32;
+        /* walk: -1 = off the path; else the next ancestor still to check (the root is 0) */
+        walk[c] = i == 0 ? 0 : (node && parent_ok && tok[c] == tgt_par ? par[c] : -1);
+    }
+
+    /* DUP_TOKEN: equal keys among slots 0..31 by one match; each slot 32.. against all. */
+    bool dup = __popc(__match_any_sync(FULL, (unsigned long long)key[0])) > 1;
+    if (C > 1) {
+        for (int k = 32; k < n; k++) { /* warp-uniform */
+            const uint64_t kk = __shfl_sync(FULL, (unsigned long long)key[C - 1], k & 31);
+            dup |= key[0] == kk;
+#pragma unroll
+            for (int c = 1; c < C; c++) dup |= c * 32 + lane != k && key[c] == kk;
+        }
+    }
+    if (dup) f |= KDT_TREE_DUP_TOKEN;
+
+    /* In-links. Every counted link into a sibling group (the nodes sharing a parent value)
+     * comes from the parent's first_child or a member's next_sibling to a higher member, and
+     * the highest member has none: at most |group| links for |group| nodes. So some node with
+     * two in-links implies one with none, and "exactly one each" (the CPU's test) is the same
+     * as "none without": only the set of linked nodes is needed. */
+    int flags = (int)__reduce_or_sync(FULL, (unsigned)f);
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        const uint32_t got = __reduce_or_sync(FULL, linked[c]);
+        const int lo = c == 0 ? 1 : c * 32, hi = min(n, c * 32 + 32); /* need nodes lo..hi-1 */
+        const uint32_t need = hi > lo ? (0xffffffffu >> (32 - (hi - lo))) << (lo - c * 32) : 0u;
+        if ((got & need) != need) flags |= KDT_TREE_BAD_LINK;
+    }
+    if (!size_ok) flags = KDT_TREE_BAD_SIZE;
+
+    /* 3. The greedy walk by pointer doubling: a node is accepted iff it and every ancestor
+     *    below the root matched (token == target of its parent). After k rounds walk[] is the
+     *    ancestor 2^k levels up, or -1; a clean tree has depth <= max_depth <= 2^rounds. */
+    for (int span = 1; span < a.max_depth; span *= 2) { /* warp-uniform */
+        int next[C];
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            const int g = gather<C>(walk, walk[c] >= 0 ? walk[c] : 0);
+            next[c] = walk[c] >= 0 ? g : -1;
+        }
+#pragma unroll
+        for (int c = 0; c < C; c++) walk[c] = next[c];
+    }
+    bool on_path[C];
+    int tau = 1;
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        on_path[c] = c * 32 + lane > 0 && walk[c] == 0; /* walk >= 0 only for nodes */
+        tau += __popc(__ballot_sync(FULL, on_path[c]));
+    }
+
+    /* 4. rows: accepted[depth] = node, emit[depth] = its target (the next accepted token, or
+     *    the bonus for the deepest); -1 past tau; a flagged stream gets tau 0 and bonus -1. */
+    const int64_t o = (int64_t)s * KDT_MAX_PATH;
+    if (flags == 0) {
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            if (on_path[c]) { /* a clean tree: 1 <= depth <= max_depth, one node per depth */
+                a.accepted[o + dep[c]] = c * 32 + lane;
+                a.emit[o + dep[c]] = tgt[c];
+                if (dep[c] == tau - 1) a.bonus[s] = tgt[c];
+            }
+        }
+        if (lane == 0) {
+            a.accepted[o] = 0;
+            a.emit[o] = tgt[0];
+            if (tau == 1) a.bonus[s] = tgt[0];
+            a.tau[s] = tau;
+            a.error[s] = 0;
+        }
+        if (lane >= tau && lane < KDT_MAX_PATH) {
+            a.accepted[o + lane] = -1;
+            a.emit[o + lane] = -1;
+        }
+    } else {
+        if (lane < KDT_MAX_PATH) {
+            a.accepted[o + lane] = -1;
+            a.emit[o + lane] = -1;
+        }
+        if (lane == 0) {
+            a.tau[s] = 0;
+            a.bonus[s] = -1;
+            a.error[s] = flags;
+        }
+    }
+}
+
+/* An environment switch: unset or empty -> dflt, "0" -> false, anything else -> true. */
+bool env_flag(const char *name, bool dflt) {
+    const char *v = getenv(name);
+    if (v == NULL || v[0] == '\0') return dflt;
+    return strcmp(v, "0") != 0;
+}
+
+/* PDL needs an sm_90+ device running code compiled for sm_90+ (which contains the wait). */
+bool pdl_usable() {
+    if (!env_flag("KDT_TREE_PDL", true)) return false;
+    int dev = 0, major = 0;
+    cudaFuncAttributes fa;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaFuncGetAttributes(&fa, tree_accept_v2_kernel<1>) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return major >= 9 && fa.ptxVersion >= 90;
+}
+
 } // namespace
 
 extern "C" kdt_status kdt_tree_accept_cuda(const kdt_tree_accept_params *p, void *stream) {
     kdt_status st = kdt_tree_accept_check_args(p, "kdt_tree_accept_cuda");
     if (st != KDT_OK) return st;
+    /* Read once (thread-safe statics): KDT_TREE_ACCEPT_V1=1 selects v1 everywhere, without PDL. */
+    static const bool use_v1 = env_flag("KDT_TREE_ACCEPT_V1", false);
+    static const bool use_pdl = !use_v1 && pdl_usable();
     const kdt_tree *t = p->tree;
     TreeArgs a;
     a.n_nodes = t->n_nodes;
@@ -250,16 +485,37 @@ extern "C" kdt_status kdt_tree_accept_cuda(const kdt_tree_accept_params *p, void
     a.max_nodes = t->max_nodes;
     a.max_depth = p->max_depth;
     a.smem = warp_smem_layout(t->max_nodes);
-    int warps = WARPS_PER_CTA_MAX;
-    while (warps > 1 && warps * a.smem.bytes > SMEM_BUDGET) warps >>= 1;
-    if (warps * a.smem.bytes > SMEM_BUDGET)
-        return kdt_fail(KDT_ERR_INTERNAL, "kdt_tree_accept_cuda: %d B of shared memory per warp",
-                        a.smem.bytes);
-    if (warps > t->n_streams) warps = t->n_streams;
-    a.warps_per_cta = warps;
-    const int grid = (t->n_streams + warps - 1) / warps;
-    tree_accept_kernel<<<grid, 32 * warps, (size_t)warps * a.smem.bytes, (cudaStream_t)stream>>>(a);
-    const cudaError_t e = cudaGetLastError();
+    void (*kernel)(const TreeArgs);
+    cudaLaunchConfig_t cfg = {};
+    cfg.stream = (cudaStream_t)stream;
+    if (!use_v1 && t->max_nodes <= 64) {
+        kernel = t->max_nodes <= 32 ? tree_accept_v2_kernel<1> : tree_accept_v2_kernel<2>;
+        a.warps_per_cta = 1;
+        cfg.gridDim = dim3((unsigned)t->n_streams);
+        cfg.blockDim = dim3(32);
+        cfg.dynamicSmemBytes = 0;
+    } else {
+        int warps = WARPS_PER_CTA_MAX;
+        while (warps > 1 && warps * a.smem.bytes > SMEM_BUDGET) warps >>= 1;
+        if (warps * a.smem.bytes > SMEM_BUDGET)
+            return kdt_fail(KDT_ERR_INTERNAL, "kdt_tree_accept_cuda: %d B of shared memory per warp",
+                            a.smem.bytes);
+        if (warps > t->n_streams) warps = t->n_streams;
+        a.warps_per_cta = warps;
+        kernel = tree_accept_kernel;
+        cfg.gridDim = dim3((unsigned)((t->n_streams + warps - 1) / warps));
+        cfg.blockDim = dim3((unsigned)(32 * warps));
+        cfg.dynamicSmemBytes = (size_t)warps * a.smem.bytes;
+    }
+    cudaLaunchAttribute attr[1] = {};
+    if (use_pdl) {
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+    }
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, a);
+    if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess)
         return kdt_fail(KDT_ERR_CUDA, "kdt_tree_accept_cuda: launch failed: %s",
                         cudaGetErrorString(e));
