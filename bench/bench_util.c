@@ -7,6 +7,9 @@
 
 #include "fp.h"
 
+/* bench_flush.cu */
+int bench_flush_l2_read(const void *buf, size_t bytes, unsigned *sink, cudaStream_t s, int n_sm);
+
 bench_device g_bench_device;
 
 static int cmp_double(const void *a, const void *b) {
@@ -21,6 +24,7 @@ int bench_time(bench_fn fn, void *ctx, cudaStream_t stream, int warmup, int samp
     if (flush_l2) {
         flush_bytes = 2 * (g_bench_device.l2_bytes ? g_bench_device.l2_bytes : (64u << 20));
         BENCH_CUDA(cudaMalloc(&flush, flush_bytes));
+        BENCH_CUDA(cudaMemset(flush, 1, flush_bytes)); /* defined contents, written once */
     }
     cudaGraphExec_t exec = NULL;
     cudaGraph_t graph = NULL;
@@ -45,7 +49,9 @@ int bench_time(bench_fn fn, void *ctx, cudaStream_t stream, int warmup, int samp
     double *t = (double *)malloc(sizeof(double) * (size_t)samples);
     if (!t) return 1;
     for (int i = 0; i < samples; i++) {
-        if (flush) BENCH_CUDA(cudaMemsetAsync(flush, i & 0xff, flush_bytes, stream));
+        if (flush && bench_flush_l2_read(flush, flush_bytes - 64, (unsigned *)((char *)flush + flush_bytes - 64), stream,
+                                         g_bench_device.sm_count ? g_bench_device.sm_count : 132))
+            return 1;
         BENCH_CUDA(cudaEventRecord(a, stream));
         if (exec) {
             BENCH_CUDA(cudaGraphLaunch(exec, stream));

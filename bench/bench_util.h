@@ -28,8 +28,9 @@ typedef struct bench_timing {
 
 /* Times fn: `warmup` untimed calls, then `samples` timed samples. graph_batch > 0 captures that
  * many back-to-back calls in one CUDA graph and times replays (per-call time = replay /
- * graph_batch): use it for kernels of a few microseconds. flush_l2 writes a buffer twice the L2
- * size before each sample, outside the timed region. Returns 0 on success. */
+ * graph_batch): use it for kernels of a few microseconds. flush_l2 reads a buffer twice the L2
+ * size before each sample, outside the timed region (reads: a memset would leave dirty lines
+ * whose write-back lands inside the timed region). Returns 0 on success. */
 int bench_time(bench_fn fn, void *ctx, cudaStream_t stream, int warmup, int samples,
                int graph_batch, int flush_l2, bench_timing *out);
 

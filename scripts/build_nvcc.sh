@@ -83,6 +83,7 @@ if [ "$USE_CUDA" = 1 ]; then
       tests/gpu/test_gemm_ab_gpu.cu -o "$OUT/gpu_test_gemm_ab"
   fi
   BENCH=( bench/bench_*.c )
-  [ ${#BENCH[@]} -gt 0 ] && build_exe bench_kernels "${BENCH[@]}"
+  $NVCC -std=c++17 -O3 $GENCODE -c bench/bench_flush.cu -o "$OUT/obj/bench_flush.o"
+  [ ${#BENCH[@]} -gt 0 ] && build_exe bench_kernels "${BENCH[@]}" "$OUT/obj/bench_flush.o"
 fi
 echo "build_nvcc.sh: built $OUT/libkdtree.a, tests and $( [ "$USE_CUDA" = 1 ] && echo "bench_kernels (archs: $ARCHS)" || echo "no CUDA targets")"
