@@ -10,12 +10,17 @@
  *
  * attn_partial: one item = (row, split, group of HG heads). Q (HG heads x d_q, bf16) stays in
  * shared memory; 32-key tiles of the cache rows are gathered through the block table with
- * cp.async (double-buffered). Per tile: S = Q K^T on tensor cores (k16 steps ascending), an
- * online softmax in fp32 (8 threads per head, 4 keys each, fixed shuffle tree), P as bf16, then
- * O += P V (V = the first d_c columns of the same tile, via ldmatrix.trans). The item writes its
- * unnormalised O, running max (log2 domain) and sum. HG = 16 (4 warps, fits 99 KB of shared
- * memory) or 64 (8 warps, a quarter of the KV re-reads when there are many heads); the per-head
- * arithmetic is identical, so the choice never changes a bit and is made per launch.
+ * cp.async into a ring of 2 or 3 stages. A CTA walks its items (blockIdx.x, + gridDim.x, ...) as
+ * one stream of tiles: the loads run stages - 1 tiles ahead across item boundaries, and the next
+ * item's Q is fetched (float4 loads, all in flight) as soon as the last tile of an item is done.
+ * Per tile: S = Q K^T on tensor cores, each S element the sum of four k-step chains (chain j
+ * covers the j-th quarter of the k16 steps in ascending order; S = (c0 + c1) + (c2 + c3): four
+ * short dependent mma chains instead of one long one); an online softmax in fp32 (8 threads per
+ * head, 4 keys each, fixed shuffle tree), P as bf16, then O += P V (V = the first d_c columns of
+ * the same tile, via ldmatrix.trans). The item writes its unnormalised O, running max (log2
+ * domain) and sum. HG = 16 (4 warps) or 64 (8 warps, a quarter of the KV re-reads when there are
+ * many heads); the per-head arithmetic is identical, so the choice never changes a bit and is
+ * made per launch, as are the stage count and the grid (pure scheduling).
  * attn_combine: per row and head, merges the splits in order. One CTA per (row, chunk of the
  * row's H x d_c outputs) (kdt_g_chunk_cols, so a decode row gets a CTA per half head, not one
  * for all); the chunk's heads' max, sum and split weights are computed once per item and every
@@ -36,9 +41,17 @@ constexpr int TILE = KDT_G_ATT_TILE;
 constexpr int SS = TILE + 1;   /* floats per score row in shared memory */
 constexpr int PS = TILE + 8;   /* bf16 per probability row (80 B: conflict-free fragment loads) */
 constexpr int TPR = 8;         /* softmax threads per head row, TILE / TPR keys each */
+constexpr int QCH = 4;         /* k-step chains of one S element */
+constexpr int MAX_ST = 3;      /* deepest KV ring */
 
+/* Keys per split: 128 up to KDT_G_ATT_SHORT_KEYS keys; then about 32 splits (a multiple of the
+ * tile) while that is at most KDT_G_ATT_SPLIT keys, so a long decode row still gets ~32 CTAs per
+ * head group instead of 9..32 serial 512-key splits; then KDT_G_ATT_SPLIT up to 64 splits; then
+ * 64 splits. A function of n_keys alone; n_splits <= KDT_G_ATT_MAX_SPLITS. */
 __host__ __device__ inline int split_keys(int n_keys) {
     if (n_keys <= KDT_G_ATT_SHORT_KEYS) return KDT_G_ATT_SPLIT_SHORT;
+    const int per32 = ((n_keys + 31) / 32 + TILE - 1) / TILE * TILE;
+    if (per32 <= KDT_G_ATT_SPLIT) return per32;
     if (n_keys <= 64 * KDT_G_ATT_SPLIT) return KDT_G_ATT_SPLIT;
     const int per = (n_keys + KDT_G_ATT_MAX_SPLITS - 1) / KDT_G_ATT_MAX_SPLITS;
     return (per + TILE - 1) / TILE * TILE;
@@ -47,23 +60,43 @@ __host__ __device__ inline int n_splits(int n_keys) {
     const int c = split_keys(n_keys);
     return n_keys < 1 ? 1 : (n_keys + c - 1) / c;
 }
-/* shared-memory row stride of Q / K tiles: d_q rounded up to 64, plus 8 (16 bytes): the fragment
- * loads of 8 consecutive rows then hit 8 different bank groups */
-__host__ __device__ inline int qs_stride(int dq) { return (dq + 63) / 64 * 64 + 8; }
 
 template <int HG>
 struct AttCfg {
     static constexpr int WARPS = HG == 16 ? 4 : 8;
     static constexpr int THREADS = WARPS * 32;
     static constexpr int MT = HG / 16;
-    static constexpr int TPK = THREADS / TILE; /* loader threads per key */
+    static constexpr int TPK = THREADS / TILE;              /* loader threads per key */
+    static constexpr int PPW = MT * (TILE / 8) / WARPS;     /* (m-tile, 8-key tile) pairs per warp */
     static_assert(HG == 16 || HG == 64, "heads per item");
+    static_assert(PPW * WARPS == MT * (TILE / 8) && WARPS % (TILE / 8) == 0, "S tiles per warp");
 };
 
-__host__ __device__ inline size_t att_smem(int hg, int dq) {
-    const size_t qs = (size_t)qs_stride(dq);
-    return (size_t)hg * qs * 2 + 2 * (size_t)TILE * qs * 2 + (size_t)hg * SS * 4 + (size_t)hg * PS * 2 +
+/* Shared-memory row stride (bf16) of Q and K tiles: the columns the k16 steps read (d_q rounded
+ * up to 16) or the P V columns of the warps (warps x NT x 8), whichever is wider, plus 8: rows
+ * are an odd number of 16-byte units apart, so the 8 rows of an ldmatrix hit 8 bank groups. */
+__host__ __device__ inline int qs_stride(int hg, int nt, int dq) {
+    const int cols = (hg == 16 ? 4 : 8) * nt * 8;
+    const int d16 = (dq + 15) / 16 * 16;
+    return (d16 > cols ? d16 : cols) + 8;
+}
+
+__host__ __device__ inline size_t att_smem(int hg, int nt, int dq, int stages) {
+    const size_t qs = (size_t)qs_stride(hg, nt, dq);
+    return (size_t)hg * qs * 2 + (size_t)stages * TILE * qs * 2 + (size_t)hg * SS * 4 + (size_t)hg * PS * 2 +
            3 * (size_t)hg * 4;
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+/* lanes 0-15 address the rows of the two matrices (the others' addresses are ignored) */
+__device__ __forceinline__ void ldsm_x2(uint32_t r[2], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(smem_u32(p)));
 }
 
 /* Bit index of the j-th set bit (0-based) of the mask words, -1 if there are fewer. */
@@ -80,223 +113,348 @@ __device__ __forceinline__ int nth_set_bit(const uint64_t *m, int words, int j) 
     return -1;
 }
 
-/* Issues the copies of list keys [kb, kb + TILE) of `row` into the tile; keys >= k_end (or with a
- * broken slot) are zero-filled, so P = 0 never meets garbage. */
-template <int HG>
-__device__ __forceinline__ void load_kv_tile(const kdt_attn_args &a, const kdt_grow &row, uint16_t *tile,
-                                             int qs, int kb, int k_end) {
-    constexpr int TPK = AttCfg<HG>::TPK;
-    const int key = threadIdx.x / TPK, sub = threadIdx.x % TPK;
-    const int k = kb + key;
-    const uint16_t *src = a.kv;
-    bool ok = k < k_end;
-    if (ok) {
+/* One item: (row r, its split gs - split_off, head group hg) and the row fields the loads need.
+ * A row without keys still gets one (fully masked) tile: its outputs are then O = 0, m = -inf,
+ * l = 0, as with no tile at all. */
+struct Item {
+    int gs, hg, r;
+    int k_begin, k_end, n_tiles;
+    int stream, n_prefix, mask_off, mask_words;
+};
+
+/* Fills `it` for item index `item`; false past the last item. */
+__device__ __forceinline__ bool item_at(const kdt_attn_args &a, long long item, long long total, int n_hg,
+                                        int n_rows, Item &it) {
+    if (item >= total) return false;
+    it.gs = (int)(item / n_hg);
+    it.hg = (int)(item % n_hg);
+    int lo = 0, hi = n_rows - 1; /* the row holding split gs: last row with split_off <= gs */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (a.rows[mid].split_off <= it.gs) lo = mid;
+        else hi = mid - 1;
+    }
+    it.r = lo;
+    const kdt_grow *row = a.rows + lo;
+    const int n_keys = row->n_keys, chunk = split_keys(n_keys);
+    it.k_begin = (it.gs - row->split_off) * chunk;
+    it.k_end = min(it.k_begin + chunk, n_keys);
+    it.n_tiles = max(1, (it.k_end - it.k_begin + TILE - 1) / TILE);
+    it.stream = row->stream;
+    it.n_prefix = row->n_prefix;
+    it.mask_off = row->mask_off;
+    it.mask_words = row->mask_words;
+    return true;
+}
+
+/* Where list key k of the item lives: `page` is the raw block-table entry, left in flight (it is
+ * used one tile later), `off` the slot within the page; valid = 0 for keys past k_end or with a
+ * broken slot (zero-filled, so P = 0 never meets garbage). */
+struct KeySrc {
+    int page, off, valid;
+};
+__device__ __forceinline__ KeySrc key_src(const kdt_attn_args &a, const Item &it, int k) {
+    KeySrc s = {0, 0, 0};
+    if (k < it.k_end) {
         int slot = k;
-        if (k >= row.n_prefix) {
-            const int bit = row.mask_off >= 0 ? nth_set_bit(a.masks + row.mask_off, row.mask_words, k - row.n_prefix) : -1;
-            slot = row.n_prefix + bit;
+        bool ok = true;
+        if (k >= it.n_prefix) {
+            const int bit = it.mask_off >= 0 ? nth_set_bit(a.masks + it.mask_off, it.mask_words, k - it.n_prefix) : -1;
+            slot = it.n_prefix + bit;
             ok = bit >= 0;
         }
         if (ok) {
-            int page = a.block_table[(int64_t)row.stream * a.max_pages + slot / a.page_size];
-            if (page < 0 || page >= a.n_pages) page = 0; /* never out of bounds; host validated */
-            src = a.kv + ((int64_t)page * a.page_size + slot % a.page_size) * a.row_stride;
+            s.page = a.block_table[(int64_t)it.stream * a.max_pages + slot / a.page_size];
+            s.off = slot % a.page_size;
+            s.valid = 1;
         }
+    }
+    return s;
+}
+
+/* Issues this thread's 16-byte copies of its key into a tile. */
+template <int HG>
+__device__ __forceinline__ void issue_key(const kdt_attn_args &a, uint16_t *tile, int qs, KeySrc s) {
+    constexpr int TPK = AttCfg<HG>::TPK;
+    const int key = threadIdx.x / TPK, sub = threadIdx.x % TPK;
+    const uint16_t *src = a.kv;
+    if (s.valid) {
+        const int page = s.page < 0 || s.page >= a.n_pages ? 0 : s.page; /* never out of bounds; host validated */
+        src = a.kv + ((int64_t)page * a.page_size + s.off) * a.row_stride;
     }
     const int chunks = a.dq / 8;
     for (int ch = sub; ch < chunks; ch += TPK)
-        cp_async16(tile + key * qs + ch * 8, ok ? src + ch * 8 : a.kv, ok ? 16 : 0);
+        cp_async16(tile + key * qs + ch * 8, s.valid ? src + ch * 8 : a.kv, s.valid ? 16 : 0);
+}
+
+/* Q of an item -> Qs (bf16): float4 loads, QB of them in flight per thread (a batch: q_fetch
+ * issues, q_store converts and stores); heads past H read as 0. Columns [d_q, qs) are zeroed once
+ * per CTA and never written here. */
+constexpr int QB = 12;
+template <int HG>
+__device__ __forceinline__ void q_fetch(const kdt_attn_args &a, const Item &it, int i0, float4 (&v)[QB]) {
+    constexpr int THREADS = AttCfg<HG>::THREADS;
+    const int dq4 = a.dq / 4, n4 = HG * dq4, h0 = it.hg * HG;
+    const float4 *src = reinterpret_cast<const float4 *>(a.q_abs + ((int64_t)it.r * a.H + h0) * a.dq);
+#pragma unroll
+    for (int j = 0; j < QB; j++) {
+        const int i = i0 + j * THREADS;
+        const bool ok = i < n4 && h0 + i / dq4 < a.H;
+        const float4 t = src[ok ? i : 0]; /* always an address inside the row */
+        v[j] = ok ? t : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+template <int HG>
+__device__ __forceinline__ void q_store(const kdt_attn_args &a, int i0, const float4 (&v)[QB], uint16_t *Qs, int qs) {
+    constexpr int THREADS = AttCfg<HG>::THREADS;
+    const int dq4 = a.dq / 4, n4 = HG * dq4;
+#pragma unroll
+    for (int j = 0; j < QB; j++) {
+        const int i = i0 + j * THREADS;
+        if (i < n4) {
+            const int h = i / dq4, d = (i - h * dq4) * 4;
+            uint2 p;
+            p.x = pack_bf16(v[j].x, v[j].y);
+            p.y = pack_bf16(v[j].z, v[j].w);
+            *reinterpret_cast<uint2 *>(Qs + h * qs + d) = p;
+        }
+    }
+}
+/* the batches of an item from i0 on (i0 = threadIdx.x: all of them) */
+template <int HG>
+__device__ __forceinline__ void load_q(const kdt_attn_args &a, const Item &it, int i0, uint16_t *Qs, int qs) {
+    constexpr int THREADS = AttCfg<HG>::THREADS;
+    for (; i0 < HG * (a.dq / 4); i0 += QB * THREADS) {
+        float4 v[QB];
+        q_fetch<HG>(a, it, i0, v);
+        q_store<HG>(a, i0, v, Qs, qs);
+    }
 }
 
 template <int HG, int NT>
-__global__ void __launch_bounds__(AttCfg<HG>::THREADS, 1) attn_partial(const kdt_attn_args a) {
+__global__ void __launch_bounds__(AttCfg<HG>::THREADS, 1) attn_partial(const kdt_attn_args a, int stages) {
     using C = AttCfg<HG>;
-    constexpr int MT = C::MT, WARPS = C::WARPS, THREADS = C::THREADS;
+    constexpr int MT = C::MT, WARPS = C::WARPS, THREADS = C::THREADS, PPW = C::PPW, TPK = C::TPK;
     extern __shared__ __align__(16) unsigned char smem[];
-    const int qs = qs_stride(a.dq), dq16 = (a.dq + 15) / 16;
-    uint16_t *Qs = reinterpret_cast<uint16_t *>(smem);                  /* [HG][qs] */
-    uint16_t *Ks = Qs + (size_t)HG * qs;                                 /* [2][TILE][qs] */
-    float *Ss = reinterpret_cast<float *>(Ks + 2 * (size_t)TILE * qs);   /* [HG][SS] */
-    uint16_t *Ps = reinterpret_cast<uint16_t *>(Ss + HG * SS);           /* [HG][PS] */
+    const int qs = qs_stride(HG, NT, a.dq), dq16 = (a.dq + 15) / 16, kch = (dq16 + QCH - 1) / QCH;
+    uint16_t *Qs = reinterpret_cast<uint16_t *>(smem);                       /* [HG][qs] */
+    uint16_t *Ks = Qs + (size_t)HG * qs;                                      /* [stages][TILE][qs] */
+    float *Ss = reinterpret_cast<float *>(Ks + (size_t)stages * TILE * qs);   /* [HG][SS] */
+    uint16_t *Ps = reinterpret_cast<uint16_t *>(Ss + HG * SS);                /* [HG][PS] */
     float *row_m = reinterpret_cast<float *>(Ps + HG * PS), *row_l = row_m + HG, *row_alpha = row_l + HG;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int my_key = tid / TPK;
     const int n_hg = (a.H + HG - 1) / HG;
     const int n_rows = a.hdr->n_rows;
     const long long total = (long long)a.hdr->total_splits * n_hg;
 
-    /* pad columns [d_q, qs) of both K stages are never written by the loads: zero them once */
-    for (int i = tid; i < 2 * TILE * (qs - a.dq); i += THREADS) {
+    /* pad columns [d_q, qs) of Q and of every K stage are never written by the loads: zero them */
+    for (int i = tid; i < (HG + stages * TILE) * (qs - a.dq); i += THREADS) {
         const int r = i / (qs - a.dq), c = a.dq + i % (qs - a.dq);
-        Ks[r * qs + c] = 0;
+        Qs[r * qs + c] = 0; /* Ks rows follow the Q rows */
     }
 
-    for (long long item = blockIdx.x; item < total; item += gridDim.x) {
-        const int gs = (int)(item / n_hg), hg = (int)(item % n_hg);
-        int lo = 0, hi = n_rows - 1; /* the row holding split gs: last row with split_off <= gs */
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) >> 1;
-            if (a.rows[mid].split_off <= gs) lo = mid;
-            else hi = mid - 1;
+    /* producer: the next tile to load (p_tile of item pi) and its key's location, looked up one
+     * tile before the copies are issued */
+    Item pi;
+    long long p_item = blockIdx.x;
+    bool p_live = item_at(a, p_item, total, n_hg, n_rows, pi);
+    int p_tile = 0, p_seq = 0;
+    KeySrc la = {0, 0, 0};
+    if (p_live) la = key_src(a, pi, pi.k_begin + my_key);
+    Item ci = pi; /* consumer: the tile being computed */
+    bool c_live = p_live;
+
+    /* issues one tile (or nothing once the items are exhausted) and commits one group */
+#define KDT_ATT_PRODUCE()                                                                        \
+    do {                                                                                         \
+        if (p_live) {                                                                            \
+            issue_key<HG>(a, Ks + (size_t)(p_seq % stages) * TILE * qs, qs, la);                 \
+            p_seq++;                                                                             \
+            if (++p_tile == pi.n_tiles) {                                                        \
+                p_item += gridDim.x;                                                             \
+                p_live = item_at(a, p_item, total, n_hg, n_rows, pi);                            \
+                p_tile = 0;                                                                      \
+            }                                                                                    \
+            if (p_live) la = key_src(a, pi, pi.k_begin + p_tile * TILE + my_key);                \
+        }                                                                                        \
+        cp_async_commit();                                                                       \
+    } while (0)
+
+    /* the first batch of Q goes out before the first copies wait for their block-table entries */
+    float4 qv[QB];
+    if (c_live) q_fetch<HG>(a, ci, tid, qv);
+    for (int s = 0; s < stages - 1; s++) KDT_ATT_PRODUCE();
+    if (c_live) {
+        q_store<HG>(a, tid, qv, Qs, qs);
+        load_q<HG>(a, ci, tid + QB * THREADS, Qs, qs);
+    }
+
+    float acc[MT][NT][4] = {};
+    int c_tile = 0, c_seq = 0;
+    while (c_live) {
+        const int kb = ci.k_begin + c_tile * TILE;
+        const uint16_t *Kc = Ks + (size_t)(c_seq % stages) * TILE * qs;
+        if (stages == 3) cp_async_wait<1>();
+        else cp_async_wait<0>();
+        __syncthreads(); /* tile c_seq (and Q) landed; everyone is past tile c_seq - 1 */
+        KDT_ATT_PRODUCE(); /* into the stage tile c_seq - 1 used */
+        if (c_tile == 0) {
+            for (int i = tid; i < HG; i += THREADS) row_m[i] = -INFINITY, row_l[i] = 0.0f;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[mt][j][e] = 0.0f;
         }
-        const int r = lo;
-        const kdt_grow row = a.rows[r];
-        const int chunk = split_keys(row.n_keys);
-        const int k_begin = (gs - row.split_off) * chunk;
-        const int k_end = min(k_begin + chunk, row.n_keys);
-        const int n_tiles = (k_end - k_begin + TILE - 1) / TILE;
 
-        __syncthreads(); /* the previous item is done with Q, P and the row state */
-        for (int i = tid; i < HG * qs; i += THREADS) {
-            const int h = i / qs, d = i % qs, head = hg * HG + h;
-            const float v = (head < a.H && d < a.dq) ? a.q_abs[((int64_t)r * a.H + head) * a.dq + d] : 0.0f;
-            Qs[i] = f32_to_bf16(v);
-        }
-        for (int i = tid; i < HG; i += THREADS) row_m[i] = -INFINITY, row_l[i] = 0.0f;
-        load_kv_tile<HG>(a, row, Ks, qs, k_begin, k_end);
-        cp_async_commit();
-
-        float acc[MT][NT][4];
+        /* S = Q K^T: this warp's PPW (m-tile, 8-key tile) pairs, QCH chains each */
+        {
+            float c[PPW][QCH][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
+            for (int p = 0; p < PPW; p++)
 #pragma unroll
-            for (int j = 0; j < NT; j++)
+                for (int j = 0; j < QCH; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) acc[mt][j][e] = 0.0f;
-
-        for (int ti = 0; ti < n_tiles; ti++) {
-            const int kb = k_begin + ti * TILE;
-            const uint16_t *Kc = Ks + (size_t)(ti & 1) * TILE * qs;
-            cp_async_wait<0>();
-            __syncthreads(); /* tile ti landed; everyone is past tile ti-1 */
-            if (ti + 1 < n_tiles) load_kv_tile<HG>(a, row, Ks + (size_t)((ti + 1) & 1) * TILE * qs, qs, kb + TILE, k_end);
-            cp_async_commit();
-
-            /* S = Q K^T: (m-tile, 8-key tile) pairs spread over the warps */
+                    for (int e = 0; e < 4; e++) c[p][j][e] = 0.0f;
+#pragma unroll 3
+            for (int i = 0; i < kch; i++) {
 #pragma unroll
-            for (int id = warp; id < MT * (TILE / 8); id += WARPS) {
-                const int mt = id / (TILE / 8), nt = id % (TILE / 8);
-                float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                const uint16_t *qa = Qs + (mt * 16 + g) * qs + 2 * t;
-                const uint16_t *kp = Kc + (nt * 8 + g) * qs + 2 * t;
-                for (int kk = 0; kk < dq16; kk++) {
-                    uint32_t af[4];
-                    af[0] = *reinterpret_cast<const uint32_t *>(qa + kk * 16);
-                    af[1] = *reinterpret_cast<const uint32_t *>(qa + 8 * qs + kk * 16);
-                    af[2] = *reinterpret_cast<const uint32_t *>(qa + kk * 16 + 8);
-                    af[3] = *reinterpret_cast<const uint32_t *>(qa + 8 * qs + kk * 16 + 8);
-                    mma16816(s, af, *reinterpret_cast<const uint32_t *>(kp + kk * 16),
-                             *reinterpret_cast<const uint32_t *>(kp + kk * 16 + 8));
-                }
+                for (int j = 0; j < QCH; j++) {
+                    const int kk = j * kch + i;
+                    if (kk < dq16) {
+                        uint32_t bf[2]; /* WARPS is a multiple of TILE / 8: one key tile per warp */
+                        ldsm_x2(bf, Kc + ((warp % (TILE / 8)) * 8 + (lane & 7)) * qs + kk * 16 + ((lane >> 3) & 1) * 8);
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int key = nt * 8 + 2 * t + (e & 1), hr = mt * 16 + g + (e >> 1) * 8;
-                    Ss[hr * SS + key] = kb + key < k_end ? s[e] * a.scale_log2 : -INFINITY;
-                }
-            }
-            __syncthreads();
-
-            /* online softmax: 8 threads per head row, 4 keys each, fixed reduction tree */
-#pragma unroll
-            for (int rr = tid; rr < HG * TPR; rr += THREADS) {
-                const int hr = rr / TPR, part = rr % TPR;
-                float v[TILE / TPR];
-                float mx = -INFINITY;
-#pragma unroll
-                for (int i = 0; i < TILE / TPR; i++) {
-                    v[i] = Ss[hr * SS + part * (TILE / TPR) + i];
-                    mx = fmaxf(mx, v[i]);
-                }
-#pragma unroll
-                for (int o = TPR / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-                const float m_old = row_m[hr];
-                const float m_new = fmaxf(m_old, mx);
-                const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
-                float sum = 0.0f;
-#pragma unroll
-                for (int i = 0; i < TILE / TPR; i++) {
-                    const float p = exp2f(v[i] - m_ref);
-                    sum += p;
-                    Ps[hr * PS + part * (TILE / TPR) + i] = f32_to_bf16(p);
-                }
-#pragma unroll
-                for (int o = TPR / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-                __syncwarp();
-                if (part == 0) {
-                    const float alpha = exp2f(m_old - m_ref);
-                    row_alpha[hr] = alpha;
-                    row_l[hr] = row_l[hr] * alpha + sum;
-                    row_m[hr] = m_new;
-                }
-            }
-            __syncthreads();
-
-            /* O = alpha O + P V over this warp's columns [cb, cb + 8 NT) */
-            const int cb = warp * NT * 8;
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                const float a0 = row_alpha[mt * 16 + g], a1 = row_alpha[mt * 16 + g + 8];
-#pragma unroll
-                for (int j = 0; j < NT; j++) {
-                    acc[mt][j][0] *= a0;
-                    acc[mt][j][1] *= a0;
-                    acc[mt][j][2] *= a1;
-                    acc[mt][j][3] *= a1;
-                }
-            }
-#pragma unroll
-            for (int kk = 0; kk < TILE / 16; kk++) {
-                uint32_t pf[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    const uint16_t *pp = Ps + (mt * 16 + g) * PS + kk * 16 + 2 * t;
-                    pf[mt][0] = *reinterpret_cast<const uint32_t *>(pp);
-                    pf[mt][1] = *reinterpret_cast<const uint32_t *>(pp + 8 * PS);
-                    pf[mt][2] = *reinterpret_cast<const uint32_t *>(pp + 8);
-                    pf[mt][3] = *reinterpret_cast<const uint32_t *>(pp + 8 * PS + 8);
-                }
-#pragma unroll
-                for (int jj = 0; jj < NT / 2; jj++) {
-                    uint32_t bv[4];
-                    ldsm_x4_trans(bv, Kc + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * qs + cb + jj * 16 +
-                                          (lane >> 4) * 8);
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        mma16816(acc[mt][2 * jj], pf[mt], bv[0], bv[1]);
-                        mma16816(acc[mt][2 * jj + 1], pf[mt], bv[2], bv[3]);
+                        for (int p = 0; p < PPW; p++) {
+                            const int mt = (warp + p * WARPS) / (TILE / 8);
+                            uint32_t af[4];
+                            ldsm_x4(af, Qs + (mt * 16 + (lane & 15)) * qs + kk * 16 + (lane >> 4) * 8);
+                            mma16816(c[p][j], af, bf[0], bf[1]);
+                        }
                     }
                 }
             }
+            static_assert(QCH == 4, "the chain sum below");
+#pragma unroll
+            for (int p = 0; p < PPW; p++) {
+                const int id = warp + p * WARPS, mt = id / (TILE / 8), nt = id % (TILE / 8);
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = nt * 8 + 2 * t + (e & 1), hr = mt * 16 + g + (e >> 1) * 8;
+                    const float s = (c[p][0][e] + c[p][1][e]) + (c[p][2][e] + c[p][3][e]);
+                    Ss[hr * SS + key] = kb + key < ci.k_end ? s * a.scale_log2 : -INFINITY;
+                }
+            }
         }
+        __syncthreads();
 
-        /* partial results of this split */
+        /* online softmax: 8 threads per head row, 4 keys each, fixed reduction tree */
+#pragma unroll
+        for (int rr = tid; rr < HG * TPR; rr += THREADS) {
+            const int hr = rr / TPR, part = rr % TPR;
+            float v[TILE / TPR];
+            float mx = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < TILE / TPR; i++) {
+                v[i] = Ss[hr * SS + part * (TILE / TPR) + i];
+                mx = fmaxf(mx, v[i]);
+            }
+#pragma unroll
+            for (int o = TPR / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const float m_old = row_m[hr];
+            const float m_new = fmaxf(m_old, mx);
+            const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
+            float sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < TILE / TPR; i++) {
+                const float p = exp2f(v[i] - m_ref);
+                sum += p;
+                Ps[hr * PS + part * (TILE / TPR) + i] = f32_to_bf16(p);
+            }
+#pragma unroll
+            for (int o = TPR / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            __syncwarp();
+            if (part == 0) {
+                const float alpha = exp2f(m_old - m_ref);
+                row_alpha[hr] = alpha;
+                row_l[hr] = row_l[hr] * alpha + sum;
+                row_m[hr] = m_new;
+            }
+        }
+        __syncthreads();
+
+        /* O = alpha O + P V over this warp's columns [cb, cb + 8 NT) */
         const int cb = warp * NT * 8;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            const float a0 = row_alpha[mt * 16 + g], a1 = row_alpha[mt * 16 + g + 8];
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                acc[mt][j][0] *= a0;
+                acc[mt][j][1] *= a0;
+                acc[mt][j][2] *= a1;
+                acc[mt][j][3] *= a1;
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < TILE / 16; kk++) {
+            uint32_t pf[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                ldsm_x4(pf[mt], Ps + (mt * 16 + (lane & 15)) * PS + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+            for (int jj = 0; jj < NT / 2; jj++) {
+                uint32_t bv[4];
+                ldsm_x4_trans(bv, Kc + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * qs + cb + jj * 16 +
+                                      (lane >> 4) * 8);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    mma16816(acc[mt][2 * jj], pf[mt], bv[0], bv[1]);
+                    mma16816(acc[mt][2 * jj + 1], pf[mt], bv[2], bv[3]);
+                }
+            }
+        }
+        c_seq++;
+        if (++c_tile < ci.n_tiles) continue;
+
+        /* the item is done: its partial results (row_m / row_l are final since the last sync) */
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int j = 0; j < NT; j++)
 #pragma unroll
                 for (int h2 = 0; h2 < 2; h2++) {
-                    const int head = hg * HG + mt * 16 + g + 8 * h2, col = cb + j * 8 + 2 * t;
+                    const int head = ci.hg * HG + mt * 16 + g + 8 * h2, col = cb + j * 8 + 2 * t;
                     if (head < a.H) {
-                        float *dst = a.att_o + ((int64_t)gs * a.H + head) * a.dc;
+                        float *dst = a.att_o + ((int64_t)ci.gs * a.H + head) * a.dc;
                         if (col < a.dc) dst[col] = acc[mt][j][2 * h2];
                         if (col + 1 < a.dc) dst[col + 1] = acc[mt][j][2 * h2 + 1];
                     }
                 }
         for (int i = tid; i < HG; i += THREADS) {
-            const int head = hg * HG + i;
+            const int head = ci.hg * HG + i;
             if (head < a.H) {
-                a.att_m[(int64_t)gs * a.H + head] = row_m[i];
-                a.att_l[(int64_t)gs * a.H + head] = row_l[i];
+                a.att_m[(int64_t)ci.gs * a.H + head] = row_m[i];
+                a.att_l[(int64_t)ci.gs * a.H + head] = row_l[i];
             }
         }
+        /* the next item: every read of Qs for this one was before the S sync above */
+        c_live = item_at(a, ci.gs * (long long)n_hg + ci.hg + gridDim.x, total, n_hg, n_rows, ci);
+        c_tile = 0;
+        if (c_live) load_q<HG>(a, ci, tid, Qs, qs);
     }
+#undef KDT_ATT_PRODUCE
+    cp_async_wait<0>(); /* no copy may outlive the CTA */
 }
 
 constexpr int CT = 256;                      /* attn_combine threads */
 constexpr int CH = 16;                       /* most heads one combine item spans */
 constexpr int CS = KDT_G_ATT_MAX_SPLITS;     /* n_splits never exceeds it */
+constexpr int CPF = 32;                      /* splits of a thread's first output loaded early */
+static_assert(CPF % 16 == 0, "the later loads go 16 splits at a time");
 
 /* o_lat[r][h] = sum_j O_j 2^(m_j - M) / sum_j l_j 2^(m_j - M), splits j in order, M = max_j m_j.
  * Item = (row, outputs [lo, hi) of the row's H x d_c, spanning heads h_lo..). Per head: M by
@@ -313,6 +471,12 @@ __global__ void __launch_bounds__(CT) attn_combine(const kdt_attn_args a, int co
         const int h_lo = lo / a.dc, nh = (hi - 1) / a.dc - h_lo + 1; /* <= CH (launcher) */
         const kdt_grow row = a.rows[r];
         const int ns = min(n_splits(row.n_keys), CS), base = row.split_off;
+        /* this thread's first output's split values go out now, before the weights are known */
+        const int i0 = lo + threadIdx.x;
+        float pre[CPF];
+#pragma unroll
+        for (int u = 0; u < CPF; u++)
+            pre[u] = i0 < hi && u < ns ? a.att_o[(int64_t)(base + u) * stride + i0] : 0.0f;
         __syncthreads(); /* the previous item is done with the weights */
         for (int i = threadIdx.x; i < nh * ns; i += CT) {
             const int j = i / nh, h = i % nh;
@@ -336,11 +500,18 @@ __global__ void __launch_bounds__(CT) attn_combine(const kdt_attn_args a, int co
             sw[h][j] = exp2f(sw[h][j] - sM[h]);
         }
         __syncthreads();
-        for (int i = lo + threadIdx.x; i < hi; i += CT) {
+        for (int i = i0; i < hi; i += CT) {
             const int h = i / a.dc - h_lo;
             const float *src = a.att_o + (int64_t)base * stride + i;
             float o = 0.0f;
-            for (int j0 = 0; j0 < ns; j0 += 16) { /* loads 16 splits at a time, fmas in order */
+            int j_first = 0;
+            if (i == i0) {
+#pragma unroll
+                for (int u = 0; u < CPF; u++)
+                    if (u < ns) o = __fmaf_rn(pre[u], sw[h][u], o);
+                j_first = CPF;
+            }
+            for (int j0 = j_first; j0 < ns; j0 += 16) { /* loads 16 splits at a time, fmas in order */
                 float t[16];
 #pragma unroll
                 for (int u = 0; u < 16; u++) t[u] = j0 + u < ns ? src[(j0 + u) * stride] : 0.0f;
@@ -353,12 +524,6 @@ __global__ void __launch_bounds__(CT) attn_combine(const kdt_attn_args a, int co
     }
 }
 
-template <int HG, int NT>
-cudaError_t set_attr(int dq) {
-    return cudaFuncSetAttribute(attn_partial<HG, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)att_smem(HG, dq));
-}
-
 int pick_nt(int hg, int dc) {
     const int warps = hg == 16 ? 4 : 8;
     int nt = (dc + warps * 8 - 1) / (warps * 8);
@@ -367,6 +532,33 @@ int pick_nt(int hg, int dc) {
     return nt;
 }
 
+/* The device's SM count, per-block opt-in and per-SM shared memory. */
+struct DevLimits {
+    int n_sm, optin, per_sm;
+};
+cudaError_t dev_limits(DevLimits *d) {
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&d->n_sm, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&d->optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&d->per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+    return e;
+}
+
+/* The deepest KV ring that fits the device (2 always fits where the instance is supported). */
+int max_stages(int hg, int nt, int dq, const DevLimits &d) {
+    return att_smem(hg, nt, dq, MAX_ST) <= (size_t)d.optin ? MAX_ST : 2;
+}
+
+template <int HG, int NT>
+cudaError_t set_attr(size_t smem) {
+    return cudaFuncSetAttribute(attn_partial<HG, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+}
+
+template <int HG, int NT>
+void launch_partial(const kdt_attn_args &a, unsigned grid, size_t smem, int stages, cudaStream_t s) {
+    attn_partial<HG, NT><<<grid, AttCfg<HG>::THREADS, smem, s>>>(a, stages);
+}
 
 /* Verify rows from a tree that lives on the device (kdt_gpu_stage_verify_device): one CTA numbers
  * the nodes of every stream compactly (stream-major), fills each row exactly as the host staging
@@ -446,37 +638,43 @@ __global__ void __launch_bounds__(STAGE_THREADS) k_stage_tree(kdt_gstage_hdr *hd
 extern "C" int32_t kdt_attn_split_keys(int32_t n_keys) { return split_keys(n_keys); }
 extern "C" int32_t kdt_attn_n_splits(int32_t n_keys) { return n_splits(n_keys); }
 
-/* 0 when (heads_per_item, d_c, d_q) has no kernel instance or its columns overrun the tile. */
+/* 0 when (heads_per_item, d_c, d_q) has no kernel instance; else the shared memory of its
+ * shallowest (2-stage) ring, what the device must offer for the instance to run at all. */
 extern "C" size_t kdt_attn_smem_bytes(int32_t heads_per_item, int32_t dc, int32_t dq) {
     if ((heads_per_item != 16 && heads_per_item != 64) || dq % 8 || dc < 1 || dc > dq) return 0;
     const int nt = pick_nt(heads_per_item, dc);
     const int max_nt = heads_per_item == 16 ? 16 : 8;
-    const int cols = (heads_per_item == 16 ? 4 : 8) * nt * 8;
-    if (nt > max_nt || cols > qs_stride(dq)) return 0;
-    return att_smem(heads_per_item, dq);
+    if (nt > max_nt) return 0;
+    return att_smem(heads_per_item, nt, dq, 2);
 }
 
-/* Raises the shared-memory limit of the instances this model uses (before any capture). */
+/* Raises the shared-memory limit of the instances this model uses (before any capture) to the
+ * deepest ring the device fits. */
 extern "C" kdt_status kdt_attn_init(int32_t heads_per_item, int32_t dc, int32_t dq) {
     const int nt = pick_nt(heads_per_item, dc);
-    cudaError_t e = cudaErrorInvalidValue;
-    if (heads_per_item == 16) {
-        switch (nt) {
-        case 2: e = set_attr<16, 2>(dq); break;
-        case 4: e = set_attr<16, 4>(dq); break;
-        case 6: e = set_attr<16, 6>(dq); break;
-        case 8: e = set_attr<16, 8>(dq); break;
-        case 10: e = set_attr<16, 10>(dq); break;
-        case 12: e = set_attr<16, 12>(dq); break;
-        case 14: e = set_attr<16, 14>(dq); break;
-        case 16: e = set_attr<16, 16>(dq); break;
-        }
-    } else {
-        switch (nt) {
-        case 2: e = set_attr<64, 2>(dq); break;
-        case 4: e = set_attr<64, 4>(dq); break;
-        case 6: e = set_attr<64, 6>(dq); break;
-        case 8: e = set_attr<64, 8>(dq); break;
+    DevLimits d;
+    cudaError_t e = dev_limits(&d);
+    const size_t smem = e == cudaSuccess ? att_smem(heads_per_item, nt, dq, max_stages(heads_per_item, nt, dq, d)) : 0;
+    if (e == cudaSuccess) {
+        e = cudaErrorInvalidValue;
+        if (heads_per_item == 16) {
+            switch (nt) {
+            case 2: e = set_attr<16, 2>(smem); break;
+            case 4: e = set_attr<16, 4>(smem); break;
+            case 6: e = set_attr<16, 6>(smem); break;
+            case 8: e = set_attr<16, 8>(smem); break;
+            case 10: e = set_attr<16, 10>(smem); break;
+            case 12: e = set_attr<16, 12>(smem); break;
+            case 14: e = set_attr<16, 14>(smem); break;
+            case 16: e = set_attr<16, 16>(smem); break;
+            }
+        } else {
+            switch (nt) {
+            case 2: e = set_attr<64, 2>(smem); break;
+            case 4: e = set_attr<64, 4>(smem); break;
+            case 6: e = set_attr<64, 6>(smem); break;
+            case 8: e = set_attr<64, 8>(smem); break;
+            }
         }
     }
     if (e != cudaSuccess)
@@ -485,33 +683,50 @@ extern "C" kdt_status kdt_attn_init(int32_t heads_per_item, int32_t dc, int32_t 
     return KDT_OK;
 }
 
+/* Scheduling only (the stage count and the grid never change a bit): a pass of one row has at
+ * most a few items per SM, so each SM gets one CTA with the deepest ring (two tiles in flight);
+ * a pass of more rows with 16 heads per item gets two CTAs of a 2-stage ring per SM where they
+ * fit, so one CTA's barriers and item changes hide behind the other's work. With one CTA per
+ * SM the grid is cut to one per SM: a CTA streams its items without gaps, extra CTAs would only
+ * queue behind it. */
 extern "C" kdt_status kdt_attn_launch(const kdt_attn_args *a, cudaStream_t s) {
     const int hg = a->heads_per_item;
     const int nt = pick_nt(hg, a->dc);
-    const size_t smem = att_smem(hg, a->dq);
-    const dim3 grid((unsigned)(a->grid > 0 ? a->grid : 1));
+    DevLimits d;
+    cudaError_t e = dev_limits(&d);
+    if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "GPU attention: device: %s", cudaGetErrorString(e));
+    int stages = max_stages(hg, nt, a->dq, d);
+    const size_t smem2 = att_smem(hg, nt, a->dq, 2);
+    const int two_per_sm = 2 * (smem2 + 1024) <= (size_t)d.per_sm;
+    if (hg == 16 && a->max_rows > 1 && two_per_sm) stages = 2;
+    const size_t smem = att_smem(hg, nt, a->dq, stages);
+    int64_t grid = a->grid > 0 ? a->grid : 1;
+    int64_t per_sm = (int64_t)d.per_sm / (int64_t)(smem + 1024);
+    if (per_sm < 1) per_sm = 1;
+    if (grid > per_sm * d.n_sm) grid = per_sm * d.n_sm;
+    const unsigned g = (unsigned)grid;
     if (hg == 16) {
         switch (nt) {
-        case 2: attn_partial<16, 2><<<grid, 128, smem, s>>>(*a); break;
-        case 4: attn_partial<16, 4><<<grid, 128, smem, s>>>(*a); break;
-        case 6: attn_partial<16, 6><<<grid, 128, smem, s>>>(*a); break;
-        case 8: attn_partial<16, 8><<<grid, 128, smem, s>>>(*a); break;
-        case 10: attn_partial<16, 10><<<grid, 128, smem, s>>>(*a); break;
-        case 12: attn_partial<16, 12><<<grid, 128, smem, s>>>(*a); break;
-        case 14: attn_partial<16, 14><<<grid, 128, smem, s>>>(*a); break;
-        case 16: attn_partial<16, 16><<<grid, 128, smem, s>>>(*a); break;
+        case 2: launch_partial<16, 2>(*a, g, smem, stages, s); break;
+        case 4: launch_partial<16, 4>(*a, g, smem, stages, s); break;
+        case 6: launch_partial<16, 6>(*a, g, smem, stages, s); break;
+        case 8: launch_partial<16, 8>(*a, g, smem, stages, s); break;
+        case 10: launch_partial<16, 10>(*a, g, smem, stages, s); break;
+        case 12: launch_partial<16, 12>(*a, g, smem, stages, s); break;
+        case 14: launch_partial<16, 14>(*a, g, smem, stages, s); break;
+        case 16: launch_partial<16, 16>(*a, g, smem, stages, s); break;
         default: return kdt_fail(KDT_ERR_INTERNAL, "GPU attention: d_c %d", a->dc);
         }
     } else {
         switch (nt) {
-        case 2: attn_partial<64, 2><<<grid, 256, smem, s>>>(*a); break;
-        case 4: attn_partial<64, 4><<<grid, 256, smem, s>>>(*a); break;
-        case 6: attn_partial<64, 6><<<grid, 256, smem, s>>>(*a); break;
-        case 8: attn_partial<64, 8><<<grid, 256, smem, s>>>(*a); break;
+        case 2: launch_partial<64, 2>(*a, g, smem, stages, s); break;
+        case 4: launch_partial<64, 4>(*a, g, smem, stages, s); break;
+        case 6: launch_partial<64, 6>(*a, g, smem, stages, s); break;
+        case 8: launch_partial<64, 8>(*a, g, smem, stages, s); break;
         default: return kdt_fail(KDT_ERR_INTERNAL, "GPU attention: d_c %d", a->dc);
         }
     }
-    cudaError_t e = cudaGetLastError();
+    e = cudaGetLastError();
     if (e == cudaSuccess) {
         /* rows x chunks of the H d_c outputs; a chunk of whole heads spans at most CH of them, a
          * shorter one at most two */

@@ -54,10 +54,12 @@ static kdt_status ralloc(kdt_gpu_runner *r, void **p, size_t bytes, const char *
 
 static size_t align16(size_t v) { return (v + 15) & ~(size_t)15; }
 
-/* The most attention splits a row with up to max_keys keys can have (n_splits is not monotone
- * above 64 * KDT_G_ATT_SPLIT keys, where the split grows instead). */
+/* The most attention splits a row with up to max_keys keys can have (n_splits is not monotone:
+ * at most 32 up to 16384 keys, then ceil(n / KDT_G_ATT_SPLIT) up to 64 * KDT_G_ATT_SPLIT keys,
+ * where the split grows instead). */
 static int32_t max_row_splits(int32_t max_keys) {
-    /* the split size steps up at KDT_G_ATT_SHORT_KEYS, so the most splits may come below it */
+    /* the split size steps up at KDT_G_ATT_SHORT_KEYS, so the most splits may come below it (the
+     * 32 of 4096 keys bound every row up to 16384 keys) */
     const int32_t short_max = kdt_attn_n_splits(max_keys < KDT_G_ATT_SHORT_KEYS ? max_keys : KDT_G_ATT_SHORT_KEYS);
     const int32_t long_max = max_keys > 64 * KDT_G_ATT_SPLIT ? KDT_G_ATT_MAX_SPLITS : kdt_attn_n_splits(max_keys);
     return short_max > long_max ? short_max : long_max;

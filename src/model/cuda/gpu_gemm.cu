@@ -656,9 +656,9 @@ __global__ void __launch_bounds__(THREADS) v2_head_kernel(const kdt_head_args a,
 
 /* Rows per pass for a pool: the most (multiple of 16, <= 64) that still leave 3 stages (2 when
  * nothing does), so the weight stream always has a block in flight while one is computed. */
-V2Cfg v2_config(int stages) {
+V2Cfg v2_config_pool(int pool) {
     V2Cfg c;
-    c.pool = pool_bytes(stages);
+    c.pool = pool;
     c.cap = 16;
     for (int want = 3; want >= 2; want--)
         for (int r = V2_ROWS; r >= 16; r -= 16)
@@ -666,6 +666,35 @@ V2Cfg v2_config(int stages) {
                 c.cap = r;
                 return c;
             }
+    return c;
+}
+V2Cfg v2_config(int stages) { return v2_config_pool(pool_bytes(stages)); }
+
+/* Wave shaping of a dense GEMM (scheduling only: the pool and rows per pass never reach the
+ * chain). The runner's pool puts two CTAs on an SM; a grid a little larger than two per SM (o_proj
+ * (112, 3) = 336 CTAs, q_b (192, 2) = 384, W_UK (8, 1, 64) = 512 at 132 SMs) would then run as
+ * a full wave plus a thin tail wave. When 3 or 4 CTAs per SM with a proportionally smaller pool
+ * hold the whole grid at once and that pool still runs every row of the launch bound in one pass
+ * with >= 3 stages (decode-sized bounds), use it: one wave, the same bytes in flight per SM. */
+V2Cfg v2_config_grid(int stages, int64_t ctas, int m_max) {
+    const V2Cfg c = v2_config(stages);
+    int dev = 0, n_sm = 0, per_sm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
+        cudaGetLastError(); /* a failed query only forgoes the shaping */
+        return c;
+    }
+    const int rows = m_max < V2_ROWS ? m_max : V2_ROWS;
+    if ((2 * (c.pool + 1024) > per_sm) || ctas <= 2 * (int64_t)n_sm) return c;
+    for (int k = 3; k <= 4; k++) {
+        if (ctas > k * (int64_t)n_sm) continue;
+        const int pool = (per_sm / k - 1024) / 128 * 128;
+        if (pool >= c.pool) return c;
+        const V2Cfg ck = v2_config_pool(pool);
+        if (ck.cap >= rows && v2_stages(v2_tile_rows(rows), pool) >= 3 && V2_ROWS * (BN + 1) * 4 <= pool) return ck;
+        return c;
+    }
     return c;
 }
 static_assert(V2_ROWS * (BN + 1) * 4 <= 55296, "argmax tile fits the smallest pool");
@@ -774,7 +803,7 @@ extern "C" kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cu
         default: v1::gemm_kernel<4><<<grid, THREADS, smem, s>>>(*a); break;
         }
     } else {
-        const V2Cfg c = v2_config(stages);
+        const V2Cfg c = v2_config_grid(stages, (int64_t)grid.x * grid.y * grid.z, a->m_max);
         v2_gemm_kernel<<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
     }
     return launch_error("GPU GEMM");

@@ -26,7 +26,7 @@ extern "C" {
 #define KDT_G_BM 64           /* rows per GEMM pass */
 #define KDT_G_GU_BLOCK 32     /* gate/up interleave: 32 gate rows then 32 up rows per 64 */
 #define KDT_G_ATT_TILE 32     /* keys per attention tile */
-#define KDT_G_ATT_SPLIT 512   /* keys per attention split (rows with 4097..32768 keys) */
+#define KDT_G_ATT_SPLIT 512   /* most keys per attention split of rows with 4097..32768 keys */
 #define KDT_G_ATT_SPLIT_SHORT 128 /* keys per split of rows with <= KDT_G_ATT_SHORT_KEYS keys: short
                                      rows get more CTAs (a decode row is otherwise one serial CTA) */
 #define KDT_G_ATT_SHORT_KEYS 4096

@@ -288,9 +288,16 @@ __device__ __forceinline__ bool beats(const float *val, int i, int bi) {
     if (bi < 0) return true;
     return val[i] > val[bi] || (!(val[bi] > val[i]) && i < bi);
 }
+/* the same comparison on values already in registers (vi = val[i], vb = val[bi]) */
+__device__ __forceinline__ bool beats_v(float vi, int i, float vb, int bi) {
+    if (i < 0) return false;
+    if (bi < 0) return true;
+    return vi > vb || (!(vb > vi) && i < bi);
+}
 
-constexpr int RT = 256;         /* router threads */
+constexpr int RT = 512;         /* router threads: a decode row's E scores in one pass */
 constexpr int ROUTE_MAX_RPC = RT / 32;
+constexpr int ROUTE_EPL = 16;   /* biased scores per lane kept in registers (E <= 512) */
 
 /* Shared-memory scratch of one router row: scores, biased scores, group scores, allowed and kept
  * flags; rows route_row_bytes apart. */
@@ -322,8 +329,17 @@ int route_rows_per_cta(int max_rows, int E, int G) {
 
 /* rpc rows per CTA: all RT threads compute the rows' sigmoid scores, then warp w runs row w's
  * biased choice, group filter, top-k, weights, sorted by id (the selection is one warp's
- * sequence of steps whatever rpc is, and a score's arithmetic does not depend on its thread). */
-__global__ void __launch_bounds__(RT) k_route(const Route a, int rpc) {
+ * sequence of steps whatever rpc is, and a score's arithmetic does not depend on its thread).
+ *
+ * The top-k is K rounds of "best allowed expert": each lane scans its experts e = lane + 32 q in
+ * ascending q, then a butterfly over the lanes, every comparison `beats` (larger biased score,
+ * ties to the lower id); lane 0's winner is taken. With E <= 32 ROUTE_EPL and K <= 32 the lane's
+ * scores and allowed flags live in registers and lane k keeps the k-th choice, so the weights'
+ * normalisation (a sum in choice order), the scaling and the sort by expert id (ranks; ids
+ * are distinct except the degenerate 0 fill, where the rank keeps choice order like a stable
+ * sort) never touch memory; otherwise the same steps run on the shared-memory arrays. Both give
+ * the bits of forward.c's sequence. */
+__global__ void __launch_bounds__(RT, 1) k_route(const Route a, int rpc) {
     extern __shared__ unsigned char rsm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int E = a.E, G = a.G;
@@ -337,7 +353,7 @@ __global__ void __launch_bounds__(RT) k_route(const Route a, int rpc) {
         for (int i = threadIdx.x; i < nr * E; i += RT) {
             const int q = i / E, e = i % E;
             const RouteRow t = route_row(rsm, q, E, G);
-            const float l = split_sum<16>(a.part, a.splits, a.split_stride, (int64_t)(r0 + q) * E + e);
+            const float l = split_sum<32>(a.part, a.splits, a.split_stride, (int64_t)(r0 + q) * E + e);
             const float s = 1.0f / (1.0f + expf(-l));
             t.sc[e] = s;
             t.ch[e] = s + a.bias[e]; /* bias: selection only */
@@ -373,6 +389,54 @@ __global__ void __launch_bounds__(RT) k_route(const Route a, int rpc) {
         }
         int32_t *sel = a.sel + (int64_t)r * a.K;
         float *w = a.wgt + (int64_t)r * a.K;
+        if (E <= 32 * ROUTE_EPL && a.K <= 32) {
+            float cv[ROUTE_EPL];
+            bool al[ROUTE_EPL];
+#pragma unroll
+            for (int q = 0; q < ROUTE_EPL; q++) {
+                const int e = lane + 32 * q;
+                cv[q] = e < E ? ch[e] : 0.0f;
+                al[q] = e < E && allowed[e];
+            }
+            int my_e = 0;
+            float my_w = 0.0f;
+            for (int k = 0; k < a.K; k++) {
+                int best = -1;
+                float bv = 0.0f;
+#pragma unroll
+                for (int q = 0; q < ROUTE_EPL; q++)
+                    if (al[q] && beats_v(cv[q], lane + 32 * q, bv, best)) best = lane + 32 * q, bv = cv[q];
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) {
+                    const int other = __shfl_xor_sync(0xffffffffu, best, o);
+                    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                    if (beats_v(ov, other, bv, best)) best = other, bv = ov;
+                }
+                best = __shfl_sync(0xffffffffu, best, 0);
+                const int e = best < 0 ? 0 : best;
+#pragma unroll
+                for (int q = 0; q < ROUTE_EPL; q++)
+                    if (lane + 32 * q == e) al[q] = false;
+                if (lane == k) my_e = e, my_w = sc[e]; /* the unbiased score weighs the expert */
+            }
+            if (a.norm) {
+                float sum = 0.0f;
+                for (int k = 0; k < a.K; k++) sum += __shfl_sync(0xffffffffu, my_w, k);
+                sum += 1e-20f;
+                my_w /= sum;
+            }
+            my_w *= a.rsf;
+            int rank = 0; /* position after a stable sort by expert id */
+            for (int k = 0; k < a.K; k++) {
+                const int ek = __shfl_sync(0xffffffffu, my_e, k);
+                rank += ek < my_e || (ek == my_e && k < lane);
+            }
+            if (lane < a.K) {
+                sel[rank] = my_e;
+                w[rank] = my_w;
+            }
+            continue;
+        }
         for (int k = 0; k < a.K; k++) {
             int best = -1;
             for (int e = lane; e < E; e += 32)
@@ -421,68 +485,104 @@ struct Plan {
 
 constexpr int PLAN_CHUNK = 4096;
 
+/* How often expert e occurs in chunk[0, n) (16-byte reads: the chunk is 16-byte aligned). */
+__device__ __forceinline__ int count_in(const int32_t *chunk, int n, int e) {
+    const int4 *c4 = reinterpret_cast<const int4 *>(chunk);
+    int c = 0;
+    for (int i = 0; i < n / 4; i++) {
+        const int4 v = c4[i];
+        c += (v.x == e) + (v.y == e) + (v.z == e) + (v.w == e);
+    }
+    for (int i = n / 4 * 4; i < n; i++) c += chunk[i] == e;
+    return c;
+}
+
 /* One CTA: thread e owns expert e (the shared expert is e = E). Counts its pairs, the CTA scans
- * the counts into pair offsets and item offsets, then thread e assigns its pairs positions in
- * (row, slot) order - deterministic - and writes its items (<= 64 pairs each). */
+ * the counts into pair offsets and item offsets (warp shuffle scans, then the warp totals: exact
+ * integer sums, the serial scan's values), then thread e assigns its pairs positions in
+ * (row, slot) order - deterministic - and writes its items (<= 64 pairs each); the shared
+ * expert's pairs (one per row, in row order) are written by all threads. */
 __global__ void k_moe_plan(const Plan a) {
-    extern __shared__ int32_t psm[];
+    extern __shared__ __align__(16) int32_t psm[];
     const int E_tot = a.E + a.has_shared;
-    int32_t *cnt = psm, *off = cnt + E_tot, *ioff = off + E_tot, *chunk = ioff + E_tot + 1;
+    int32_t *wsum = psm, *chunk = psm + 64; /* [2][32] warp totals; the chunk (16-byte aligned) */
+    __shared__ int shared_off;
     const int R = clamp_rows(a.hdr->n_rows, a.max_rows), P = R * a.K;
-    const int e = threadIdx.x;
+    const int e = threadIdx.x, lane = e & 31, w = e >> 5;
     int c = 0;
     for (int b0 = 0; b0 < P; b0 += PLAN_CHUNK) {
+        const int n = min(PLAN_CHUNK, P - b0);
         __syncthreads();
-        for (int i = threadIdx.x; i < PLAN_CHUNK && b0 + i < P; i += blockDim.x) chunk[i] = a.sel[b0 + i];
+        for (int i = threadIdx.x; i < n; i += blockDim.x) chunk[i] = a.sel[b0 + i];
         __syncthreads();
-        if (e < a.E)
-            for (int i = 0; i < PLAN_CHUNK && b0 + i < P; i++) c += chunk[i] == e;
+        if (e < a.E) c += count_in(chunk, n, e);
     }
-    if (e < E_tot) cnt[e] = e < a.E ? c : R;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int po = 0, io = 0;
-        for (int x = 0; x < E_tot; x++) {
-            off[x] = po;
-            ioff[x] = io;
-            po += cnt[x];
-            io += (cnt[x] + KDT_G_BM - 1) / KDT_G_BM;
-        }
-        a.counts[0] = io;
-        a.counts[1] = po;
+    const int cnt = e < E_tot ? (e < a.E ? c : R) : 0, nit = (cnt + KDT_G_BM - 1) / KDT_G_BM;
+    int cs = cnt, is = nit; /* inclusive scans within the warp */
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int tc = __shfl_up_sync(0xffffffffu, cs, o), ti = __shfl_up_sync(0xffffffffu, is, o);
+        if (lane >= o) cs += tc, is += ti;
     }
+    if (lane == 31) wsum[w] = cs, wsum[32 + w] = is;
     __syncthreads();
+    int po = cs - cnt, io = is - nit;
+    for (int j = 0; j < w; j++) po += wsum[j], io += wsum[32 + j];
+    if (e == E_tot - 1) {
+        a.counts[0] = io + nit;
+        a.counts[1] = po + cnt;
+    }
     if (e < E_tot) {
-        for (int i = 0; i * KDT_G_BM < cnt[e]; i++) {
-            int32_t *it = a.items + 3 * (int64_t)(ioff[e] + i);
+        for (int i = 0; i * KDT_G_BM < cnt; i++) {
+            int32_t *it = a.items + 3 * (int64_t)(io + i);
             it[0] = e;
-            it[1] = off[e] + i * KDT_G_BM;
-            it[2] = min(KDT_G_BM, cnt[e] - i * KDT_G_BM);
+            it[1] = po + i * KDT_G_BM;
+            it[2] = min(KDT_G_BM, cnt - i * KDT_G_BM);
         }
-        a.expert_counts[e] = cnt[e];
+        a.expert_counts[e] = cnt;
     }
     if (!a.has_shared && e == a.E) a.expert_counts[a.E] = 0;
+    if (a.has_shared && e == a.E) shared_off = po;
     int run = 0;
     for (int b0 = 0; b0 < P; b0 += PLAN_CHUNK) {
-        __syncthreads();
-        for (int i = threadIdx.x; i < PLAN_CHUNK && b0 + i < P; i += blockDim.x) chunk[i] = a.sel[b0 + i];
-        __syncthreads();
-        if (e < a.E)
-            for (int i = 0; i < PLAN_CHUNK && b0 + i < P; i++)
-                if (chunk[i] == e) {
-                    const int p = off[e] + run++;
-                    a.pair_row[p] = (b0 + i) / a.K;
-                    a.pair_expert[p] = e;
-                    a.pos_of[b0 + i] = p;
-                }
-    }
-    if (a.has_shared && e == a.E)
-        for (int r = 0; r < R; r++) {
-            const int p = off[e] + r;
-            a.pair_row[p] = r;
-            a.pair_expert[p] = e;
-            a.pos_shared[r] = p;
+        const int n = min(PLAN_CHUNK, P - b0);
+        if (P > PLAN_CHUNK) { /* else the chunk still holds every choice */
+            __syncthreads();
+            for (int i = threadIdx.x; i < n; i += blockDim.x) chunk[i] = a.sel[b0 + i];
+            __syncthreads();
         }
+        if (e < a.E) {
+            const int4 *c4 = reinterpret_cast<const int4 *>(chunk);
+            for (int i4 = 0; i4 < (n + 3) / 4; i4++) {
+                int v[4];
+                if (4 * i4 + 3 < n) {
+                    const int4 t = c4[i4];
+                    v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+                } else {
+#pragma unroll
+                    for (int u = 0; u < 4; u++) v[u] = 4 * i4 + u < n ? chunk[4 * i4 + u] : -1;
+                }
+                if (v[0] != e && v[1] != e && v[2] != e && v[3] != e) continue;
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (v[u] == e) { /* in (row, slot) order */
+                        const int i = 4 * i4 + u, p = po + run++;
+                        a.pair_row[p] = (b0 + i) / a.K;
+                        a.pair_expert[p] = e;
+                        a.pos_of[b0 + i] = p;
+                    }
+            }
+        }
+    }
+    if (a.has_shared) {
+        __syncthreads(); /* shared_off */
+        const int so = shared_off;
+        for (int r = threadIdx.x; r < R; r += blockDim.x) {
+            a.pair_row[so + r] = r;
+            a.pair_expert[so + r] = a.E;
+            a.pos_shared[r] = so + r;
+        }
+    }
 }
 
 /* x += sum_k y[pair(r, k)] w[r][k] (slots in increasing expert id) + y[shared pair of r] */
@@ -732,7 +832,11 @@ extern "C" kdt_status kdt_op_route(const float *part, int32_t splits, int64_t sp
     return launched("GPU MoE router");
 }
 
-extern "C" size_t kdt_op_plan_smem(int32_t E_tot) { return ((size_t)3 * E_tot + 1 + PLAN_CHUNK) * sizeof(int32_t); }
+/* warp totals and the chunk of choices (the counts and offsets live in registers) */
+extern "C" size_t kdt_op_plan_smem(int32_t E_tot) {
+    (void)E_tot;
+    return ((size_t)64 + PLAN_CHUNK) * sizeof(int32_t);
+}
 
 extern "C" kdt_status kdt_op_moe_plan(const kdt_gstage_hdr *hdr, const int32_t *sel, int32_t K, int32_t E,
                                       int32_t has_shared, int32_t max_rows, int32_t *pair_row, int32_t *pair_expert,
