@@ -163,17 +163,6 @@ static kdt_status upload_vecs(float *dst, const kdt_weight *const *ws, int32_t n
     return st;
 }
 
-/* GEMM stages as the runner picks them (results never depend on it). */
-static int32_t pick_stages(const kdt_gpu_model *t) {
-    int per_sm = 0;
-    cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, t->device);
-    for (int32_t s = 4; s >= 2; s--)
-        if (2 * kdt_gemm_smem_bytes(s) + 2048 <= (size_t)per_sm && kdt_gemm_smem_bytes(s) <= t->smem_optin) return s;
-    for (int32_t s = 4; s >= 2; s--)
-        if (kdt_gemm_smem_bytes(s) <= t->smem_optin) return s;
-    return 2;
-}
-
 /* splits * rows * n * batch: the partials a GEMM of that shape needs. */
 static size_t part_need(int32_t n, int32_t ld, int32_t batch, int32_t rows) {
     int32_t splits, chunk;
@@ -335,7 +324,7 @@ static kdt_status build(kdt_dflash_gpu *g, const kdt_dflash *d) {
     g->attn_pairs = pc;
     g->attn_chunks = (pairs + pc - 1) / pc;
     KDT_TRY(kdt_df_attn_init(smem));
-    g->stages = pick_stages(g->target);
+    g->stages = kdt_gpu_gemm_stages(g->target);
     KDT_TRY(kdt_gemm_init(g->stages));
     const cudaError_t e = cudaDeviceSynchronize(); /* pageable uploads done before any stream runs */
     return e == cudaSuccess ? KDT_OK : cuda_fail(e, "upload");

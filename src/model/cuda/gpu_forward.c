@@ -65,9 +65,7 @@ static int32_t max_row_splits(int32_t max_keys) {
     return short_max > long_max ? short_max : long_max;
 }
 
-/* GEMM stages: 4 when two CTAs of 4 fit an SM (H100/H200), else what fits (results never
- * depend on it). */
-static int32_t pick_stages(const kdt_gpu_model *g) {
+int32_t kdt_gpu_gemm_stages(const kdt_gpu_model *g) {
     int per_sm = 0;
     cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, g->device);
     for (int32_t s = 4; s >= 2; s--)
@@ -129,7 +127,7 @@ kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_op
     const int32_t R = o.max_rows, D = c->hidden_size, H = c->n_heads, dn = c->qk_nope_head_dim,
                   dr = c->qk_rope_head_dim, dv = c->v_head_dim, dc = c->kv_lora_rank, dq = dc + dr,
                   ql = c->q_lora_rank, E = c->n_routed_experts, K = c->n_experts_per_tok, V = c->vocab_size;
-    const int32_t stages = pick_stages(g);
+    const int32_t stages = kdt_gpu_gemm_stages(g);
     if (o.stream) {
         r->stream = (cudaStream_t)o.stream;
     } else {

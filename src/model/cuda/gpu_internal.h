@@ -293,6 +293,10 @@ kdt_status kdt_op_stage_tree(kdt_gstage_hdr *hdr, kdt_grow *rows, int32_t *head,
 size_t kdt_attn_smem_bytes(int32_t heads_per_item, int32_t dc, int32_t dq);
 
 
+/* GEMM pipeline stages for this device: 4 when two CTAs of 4 fit an SM (H100/H200), else what
+ * fits (results never depend on it). Used by the runner and the GPU drafter. */
+int32_t kdt_gpu_gemm_stages(const kdt_gpu_model *g);
+
 /* Raise the shared-memory limits of the kernel instances a runner uses (before any capture). */
 kdt_status kdt_gemm_init(int32_t stages);
 kdt_status kdt_attn_init(int32_t heads_per_item, int32_t dc, int32_t dq);
