@@ -556,7 +556,21 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
         return kdt_fail(KDT_ERR_INTERNAL, "engine GPU: draft depth %d exceeds the buffers' %d", e->depth, g->Lmax);
     rc.K = kdt_round_topk_k(e, &rc.gr);
     memcpy(g->caps, e->b_budget, sizeof(int32_t) * (size_t)S);
-    if (rc.gr.n_auto > 0) choose_lagged(e, g, &rc);
+    if (rc.gr.n_auto > 0) {
+        choose_lagged(e, g, &rc);
+        /* the probe only needs to reach past the budgets worth trying next: twice the chosen
+         * one (at least 16), so a B 64 cap does not cost a 64-pop build every round */
+        int32_t K = 1;
+        for (int32_t s = 0; s < rc.gr.n_tree; s++) {
+            if (e->streams[e->slot_of[s]].params.spec == KDT_SPEC_AUTO) {
+                const int32_t want = 2 * e->b_budget[s] > 16 ? 2 * e->b_budget[s] : 16;
+                if (want < g->caps[s]) g->caps[s] = want;
+            }
+            const int32_t k = g->caps[s] > e->b_budget[s] ? g->caps[s] : e->b_budget[s];
+            if (k > K) K = k;
+        }
+        rc.K = K < e->top_k_max ? K : e->top_k_max;
+    }
     rc.stride = 1;
     for (int32_t s = 0; s < S; s++) {
         if (1 + e->b_budget[s] > rc.stride) rc.stride = 1 + e->b_budget[s];
