@@ -15,6 +15,16 @@
 
 static int t_passed, t_failed, t_cur_failed;
 
+/* malloc that ends the test on failure (tests have no recovery path for it) */
+static inline void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
 #define CHECK(cond)                                                                  \
     do {                                                                             \
         if (!(cond)) {                                                               \

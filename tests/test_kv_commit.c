@@ -23,12 +23,6 @@ typedef struct kvcase {
     kdt_kv_commit_params prm;
 } kvcase;
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) { fprintf(stderr, "out of memory\n"); exit(2); }
-    return p;
-}
-
 /* Allocates the case; layer_gap extra bytes between layers; block table = a random
  * permutation of the pages dealt out to the streams (needs n_pages >= S * max_pages); paths
  * all "tau 0" until set. */

@@ -16,4 +16,13 @@
         }                                                                                      \
     } while (0)
 
+/* A device copy of host bytes (at least 4 bytes allocated, so a zero-size array is still a valid
+ * pointer); the test frees it or exits. */
+static inline void *dev_copy(const void *h, size_t bytes) {
+    void *d = NULL;
+    CUDA_OK(cudaMalloc(&d, bytes ? bytes : 4));
+    if (bytes) CUDA_OK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
 #endif

@@ -63,22 +63,6 @@ static int g_np;
 
 /* ---- helpers ---------------------------------------------------------------------------------- */
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "out of memory\n");
-        exit(2);
-    }
-    return p;
-}
-
-static void *dev_copy(const void *h, size_t bytes) {
-    void *d = NULL;
-    CUDA_OK(cudaMalloc(&d, bytes ? bytes : 4));
-    if (bytes) CUDA_OK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
-    return d;
-}
-
 static int32_t *dev_ints(const int32_t *h, int n) { return dev_copy(h, (size_t)n * sizeof(int32_t)); }
 
 static void sync(void) { CUDA_OK(cudaStreamSynchronize(g_stream)); }

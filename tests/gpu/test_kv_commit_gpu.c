@@ -18,19 +18,6 @@
 
 #include "gpu_test_util.h"
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) { fprintf(stderr, "out of memory\n"); exit(2); }
-    return p;
-}
-
-static void *dev_copy(const void *src, size_t bytes) {
-    void *d = NULL;
-    CUDA_OK(cudaMalloc(&d, bytes ? bytes : 4));
-    if (bytes) CUDA_OK(cudaMemcpy(d, src, bytes, cudaMemcpyHostToDevice));
-    return d;
-}
-
 typedef struct shape {
     int S, n_layers, row_bytes, page_size, max_pages, misalign; /* misalign: bytes added to the
                                                                    cache pointer (even) */

@@ -45,15 +45,6 @@ static int quick;
 
 /* ---- helpers ---------------------------------------------------------------------------------- */
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "out of memory\n");
-        exit(2);
-    }
-    return p;
-}
-
 static kdt_model *load_dir(const char *dir) {
     kdt_model *m = NULL;
     kdt_model_options o = {0, 0};

@@ -17,19 +17,6 @@
 
 #include "gpu_test_util.h"
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) { fprintf(stderr, "out of memory\n"); exit(2); }
-    return p;
-}
-
-static void *dev_copy(const void *src, size_t bytes) {
-    void *d = NULL;
-    CUDA_OK(cudaMalloc(&d, bytes));
-    CUDA_OK(cudaMemcpy(d, src, bytes, cudaMemcpyHostToDevice));
-    return d;
-}
-
 /* Host batch: tree arrays [S][maxn] (n_nodes [S]) and target [S][maxn]. */
 typedef struct batch {
     int S, maxn, L;
