@@ -152,6 +152,8 @@ kdt_status kdt_round_build_trees(const kdt_engine *e, const round_bufs *b, const
                                  int32_t K, int32_t *stride);
 void kdt_round_auto_choose(kdt_engine *e, const round_groups *g, int32_t S, int32_t stride);
 double kdt_round_surrogate(const kdt_engine *e, int32_t s, int32_t stride);
+/* Grows a host float buffer (engine-owned, e.g. e->logits) to at least `need` floats. */
+kdt_status kdt_round_grow_f32(float **buf, int64_t *cap, int64_t need, const char *what);
 kdt_sampler_params kdt_round_sampler_of(const eng_stream *s);
 int32_t kdt_round_emit(eng_stream *s, const int32_t *toks, int32_t n, int32_t *ev);
 void kdt_round_event(kdt_stream_event *events, int32_t *n_ev, const eng_stream *s, const int32_t *toks,

@@ -27,7 +27,7 @@ double kdt_engine_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static kdt_status grow_f32(float **buf, int64_t *cap, int64_t need, const char *what) {
+kdt_status kdt_round_grow_f32(float **buf, int64_t *cap, int64_t need, const char *what) {
     if (need <= *cap) return KDT_OK;
     float *p = realloc(*buf, sizeof(float) * (size_t)need);
     if (!p) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine: %s (%lld floats)", what, (long long)need);
@@ -83,11 +83,11 @@ static kdt_status prefill_stream(kdt_engine *e, int32_t slot, int32_t *first_tok
     kdt_status st = KDT_OK;
     int32_t amax = -1;
     if (!greedy) {
-        st = grow_f32(&e->logits, &e->logits_cap, V, "prefill logits");
+        st = kdt_round_grow_f32(&e->logits, &e->logits_cap, V, "prefill logits");
         if (st != KDT_OK) return st;
     }
     if (want_taps) {
-        st = grow_f32(&e->taps, &e->taps_cap, (int64_t)PREFILL_CHUNK * e->n_taps * D, "prefill taps");
+        st = kdt_round_grow_f32(&e->taps, &e->taps_cap, (int64_t)PREFILL_CHUNK * e->n_taps * D, "prefill taps");
         if (st != KDT_OK) return st;
     }
     for (int32_t off = 0; off < s->n_prompt; off += PREFILL_CHUNK) {
@@ -260,7 +260,7 @@ static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots
 
     /* 1. draft: logits [n_draft][L][V] */
     if (g.n_draft > 0) {
-        st = grow_f32(&e->draft_logits, &e->draft_logits_cap, (int64_t)g.n_draft * L * V, "draft logits");
+        st = kdt_round_grow_f32(&e->draft_logits, &e->draft_logits_cap, (int64_t)g.n_draft * L * V, "draft logits");
         if (st != KDT_OK) return st;
         if (e->test_draft) {
             for (int32_t s = 0; s < g.n_draft && st == KDT_OK; s++) {
@@ -312,11 +312,11 @@ static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots
     const int64_t R = (int64_t)S * stride;
     const int want_taps = g.n_draft > 0 && e->drafter && e->n_taps > 0;
     if (any_sampled) {
-        st = grow_f32(&e->logits, &e->logits_cap, R * V, "verify logits");
+        st = kdt_round_grow_f32(&e->logits, &e->logits_cap, R * V, "verify logits");
         if (st != KDT_OK) return st;
     }
     if (want_taps) {
-        st = grow_f32(&e->taps, &e->taps_cap, R * e->n_taps * D, "verify taps");
+        st = kdt_round_grow_f32(&e->taps, &e->taps_cap, R * e->n_taps * D, "verify taps");
         if (st != KDT_OK) return st;
     }
     kdt_tree tree = kdt_round_tree_view(&hb, 0, S, stride);

@@ -292,13 +292,8 @@ kdt_status kdt_engine_gpu_prefill(kdt_engine *e, int32_t slot, int32_t *first_to
            "prefill argmax");
         CU(cudaStreamSynchronize(g->stream), "prefill");
     } else {
+        KDT_TRY(kdt_round_grow_f32(&e->logits, &e->logits_cap, g->V, "prefill logits"));
         float *row = e->logits;
-        if (e->logits_cap < g->V) {
-            row = realloc(e->logits, sizeof(float) * (size_t)g->V);
-            if (!row) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine: prefill logits");
-            e->logits = row;
-            e->logits_cap = g->V;
-        }
         CU(cudaMemcpyAsync(row, g->outs.logits, sizeof(float) * (size_t)g->V, cudaMemcpyDeviceToHost, g->stream),
            "prefill logits");
         CU(cudaStreamSynchronize(g->stream), "prefill");
@@ -332,12 +327,7 @@ static kdt_status enqueue_draft_build(kdt_engine *e, eng_gpu *g, round_ctx *rc) 
     if (rc->gr.n_draft > 0) {
         if (e->test_draft) {
             const int64_t need = (int64_t)rc->gr.n_draft * L * V;
-            if (need > e->draft_logits_cap) {
-                float *p = realloc(e->draft_logits, sizeof(float) * (size_t)need);
-                if (!p) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine: draft logits");
-                e->draft_logits = p;
-                e->draft_logits_cap = need;
-            }
+            KDT_TRY(kdt_round_grow_f32(&e->draft_logits, &e->draft_logits_cap, need, "draft logits"));
             for (int32_t s = 0; s < rc->gr.n_draft; s++) {
                 const eng_stream *es = &e->streams[e->slot_of[s]];
                 KDT_TRY(e->test_draft(e->test_user, es->id, es->tokens, es->n_tokens, L, V,
@@ -386,12 +376,7 @@ static kdt_status sample_targets(kdt_engine *e, eng_gpu *g, const round_ctx *rc)
     CU(cudaMemcpyAsync(e->argmax, g->outs.argmax, sizeof(int32_t) * (size_t)S * N, cudaMemcpyDeviceToHost, g->stream),
        "sampling");
     CU(cudaStreamSynchronize(g->stream), "sampling");
-    if (e->logits_cap < (int64_t)N * V) {
-        float *p = realloc(e->logits, sizeof(float) * (size_t)N * V);
-        if (!p) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine: sampling logits");
-        e->logits = p;
-        e->logits_cap = (int64_t)N * V;
-    }
+    KDT_TRY(kdt_round_grow_f32(&e->logits, &e->logits_cap, (int64_t)N * V, "sampling logits"));
     for (int32_t s = 0; s < S; s++) {
         eng_stream *es = &e->streams[e->slot_of[s]];
         const int64_t base = (int64_t)s * N;
