@@ -407,6 +407,37 @@ static void test_engine_with_dflash(void) {
         }
         et_run_free(&r);
     }
+    /* every stream auto, rounds forced to drafted, plain, plain, drafted, ...: a plain round (no
+     * drafter, budgets 0) must still bring its accepted tokens into the drafter context, or the
+     * next drafted round fails its context check (and the output would differ) */
+    kdt_engine_stats before, after;
+    kdt_engine_get_stats(e, &before);
+    kdt_budget_test_kinds(&e->budget, 0x1u, 3); /* bit i: round i % 3 drafts */
+    {
+        kdt_gen_params p[4];
+        for (int i = 0; i < 4; i++) {
+            kdt_gen_params_default(&p[i]);
+            p[i].spec = KDT_SPEC_AUTO;
+            p[i].budget = 16;
+            p[i].max_new_tokens = 16;
+        }
+        et_run r;
+        st = et_run_batch(e, 4, prompts, n_prompt, p, &r);
+        CHECK_MSG(st == KDT_OK, "all auto: %s", kdt_last_error());
+        for (int i = 0; i < 4 && st == KDT_OK; i++) {
+            CHECK_EQ_INT(r.n_out[i], 16);
+            for (int j = 0; j < 16 && j < r.n_out[i]; j++)
+                if (r.out[i][j] != ref[i][j]) {
+                    CHECK_MSG(0, "all auto: stream %d token %d", i, j);
+                    break;
+                }
+        }
+        et_run_free(&r);
+    }
+    kdt_engine_get_stats(e, &after);
+    const uint64_t plain = after.plain_rounds - before.plain_rounds, all = after.rounds - before.rounds;
+    CHECK_MSG(plain >= 3 && all - plain >= 3, "%llu plain rounds of %llu", (unsigned long long)plain,
+              (unsigned long long)all);
     for (int i = 0; i < 4; i++) {
         free(prompts[i]);
         free(ref[i]);

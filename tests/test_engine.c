@@ -109,8 +109,16 @@ static void test_lossless_greedy(void) {
             if (budgets[k] >= 4) CHECK(tx >= 3);
             CHECK(tm < DEPTH + 1); /* partial: rejections happen */
         }
+        kdt_engine_stats s0, s1;
+        kdt_engine_get_stats(e, &s0);
         run_and_compare(e, batches[b], KDT_SPEC_AUTO, 64, &tm, &tx);
-        printf("  auto      batch %d: tau mean %.2f max %lld\n", batches[b], tm, (long long)tx);
+        kdt_engine_get_stats(e, &s1);
+        printf("  auto      batch %d: tau mean %.2f max %lld, %llu of %llu rounds plain\n", batches[b], tm,
+               (long long)tx, (unsigned long long)(s1.plain_rounds - s0.plain_rounds),
+               (unsigned long long)(s1.rounds - s0.rounds));
+        /* each new batch size starts with 3 drafted and 2 plain rounds (budget.c): both kinds ran */
+        CHECK(s1.plain_rounds > s0.plain_rounds);
+        CHECK(s1.rounds - s1.plain_rounds >= s0.rounds - s0.plain_rounds + 3);
     }
     kdt_engine_stats s;
     kdt_engine_get_stats(e, &s);

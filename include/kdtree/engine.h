@@ -97,6 +97,8 @@ typedef struct kdt_engine_stats {
     int32_t kv_pages_total, kv_pages_used;
     int32_t active_streams, waiting_streams;
     int32_t last_budget;         /* budget chosen by auto in the last round */
+    uint64_t plain_rounds;       /* rounds auto ran without the drafter (plain decoding measured
+                                    faster at that batch size; see docs/engine.md) */
 } kdt_engine_stats;
 
 kdt_status kdt_engine_create(const kdt_engine_options *opt, kdt_engine **out);

@@ -336,6 +336,11 @@ void kdt_gpu_runner_free(kdt_gpu_runner *r);
 void *kdt_gpu_runner_stream(kdt_gpu_runner *r);
 kdt_status kdt_gpu_runner_sync(kdt_gpu_runner *r);
 
+/* How a GPU pass's cost grows with its rows: a pass of r rows (streams x tree stride) costs about
+ * what max(first, r rounded up to a multiple of step) rows cost, from the GEMM tiles. The engine's
+ * auto budget fills trees up to these steps (docs/engine.md). */
+void kdt_gpu_row_padding(int32_t *first, int32_t *step);
+
 /* Synchronous forward passes: kdt_model_prefill / _decode / _verify on the GPU (host arrays in
  * and out; out may be NULL). prefill runs in chunks of max_rows rows. Outputs needing buffers the
  * runner was not created with (logits without opt.logits, more than max_taps taps) are refused. */

@@ -278,4 +278,7 @@ void cli_print_stats(FILE *f, const char *title, const cli_run_result *r) {
     for (int i = 0; i < 5; i++)
         fprintf(f, "    %-13s %9.4f  %6.1f%%\n", names[i], t[i], stage > 0 ? 100.0 * t[i] / stage : 0.0);
     if (s->last_budget > 0) fprintf(f, "  auto budget     %d (last round, largest stream)\n", s->last_budget);
+    if (s->plain_rounds > 0)
+        fprintf(f, "  auto plain      %llu of %llu rounds without the drafter (plain decoding measured faster)\n",
+                (unsigned long long)s->plain_rounds, (unsigned long long)s->rounds);
 }

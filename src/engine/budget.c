@@ -8,11 +8,29 @@
 #define ACCEPT_DECAY 0.95
 #define PRIOR_WEIGHT 1.0    /* each prior point starts as one round's worth and decays */
 #define CALIB_PRIOR 4.0     /* pseudo-tokens behind the prior calibration 1.0 */
+#define KIND_DECAY 0.9      /* per round of a kind: its rate follows about the last 10 rounds */
+#define WARM_DRAFTED 3      /* a new bucket first runs this many drafted rounds, */
+#define WARM_PLAIN 2        /* then this many plain ones, before choosing */
+#define TRY_DRAFTED 3       /* a try of the trailing kind: drafted rounds vary with tau, so more */
+#define TRY_PLAIN 2
+#define TRY_COST 0.01       /* tries may cost at most this share of the time (see next_round) */
+#define TRY_MIN_ROUNDS 8    /* and come at most every this many leader rounds */
 
 void kdt_budget_init(kdt_budget_ctl *c, double base_s, double per_node_s) {
     *c = (kdt_budget_ctl){0};
     c->prior_a = base_s > 0 ? base_s : 1e-3;
     c->prior_b = per_node_s > 0 ? per_node_s : 1e-4;
+}
+
+void kdt_budget_set_padding(kdt_budget_ctl *c, int32_t pad_first, int32_t pad_step) {
+    c->pad_first = pad_first > 0 ? pad_first : 1;
+    c->pad_step = pad_step > 0 ? pad_step : 0;
+}
+
+int64_t kdt_budget_cost_rows(const kdt_budget_ctl *c, int32_t S, int32_t stride, int64_t nodes) {
+    if (c->pad_step <= 0) return nodes;
+    const int64_t r = (int64_t)S * stride;
+    return r <= c->pad_first ? c->pad_first : (r + c->pad_step - 1) / c->pad_step * c->pad_step;
 }
 
 void kdt_budget_verify_line(const kdt_budget_ctl *c, double *a, double *b) {
@@ -50,14 +68,68 @@ static int cmp_gain(const void *pa, const void *pb) {
     return (a->index > b->index) - (a->index < b->index);
 }
 
-void kdt_budget_choose(const kdt_budget_ctl *c, int32_t n, const kdt_budget_stream *st,
-                       int64_t fixed_nodes, double fixed_tokens, int32_t *budget) {
+/* Padded rows: a pass costs what its stride costs, so try every power-of-two stride and fill each
+ * stream up to stride - 1 (stopping where its depth cap makes more nodes worthless). */
+static double choose_padded(const kdt_budget_ctl *c, int32_t n, const kdt_budget_stream *st,
+                            const kdt_budget_others *o, double a, double b, int32_t *budget) {
+    const double calib = kdt_budget_calibration(c);
+    int32_t max_cap = 0;
+    for (int32_t s = 0; s < n; s++)
+        if (st[s].cap > max_cap) max_cap = st[s].cap;
+    int32_t sigma = 2;
+    while (sigma < o->min_stride) sigma *= 2;
+    const int32_t S = n + o->n_streams;
+    double best = -1.0;
+    int32_t best_sigma = sigma;
+    for (;; sigma *= 2) {
+        double tokens = o->tokens + n;
+        for (int32_t s = 0; s < n; s++) {
+            const int32_t bmax = st[s].cap < sigma - 1 ? st[s].cap : sigma - 1;
+            double e = 0.0;
+            for (int32_t i = 0; i < bmax && e < st[s].depth_limit; i++) {
+                const double g = exp((double)st[s].score[i]) * calib;
+                e += isfinite(g) ? g : 0.0;
+            }
+            tokens += e < st[s].depth_limit ? e : st[s].depth_limit;
+        }
+        const double rate = tokens / (c->fixed_s + a + b * (double)kdt_budget_cost_rows(c, S, sigma, 0));
+        if (rate > best) {
+            best = rate;
+            best_sigma = sigma;
+        }
+        if (sigma - 1 >= max_cap) break;
+    }
+    for (int32_t s = 0; s < n; s++) {
+        const int32_t bmax = st[s].cap < best_sigma - 1 ? st[s].cap : best_sigma - 1;
+        double e = 0.0;
+        int32_t k = 0;
+        while (k < bmax && e < st[s].depth_limit) {
+            const double g = exp((double)st[s].score[k]) * calib;
+            e += isfinite(g) ? g : 0.0;
+            k++;
+        }
+        budget[s] = k;
+    }
+    return best;
+}
+
+double kdt_budget_choose(const kdt_budget_ctl *c, int32_t n, const kdt_budget_stream *st,
+                         const kdt_budget_others *others, int32_t *budget) {
+    const kdt_budget_others none = {0, 0, 0.0, 1};
+    const kdt_budget_others *o = others ? others : &none;
+    double a, b;
+    kdt_budget_verify_line(c, &a, &b);
+    if (c->pad_step > 0) return choose_padded(c, n, st, o, a, b, budget);
+
     int64_t total = 0;
     for (int32_t s = 0; s < n; s++) total += st[s].cap > 0 ? st[s].cap : 0;
     gain_item *items = total ? malloc(sizeof *items * (size_t)total) : NULL;
-    if (total && !items) {
+    double *acc = calloc((size_t)(n > 0 ? n : 1), sizeof *acc); /* accepted so far per stream */
+    if ((total && !items) || !acc) { /* no memory for the scan: the caps */
         for (int32_t s = 0; s < n; s++) budget[s] = st[s].cap;
-        return;
+        free(items);
+        free(acc);
+        return 0.0;
     }
     const double calib = kdt_budget_calibration(c);
     int64_t m = 0;
@@ -69,14 +141,11 @@ void kdt_budget_choose(const kdt_budget_ctl *c, int32_t n, const kdt_budget_stre
     /* pop order gives non-increasing gains per stream, so the sorted order keeps each stream's
      * nodes in pop order (ties by index) and every prefix is a valid set of per-stream budgets */
     qsort(items, (size_t)m, sizeof *items, cmp_gain);
-    double a, b;
-    kdt_budget_verify_line(c, &a, &b);
-    double *acc = calloc((size_t)(n > 0 ? n : 1), sizeof *acc); /* accepted so far per stream */
-    double tokens = fixed_tokens + n; /* every stream emits at least its bonus */
-    int64_t nodes = fixed_nodes + n;  /* roots */
+    double tokens = o->tokens + n;  /* every stream emits at least its bonus */
+    int64_t nodes = o->nodes + n;   /* roots */
     double best = tokens / (c->fixed_s + a + b * (double)nodes);
     int64_t best_m = 0;
-    for (int64_t k = 0; k < m && acc; k++) {
+    for (int64_t k = 0; k < m; k++) {
         const int32_t s = items[k].stream;
         double room = st[s].depth_limit - acc[s];
         double g = items[k].gain < room ? items[k].gain : (room > 0 ? room : 0);
@@ -90,27 +159,91 @@ void kdt_budget_choose(const kdt_budget_ctl *c, int32_t n, const kdt_budget_stre
         }
     }
     for (int32_t s = 0; s < n; s++) budget[s] = 0;
-    if (!acc) { /* no memory for the scan: fall back to the caps */
-        for (int32_t s = 0; s < n; s++) budget[s] = st[s].cap;
-    } else {
-        for (int64_t k = 0; k < best_m; k++) budget[items[k].stream]++;
-    }
+    for (int64_t k = 0; k < best_m; k++) budget[items[k].stream]++;
     free(acc);
     free(items);
+    return best;
 }
 
-void kdt_budget_observe_round(kdt_budget_ctl *c, double fixed_s, int64_t nodes, double verify_s) {
-    const double x = (double)nodes, y = verify_s;
+static void fit_point(kdt_budget_ctl *c, double x, double y) {
     c->sw = c->sw * VERIFY_DECAY + 1.0;
     c->sx = c->sx * VERIFY_DECAY + x;
     c->sxx = c->sxx * VERIFY_DECAY + x * x;
     c->sy = c->sy * VERIFY_DECAY + y;
     c->sxy = c->sxy * VERIFY_DECAY + x * y;
-    c->fixed_s = c->n_rounds == 0 ? fixed_s : 0.9 * c->fixed_s + 0.1 * fixed_s;
     c->n_rounds++;
+}
+
+void kdt_budget_observe_round(kdt_budget_ctl *c, double fixed_s, int64_t rows, double verify_s) {
+    c->fixed_s = c->n_rounds == 0 ? fixed_s : 0.9 * c->fixed_s + 0.1 * fixed_s;
+    fit_point(c, (double)rows, verify_s);
+}
+
+void kdt_budget_observe_plain_verify(kdt_budget_ctl *c, int64_t rows, double verify_s) {
+    fit_point(c, (double)rows, verify_s);
 }
 
 void kdt_budget_observe_accept(kdt_budget_ctl *c, double predicted, double realised) {
     c->acc_pred = c->acc_pred * ACCEPT_DECAY + predicted;
     c->acc_real = c->acc_real * ACCEPT_DECAY + realised;
+}
+
+/* ---- draft or not --------------------------------------------------------------------------- */
+
+static int bucket_index(int32_t S) {
+    int i = 0;
+    while (i < KDT_BUDGET_BUCKETS - 1 && (1 << i) < S) i++;
+    return i;
+}
+
+static double arm_rate(const kdt_budget_arm *a) { return a->seconds > 0 ? a->tokens / a->seconds : 0.0; }
+static double arm_round_s(const kdt_budget_arm *a) { return a->weight > 0 ? a->seconds / a->weight : 0.0; }
+static int leader_of(const kdt_budget_bucket *b) { return arm_rate(&b->arm[1]) >= arm_rate(&b->arm[0]); }
+
+void kdt_budget_test_kinds(kdt_budget_ctl *c, uint32_t kinds, int32_t len) {
+    c->test_kinds = kinds;
+    c->test_len = len > 0 && len <= 32 ? len : 0;
+    c->test_round = 0;
+}
+
+int kdt_budget_next_round_drafts(kdt_budget_ctl *c, int32_t S) {
+    if (c->test_len > 0) return (int)((c->test_kinds >> (c->test_round++ % c->test_len)) & 1u);
+    kdt_budget_bucket *b = &c->bucket[bucket_index(S)];
+    if (b->arm[1].rounds < WARM_DRAFTED) return 1; /* speculation is what was asked for: first */
+    if (b->arm[0].rounds < WARM_PLAIN) return 0;
+    if (b->trying > 0) return b->try_kind;
+    const int lead = leader_of(b), trail = !lead;
+    /* A try of the trailing kind loses (1 - its rate / the leader's) of its own duration; space
+     * the tries so that this stays under TRY_COST of the time. A kind far behind (drafting on the
+     * CPU: 6x slower) is retried rarely, a close one often. */
+    const double lr = arm_rate(&b->arm[lead]), tr = arm_rate(&b->arm[trail]);
+    const double loss = lr > 0 && tr < lr ? 1.0 - tr / lr : 0.0;
+    const int try_len = trail ? TRY_DRAFTED : TRY_PLAIN;
+    double interval = try_len * arm_round_s(&b->arm[trail]) * loss / TRY_COST;
+    if (interval < TRY_MIN_ROUNDS * arm_round_s(&b->arm[lead])) interval = TRY_MIN_ROUNDS * arm_round_s(&b->arm[lead]);
+    if (b->since_s >= interval) {
+        b->since_s = 0.0;
+        b->try_kind = trail;
+        b->trying = try_len;
+        b->arm[trail].tokens = b->arm[trail].seconds = b->arm[trail].weight = 0.0; /* a fresh look */
+        return trail;
+    }
+    return lead;
+}
+
+void kdt_budget_observe_kind(kdt_budget_ctl *c, int32_t S, int drafted, double tokens, double seconds) {
+    if (!(seconds > 0) || !(tokens >= 0) || !isfinite(seconds) || !isfinite(tokens)) return;
+    kdt_budget_bucket *b = &c->bucket[bucket_index(S)];
+    const int kind = drafted ? 1 : 0;
+    kdt_budget_arm *a = &b->arm[kind];
+    a->tokens = a->tokens * KIND_DECAY + tokens;
+    a->seconds = a->seconds * KIND_DECAY + seconds;
+    a->weight = a->weight * KIND_DECAY + 1.0;
+    a->rounds++;
+    if (b->trying > 0 && kind == b->try_kind) b->trying--;
+    else b->since_s += seconds;
+}
+
+double kdt_budget_kind_rate(const kdt_budget_ctl *c, int32_t S, int drafted) {
+    return arm_rate(&c->bucket[bucket_index(S)].arm[drafted ? 1 : 0]);
 }

@@ -198,6 +198,11 @@ kdt_status kdt_engine_create(const kdt_engine_options *opt, kdt_engine **out) {
         if (st != KDT_OK) goto fail;
     }
     kdt_budget_init(&e->budget, opt->verify_cost_base_s, opt->verify_cost_per_node_s);
+    if (e->gpu) { /* the GPU pass costs by padded rows, not by nodes (budget.h) */
+        int32_t pad_first = 0, pad_step = 0;
+        kdt_gpu_row_padding(&pad_first, &pad_step);
+        kdt_budget_set_padding(&e->budget, pad_first, pad_step);
+    }
     e->stats.kv_pages_total = e->pages_total;
     *out = e;
     return KDT_OK;

@@ -151,6 +151,8 @@ kdt_status kdt_round_build_trees(const kdt_engine *e, const round_bufs *b, const
                                  const kdt_engine_kernels *kern, void *stream, const round_groups *g, int32_t S,
                                  int32_t K, int32_t *stride);
 void kdt_round_auto_choose(kdt_engine *e, const round_groups *g, int32_t S, int32_t stride);
+/* auto's draft-or-not for this round (budget.h); on 0 the tree streams' budgets are set to 0 */
+int kdt_round_auto_drafts(kdt_engine *e, const round_groups *g, int32_t S);
 double kdt_round_surrogate(const kdt_engine *e, int32_t s, int32_t stride);
 /* Grows a host float buffer (engine-owned, e.g. e->logits) to at least `need` floats. */
 kdt_status kdt_round_grow_f32(float **buf, int64_t *cap, int64_t need, const char *what);

@@ -221,8 +221,8 @@ void kdt_round_auto_choose(kdt_engine *e, const round_groups *gp, int32_t S, int
     /* The probe trees were built at each auto stream's cap; the best-B tree is their first B
      * pops, so their scores give the surrogate of every budget (budget.h). */
     kdt_budget_stream bs[64] = {{0}};
-    int32_t auto_idx[64], n_auto = 0, fixed_nodes = 0;
-    double fixed_tokens = 0.0;
+    int32_t auto_idx[64], n_auto = 0;
+    kdt_budget_others others = {0, 0, 0.0, 1};
     for (int32_t s = 0; s < S; s++) {
         const eng_stream *es = &e->streams[e->slot_of[s]];
         if (s < g.n_tree && es->params.spec == KDT_SPEC_AUTO) {
@@ -232,19 +232,32 @@ void kdt_round_auto_choose(kdt_engine *e, const round_groups *gp, int32_t S, int
             bs[n_auto] = (kdt_budget_stream){sc, cap, e->b_depth_limit[s]};
             auto_idx[n_auto++] = s;
         } else {
-            fixed_nodes += e->t_n_nodes[s];
-            fixed_tokens += 1.0 + (s < g.n_draft ? kdt_budget_calibration(&e->budget) *
-                                                       kdt_round_surrogate(e, s, stride) : 0.0);
+            others.n_streams++;
+            others.nodes += e->t_n_nodes[s];
+            if (e->t_n_nodes[s] > others.min_stride) others.min_stride = e->t_n_nodes[s];
+            others.tokens += 1.0 + (s < g.n_draft ? kdt_budget_calibration(&e->budget) *
+                                                        kdt_round_surrogate(e, s, stride) : 0.0);
         }
     }
     int32_t chosen[64];
-    kdt_budget_choose(&e->budget, n_auto, bs, fixed_nodes, fixed_tokens, chosen);
+    kdt_budget_choose(&e->budget, n_auto, bs, &others, chosen);
     int32_t last = 0;
     for (int32_t i = 0; i < n_auto; i++) {
         e->b_budget[auto_idx[i]] = chosen[i];
         if (chosen[i] > last) last = chosen[i];
     }
     e->stats.last_budget = last;
+}
+
+/* Draft or not (budget.h): asked only when every drafting stream of the round is auto, since
+ * the drafter pass is one batched call. A plain round gives the auto streams root-only trees and
+ * skips the drafter, top-K and the probe, but still appends the accepted path's taps to their
+ * drafter contexts, so the next drafted round finds them complete. Returns 1 to draft. */
+int kdt_round_auto_drafts(kdt_engine *e, const round_groups *g, int32_t S) {
+    if (g->n_auto == 0 || g->n_auto != g->n_draft) return 1;
+    if (kdt_budget_next_round_drafts(&e->budget, S)) return 1;
+    for (int32_t s = 0; s < g->n_tree; s++) e->b_budget[s] = 0;
+    return 0;
 }
 
 static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots,
@@ -257,9 +270,10 @@ static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots
     round_groups g;
     const int32_t S = kdt_round_plan(e, slots, n_slots, &g);
     const round_bufs hb = kdt_round_host_bufs(e);
+    const int drafts = kdt_round_auto_drafts(e, &g, S);
 
     /* 1. draft: logits [n_draft][L][V] */
-    if (g.n_draft > 0) {
+    if (g.n_draft > 0 && drafts) {
         st = kdt_round_grow_f32(&e->draft_logits, &e->draft_logits_cap, (int64_t)g.n_draft * L * V, "draft logits");
         if (st != KDT_OK) return st;
         if (e->test_draft) {
@@ -286,7 +300,7 @@ static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots
 
     /* 2. top-K over the drafted rows, then the trees */
     const int32_t K = kdt_round_topk_k(e, &g);
-    if (g.n_draft > 0) {
+    if (g.n_draft > 0 && drafts) {
         kdt_topk_params tp = {g.n_draft * L, V, K, KDT_F32, e->draft_logits, V, e->top_ids,
                               e->top_logp, NULL, 0};
         st = e->kern->topk(&tp, e->cuda_stream);
@@ -295,7 +309,7 @@ static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots
     int32_t stride = 1;
     st = kdt_round_build_trees(e, &hb, e->b_budget, e->kern, e->cuda_stream, &g, S, K, &stride);
     if (st != KDT_OK) return st;
-    if (g.n_auto > 0) {
+    if (g.n_auto > 0 && drafts) {
         kdt_round_auto_choose(e, &g, S, stride);
         stride = 1;
         st = kdt_round_build_trees(e, &hb, e->b_budget, e->kern, e->cuda_stream, &g, S, K, &stride);
@@ -357,7 +371,7 @@ static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots
     if (st != KDT_OK) return st;
 
     /* 6. emit; streams that finish leave without a commit */
-    double predicted = 0.0, realised = 0.0;
+    double predicted = 0.0, realised = 0.0, emitted = 0.0;
     for (int32_t s = 0; s < S; s++) {
         const int32_t slot = e->slot_of[s];
         eng_stream *es = &e->streams[slot];
@@ -370,6 +384,7 @@ static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots
         const int32_t n = kdt_round_emit(es, e->acc_emit + (int64_t)s * KDT_MAX_PATH, tau, evt);
         kdt_round_event(events, n_ev, es, evt, n, tau);
         e->stats.tokens_emitted += (uint64_t)n;
+        emitted += n;
         e->stats.tau_hist[tau < 17 ? tau : 17]++;
         e->commit_tau[s] = es->finish == KDT_FINISH_NONE ? tau : 0;
     }
@@ -431,9 +446,16 @@ static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots
     e->stats.t_build += t2 - t1;
     e->stats.t_verify += t3 - t2;
     e->stats.t_accept += t4 - t3;
-    kdt_budget_observe_round(&e->budget, (t1 - t0) + (t2 - t1) + (t4 - t3) + (t5 - t4), nodes_total,
-                             t3 - t2);
-    if (g.n_draft > 0) kdt_budget_observe_accept(&e->budget, predicted, realised);
+    const int64_t rows = kdt_budget_cost_rows(&e->budget, S, stride, nodes_total);
+    if (drafts) {
+        kdt_budget_observe_round(&e->budget, (t1 - t0) + (t2 - t1) + (t4 - t3) + (t5 - t4), rows, t3 - t2);
+        if (g.n_draft > 0) kdt_budget_observe_accept(&e->budget, predicted, realised);
+    } else {
+        kdt_budget_observe_plain_verify(&e->budget, rows, t3 - t2);
+        e->stats.plain_rounds++;
+    }
+    if (g.n_auto > 0 && g.n_auto == g.n_draft)
+        kdt_budget_observe_kind(&e->budget, S, drafts, emitted, kdt_engine_now() - t0);
     return KDT_OK;
 }
 

@@ -174,6 +174,9 @@ int srv_metrics_render(srv_metrics *m, const srv_sched_snapshot *snap, double no
                              stages[i], times[i]);
     rc |= scalar(o, "kdtree_engine_auto_budget", "gauge",
                  "Tree budget the auto mode chose in the last round.", es->last_budget);
+    rc |= scalar(o, "kdtree_engine_auto_plain_rounds_total", "counter",
+                 "Rounds the auto mode ran without the drafter (plain decoding measured faster).",
+                 (double)es->plain_rounds);
     rc |= scalar(o, "kdtree_draining", "gauge", "1 while the server shuts down.", snap->draining);
     return rc ? -1 : 0;
 }

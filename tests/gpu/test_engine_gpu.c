@@ -8,7 +8,8 @@
  *    reference is the GPU's own greedy decoding.)
  * 2. The bundled tiny target + DFlash drafter, drafting on the GPU: ddtree B 32 and chain equal ar
  *    token for token, with tau well above 1 (the GPU drafter agrees with the target); graph
- *    replays equal eager rounds (KDT_NO_GRAPHS=1), mixed batches with streams joining.
+ *    replays equal eager rounds (KDT_NO_GRAPHS=1), mixed batches with streams joining; auto with
+ *    plain rounds (no drafter) forced between drafted ones equals ar and keeps drafting well.
  * 3. Seeded T > 0 runs repeat exactly and stay in the vocabulary.
  * KDT_TEST_QUICK=1 runs fewer cases.
  */
@@ -222,6 +223,26 @@ static void test_tiny_pair(void) {
         CHECK_MSG(st == KDT_OK, "mixed batch: %s", kdt_last_error());
         CHECK_MSG(st == KDT_OK && same_outputs(&ar, &mix), "mixed batch output differs from ar");
         et_run_free(&mix);
+    }
+    /* all auto with rounds forced to drafted, plain, plain, ...: plain rounds skip the drafter but
+     * must still append their accepted tokens to its context; drafted rounds after them keep the
+     * tiny pair's acceptance (a context with holes would draft poorly: tau near 1) */
+    {
+        kdt_engine_stats s0, s1;
+        kdt_engine_get_stats(e, &s0);
+        kdt_budget_test_kinds(&e->budget, 0x1u, 3);
+        et_run au;
+        pair_run(e, PAIR_N, KDT_SPEC_AUTO, 32, 0.0f, &au);
+        kdt_budget_test_kinds(&e->budget, 0, 0);
+        kdt_engine_get_stats(e, &s1);
+        const double tau = au.events_with_tau ? (double)au.tau_sum / (double)au.events_with_tau : 0;
+        const uint64_t plain = s1.plain_rounds - s0.plain_rounds, all = s1.rounds - s0.rounds;
+        printf("  auto with forced plain rounds: %llu of %llu rounds plain, tau %.2f\n", (unsigned long long)plain,
+               (unsigned long long)all, tau);
+        CHECK_MSG(same_outputs(&ar, &au), "auto with plain rounds: output differs from ar");
+        CHECK(plain >= 3 && all - plain >= 3);
+        CHECK_MSG(tau >= 1.5, "tau %.2f: drafted rounds after plain ones draft poorly (context holes?)", tau);
+        et_run_free(&au);
     }
     /* seeded sampling repeats exactly */
     et_run s1, s2;

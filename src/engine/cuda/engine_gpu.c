@@ -30,7 +30,7 @@ kdt_status kdt_eng_gather_rows(int32_t *dst, const int32_t *src, const int32_t *
 #define N_EVENTS 6 /* draft start, draft end, build end, verify end, commit end, context end */
 
 typedef struct round_key {
-    int32_t S, n_tree, n_chain, n_plain, n_auto, stride, K, L, taps, caps_stride;
+    int32_t S, n_tree, n_chain, n_plain, n_auto, stride, K, L, taps, caps_stride, drafts;
 } round_key;
 
 typedef struct round_graph {
@@ -310,6 +310,7 @@ kdt_status kdt_engine_gpu_prefill(kdt_engine *e, int32_t slot, int32_t *first_to
 typedef struct round_ctx {
     round_groups gr;
     int32_t S, K, L, stride, pstride, want_taps, any_sampled, any_greedy;
+    int32_t drafts; /* 0: auto chose a plain round (no drafter, root-only trees; budget.h) */
 } round_ctx;
 
 /* Inside a capture the event becomes an external record node (so replays time the stages too);
@@ -324,7 +325,7 @@ static kdt_status record(eng_gpu *g, int i) {
 static kdt_status enqueue_draft_build(kdt_engine *e, eng_gpu *g, round_ctx *rc) {
     const int32_t S = rc->S, L = rc->L, V = g->V;
     KDT_TRY(record(g, 0));
-    if (rc->gr.n_draft > 0) {
+    if (rc->gr.n_draft > 0 && rc->drafts) {
         if (e->test_draft) {
             const int64_t need = (int64_t)rc->gr.n_draft * L * V;
             KDT_TRY(kdt_round_grow_f32(&e->draft_logits, &e->draft_logits_cap, need, "draft logits"));
@@ -342,13 +343,13 @@ static kdt_status enqueue_draft_build(kdt_engine *e, eng_gpu *g, round_ctx *rc) 
         }
     }
     KDT_TRY(record(g, 1));
-    if (rc->gr.n_draft > 0) {
+    if (rc->gr.n_draft > 0 && rc->drafts) {
         kdt_topk_params tp = {rc->gr.n_draft * L, V, rc->K, KDT_F32, g->d_draft_logits, V, g->d_top_ids,
                               g->d_top_logp, g->d_topk_ws, g->topk_ws_bytes};
         KDT_TRY(kdt_topk_logsoftmax_cuda(&tp, g->stream));
     }
     int32_t stride = 1, pstride = 1;
-    if (rc->gr.n_auto > 0) {
+    if (rc->gr.n_auto > 0 && rc->drafts) {
         /* the probe trees at the caps, for the next round's choice */
         KDT_TRY(kdt_round_build_trees(e, &g->pb, g->caps, &kdt_engine_kernels_cuda, g->stream, &rc->gr, S, rc->K,
                                       &pstride));
@@ -438,10 +439,10 @@ static kdt_status graph_for(kdt_engine *e, eng_gpu *g, round_ctx *rc, cudaGraphE
     round_key k;
     memset(&k, 0, sizeof k);
     int32_t caps_stride = 1;
-    for (int32_t s = 0; rc->gr.n_auto > 0 && s < rc->S; s++)
+    for (int32_t s = 0; rc->gr.n_auto > 0 && rc->drafts && s < rc->S; s++)
         if (1 + g->caps[s] > caps_stride) caps_stride = 1 + g->caps[s];
-    k = (round_key){rc->S,      rc->gr.n_tree, rc->gr.n_chain, rc->gr.n_plain, rc->gr.n_auto,
-                    rc->stride, rc->K,         rc->L,          rc->want_taps,  caps_stride};
+    k = (round_key){rc->S, rc->gr.n_tree, rc->gr.n_chain, rc->gr.n_plain, rc->gr.n_auto, rc->stride,
+                    rc->K, rc->L,         rc->want_taps,  caps_stride,    rc->drafts};
     for (int32_t i = 0; i < g->n_graphs; i++)
         if (key_eq(&g->graphs[i].key, &k)) {
             g->graphs[i].last_use = ++g->use_clock;
@@ -504,8 +505,8 @@ static float elapsed_s(eng_gpu *g, int a, int b) {
  * streams of the batch count with their budgets and the running mean of accepted tokens. */
 static void choose_lagged(kdt_engine *e, eng_gpu *g, const round_ctx *rc) {
     kdt_budget_stream bs[64];
-    int32_t idx[64], chosen[64], n = 0, fixed_nodes = 0;
-    double fixed_tokens = 0.0;
+    int32_t idx[64], chosen[64], n = 0;
+    kdt_budget_others others = {0, 0, 0.0, 1};
     for (int32_t s = 0; s < rc->S; s++) {
         const int32_t slot = e->slot_of[s];
         const eng_stream *es = &e->streams[slot];
@@ -514,12 +515,14 @@ static void choose_lagged(kdt_engine *e, eng_gpu *g, const round_ctx *rc) {
             bs[n] = (kdt_budget_stream){g->probe + (int64_t)slot * g->MN, cap, e->b_depth_limit[s]};
             idx[n++] = s;
         } else {
-            fixed_nodes += 1 + e->b_budget[s];
-            fixed_tokens += 1.0 + (s < rc->gr.n_draft ? g->accept_mean : 0.0);
+            others.n_streams++;
+            others.nodes += 1 + e->b_budget[s];
+            if (1 + e->b_budget[s] > others.min_stride) others.min_stride = 1 + e->b_budget[s];
+            others.tokens += 1.0 + (s < rc->gr.n_draft ? g->accept_mean : 0.0);
         }
     }
     if (n == 0) return;
-    kdt_budget_choose(&e->budget, n, bs, fixed_nodes, fixed_tokens, chosen);
+    kdt_budget_choose(&e->budget, n, bs, &others, chosen);
     int32_t last = 0;
     for (int32_t i = 0; i < n; i++) {
         e->b_budget[idx[i]] = chosen[i];
@@ -539,9 +542,10 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
     rc.L = e->depth > 0 ? e->depth : 1;
     if (rc.gr.n_draft > 0 && e->depth > g->Lmax)
         return kdt_fail(KDT_ERR_INTERNAL, "engine GPU: draft depth %d exceeds the buffers' %d", e->depth, g->Lmax);
-    rc.K = kdt_round_topk_k(e, &rc.gr);
     memcpy(g->caps, e->b_budget, sizeof(int32_t) * (size_t)S);
-    if (rc.gr.n_auto > 0) {
+    rc.drafts = kdt_round_auto_drafts(e, &rc.gr, S);
+    rc.K = kdt_round_topk_k(e, &rc.gr);
+    if (rc.gr.n_auto > 0 && rc.drafts) {
         choose_lagged(e, g, &rc);
         /* the probe only needs to reach past the budgets worth trying next: twice the chosen
          * one (at least 16), so a B 64 cap does not cost a 64-pop build every round */
@@ -562,7 +566,7 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
         if (e->streams[e->slot_of[s]].params.temperature > 0.0f) rc.any_sampled = 1;
         else rc.any_greedy = 1;
     }
-    if (rc.gr.n_auto > 0) { /* auto's budgets vary per round: a power-of-two stride keeps the graphs few */
+    if (rc.gr.n_auto > 0 && rc.drafts) { /* auto's budgets vary per round: power-of-two strides keep the graphs few */
         int32_t b = 2;
         while (b < rc.stride) b *= 2;
         rc.stride = b < g->MN ? b : g->MN;
@@ -596,7 +600,7 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
     const int32_t *h_tau = g->h_acc, *h_err = g->h_acc + MS, *h_emit = g->h_acc + 3 * MS;
     KDT_TRY(kdt_tree_errors_check(h_err, S));
     int64_t nodes_total = 0;
-    double realised = 0.0, predicted = 0.0, realised_auto = 0.0;
+    double realised = 0.0, predicted = 0.0, realised_auto = 0.0, emitted = 0.0;
     const int32_t *probe_n = (const int32_t *)g->h_probe;
     const float *probe_sc = g->h_probe + MS;
     kdt_status st = KDT_OK;
@@ -608,7 +612,7 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
             return kdt_fail(KDT_ERR_INTERNAL, "engine GPU: stream %d: tau %d", es->id, tau);
         nodes_total += 1 + e->b_budget[s];
         if (s < rc.gr.n_draft) realised += tau - 1;
-        if (rc.gr.n_auto > 0 && s < rc.gr.n_tree && es->params.spec == KDT_SPEC_AUTO) {
+        if (rc.gr.n_auto > 0 && rc.drafts && s < rc.gr.n_tree && es->params.spec == KDT_SPEC_AUTO) {
             /* this round's tree is the first b_budget pops of its probe: the surrogate of what was
              * verified, then the probe is kept for the next round's choice */
             const int32_t np = probe_n[s] - 1 < 0 ? 0 : probe_n[s] - 1 > g->MN - 1 ? g->MN - 1 : probe_n[s] - 1;
@@ -624,6 +628,7 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
         const int32_t n = kdt_round_emit(es, h_emit + (int64_t)s * KDT_MAX_PATH, tau, evt);
         kdt_round_event(events, n_ev, es, evt, n, tau);
         e->stats.tokens_emitted += (uint64_t)n;
+        emitted += n;
         e->stats.tau_hist[tau < 17 ? tau : 17]++;
         if (es->finish == KDT_FINISH_NONE) {
             es->prefix_len += tau;
@@ -660,8 +665,16 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
     e->stats.t_build += t_build;
     e->stats.t_verify += t_verify;
     e->stats.t_accept += t_acc;
-    kdt_budget_observe_round(&e->budget, wall - t_verify, nodes_total, t_verify);
-    if (rc.gr.n_auto > 0) kdt_budget_observe_accept(&e->budget, predicted, realised_auto);
-    if (rc.gr.n_draft > 0) g->accept_mean = 0.9 * g->accept_mean + 0.1 * realised / rc.gr.n_draft;
+    const int64_t rows = kdt_budget_cost_rows(&e->budget, S, rc.stride, nodes_total);
+    if (rc.drafts) {
+        kdt_budget_observe_round(&e->budget, wall - t_verify, rows, t_verify);
+        if (rc.gr.n_auto > 0) kdt_budget_observe_accept(&e->budget, predicted, realised_auto);
+        if (rc.gr.n_draft > 0) g->accept_mean = 0.9 * g->accept_mean + 0.1 * realised / rc.gr.n_draft;
+    } else {
+        kdt_budget_observe_plain_verify(&e->budget, rows, t_verify);
+        e->stats.plain_rounds++;
+    }
+    if (rc.gr.n_auto > 0 && rc.gr.n_auto == rc.gr.n_draft)
+        kdt_budget_observe_kind(&e->budget, S, rc.drafts, emitted, wall);
     return KDT_OK;
 }

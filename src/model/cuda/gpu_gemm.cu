@@ -734,6 +734,14 @@ kdt_status launch_error(const char *what) {
 
 } // namespace
 
+/* v2 tiles a pass by its launch bound (v2_tile_rows: 8, then multiples of 16); v1 runs 64-row
+ * passes whose cost hardly depends on the rows used. */
+extern "C" void kdt_gpu_row_padding(int32_t *first, int32_t *step) {
+    const int v1 = use_v1();
+    if (first) *first = v1 ? BM : v2_tile_rows(1);
+    if (step) *step = v1 ? BM : v2_tile_rows(9);
+}
+
 extern "C" size_t kdt_gemm_smem_bytes(int32_t stages) { return (size_t)pool_bytes(stages); }
 
 extern "C" void kdt_gemm_plan(int32_t n, int32_t ldw, int32_t batch, int32_t *splits, int32_t *k_chunk) {

@@ -256,3 +256,8 @@ void *kdt_gpu_runner_stream(kdt_gpu_runner *r) {
     (void)r;
     return NULL;
 }
+
+void kdt_gpu_row_padding(int32_t *first, int32_t *step) {
+    if (first) *first = 1;
+    if (step) *step = 1;
+}
