@@ -196,6 +196,8 @@ int bench_verify_attn(const bench_opts *o) {
     if (bench_alloc(&b, 64, 65, 16384)) return 1;
     cudaStream_t stream;
     BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    const char *path = getenv("KDT_VERIFY_ATTN");
+    printf("path: %s\n", path && !strcmp(path, "wgmma") ? "sm_90a (wgmma, KDT_VERIFY_ATTN=wgmma)" : "portable (mma.sync)");
     printf("H = 64, d_qk 576, d_v 512, page 64; graph replay of one call, L2 flushed before each; "
            "floor = max(FLOPs / %.0f TFLOP/s, bytes / %.0f GB/s)\n", VA_GEMM_TFLOPS, g_bench_device.copy_gbps);
     printf("%3s %6s %4s %10s %8s %8s %9s %7s %10s %7s\n", "S", "P", "q", "us", "TFLOP/s", "GB/s", "floor_us",

@@ -58,6 +58,12 @@ if [ $BENCH = 1 ] && [ -x "$BUILD/bench_kernels" ]; then
   s=$(date +%s)
   "$BUILD/bench_kernels" $BENCH_FLAGS --md "$LOG/bench.md" 2>&1 | tee "$LOG/bench.log" || fail=1
   echo "bench_kernels: $(( $(date +%s) - s )) s"
+  if nvidia-smi --query-gpu=compute_cap --format=csv,noheader | grep -q '^9\.'; then
+    # the sm_90a verify_attn kernel (KDT_VERIFY_ATTN=wgmma), same shapes
+    echo "verify_attn, sm_90a path (KDT_VERIFY_ATTN=wgmma):"
+    KDT_VERIFY_ATTN=wgmma "$BUILD/bench_kernels" $BENCH_FLAGS --only verify_attn --md "$LOG/bench_wgmma.md" 2>&1 |
+      tee "$LOG/bench_wgmma.log" || fail=1
+  fi
 fi
 if [ $BENCH = 1 ] && [ -x "$BUILD/bench_model" ]; then
   s=$(date +%s)

@@ -231,6 +231,9 @@ typedef struct kdt_verify_attn_params {
 size_t kdt_verify_attn_workspace_bytes(int32_t n_streams, int32_t n_heads, int32_t max_nodes,
                                        int32_t max_prefix);
 kdt_status kdt_verify_attn_cpu(const kdt_verify_attn_params *p);
+/* CUDA: the portable mma.sync kernel (sm_80 / sm_90 / sm_120). KDT_VERIFY_ATTN=wgmma selects the
+ * sm_90a wgmma kernel instead (Hopper only; KDT_ERR_UNSUPPORTED elsewhere); it becomes the
+ * default on Hopper once measured (docs/verify_attn_notes.md). */
 kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void *stream);
 
 #ifdef __cplusplus

@@ -441,7 +441,25 @@ static void test_argument_errors(void) {
     CHECK(kdt_verify_attn_cuda(&b, NULL) == KDT_ERR_INVALID_ARG && strstr(kdt_last_error(), "workspace"));
     CHECK(kdt_verify_attn_workspace_bytes(0, 64, 9, 100) == 0);
     CHECK(kdt_verify_attn_workspace_bytes(1, 64, 9, 4096) > 0);
+    setenv("KDT_VERIFY_ATTN", "tensor-cores", 1); /* a path that does not exist */
+    CHECK(kdt_verify_attn_cuda(&p, NULL) == KDT_ERR_INVALID_ARG && strstr(kdt_last_error(), "KDT_VERIFY_ATTN"));
+    unsetenv("KDT_VERIFY_ATTN");
     gcase_free(&c);
+}
+
+/* Every check above on the current path (KDT_VERIFY_ATTN). */
+static void run_suite(const char *label) {
+    printf("== %s\n", label);
+    g_worst_err = 0;
+    T_RUN(test_shape_families);
+    T_RUN(test_mixed_batches);
+    if (!g_quick) { /* many launches over long prefixes: too slow under racecheck */
+        T_RUN(test_masked_planting);
+        T_RUN(test_batch_invariance);
+    }
+    T_RUN(test_no_workspace);
+    T_RUN(test_bad_device_data);
+    printf("worst relative error (%s) %.3g\n", label, g_worst_err);
 }
 
 int main(void) {
@@ -455,15 +473,18 @@ int main(void) {
     const char *q = getenv("KDT_TEST_QUICK");
     g_quick = q && q[0] == '1';
     const clock_t t0 = clock();
-    T_RUN(test_shape_families);
-    T_RUN(test_mixed_batches);
-    if (!g_quick) { /* many launches over long prefixes: too slow under racecheck */
-        T_RUN(test_masked_planting);
-        T_RUN(test_batch_invariance);
+    unsetenv("KDT_VERIFY_ATTN");
+    run_suite("portable path (mma.sync)");
+    /* the sm_90a path (KDT_VERIFY_ATTN=wgmma) on a Hopper: the same checks */
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess && major == 9) {
+        setenv("KDT_VERIFY_ATTN", "wgmma", 1);
+        run_suite("sm_90a path (wgmma)");
+        unsetenv("KDT_VERIFY_ATTN");
+    } else {
+        printf("== sm_90a path (wgmma): skipped, the device is not sm_90\n");
     }
-    T_RUN(test_no_workspace);
-    T_RUN(test_bad_device_data);
     T_RUN(test_argument_errors);
-    printf("worst relative error %.3g, %.1f s of CPU\n", g_worst_err, (double)(clock() - t0) / CLOCKS_PER_SEC);
+    printf("%.1f s of CPU\n", (double)(clock() - t0) / CLOCKS_PER_SEC);
     return t_summary();
 }

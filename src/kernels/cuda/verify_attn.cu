@@ -49,11 +49,14 @@
 #include <stdint.h>
 
 #include <atomic>
+#include <stdlib.h>
+#include <string.h>
 
 #include "common.h"
 #include "kdtree/kernels.h"
 #include "verify_attn_mma.cuh"
 #include "verify_attn_tiles.cuh"
+#include "wgmma_sm90.cuh"
 
 extern "C" kdt_status kdt_verify_attn_check_args(const kdt_verify_attn_params *p, const char *who);
 
@@ -472,6 +475,220 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel(const VaArgs a)
     }
 }
 
+/* ==== sm_90a path (wgmma): KDT_VERIFY_ATTN=wgmma; written without a Hopper to run on ============
+ * Same items, schedule, masking, epilogue and combine as the portable kernel above, so the two are
+ * interchangeable (not bitwise: the row maxima and sums are formed in another order). Two
+ * warpgroups, 64 rows x 64 keys per tile. Q (9 slabs of [64][64], 128B swizzle, wgmma_sm90.cuh)
+ * stays in shared memory; KV tiles stream through two stages of 9 slabs by cp.async. Each warpgroup
+ * computes the whole score tile S = Q K^T (36 x m64n64k16, both operands from shared memory) —
+ * the two do the same arithmetic, so they agree bit for bit on P without exchanging anything —
+ * then its half of the output, O[:, 256 g .. 256 g + 255] += P V (4 x m64n256k16, P from the
+ * registers of S, V read N-major from the same KV slabs). A row's 64 scores sit in the 4 lanes of
+ * one quad, so the row maxima and sums need two shuffles and no shared memory.
+ * Cost model (prediction, docs/verify_attn_notes.md): per tile 13.6 MFLOP of wgmma (the score
+ * tile twice) and ~352 KB of shared-memory operand reads, about 3,300 tensor cycles: ~2.7x the
+ * portable kernel. Without sm_90a code (another arch's PTX JIT-compiled for a Hopper) the body is a
+ * trap; the launcher never starts it then (sm90_ready checks the PTX arch). */
+constexpr int W_SLABS = D_QK / 64;                                    /* 9 */
+constexpr uint32_t W_SLAB = 64 * 128;                                 /* [64 rows][128 B] */
+constexpr uint32_t W_TILE = W_SLABS * W_SLAB;                          /* 73,728 B: Q or one KV tile */
+constexpr size_t W_SMEM = 1024 + 3 * (size_t)W_TILE + ROWS * 4 + sizeof(WalkShared);
+
+#if KDT_HAS_WGMMA
+/* cp.async of KV keys [t0, t0 + 64) into 9 swizzled slabs at dst; keys >= ke are zero-filled. */
+__device__ __forceinline__ void w_load_kv(const VaArgs &a, const int32_t *table, int t0, int ke, uint32_t dst,
+                                          int &bad) {
+    /* 64 keys x 72 chunks over 256 threads: thread -> (key = tid / 4, chunks tid % 4 + 4 i) */
+    const int r = threadIdx.x >> 2;
+    const int t = t0 + r;
+    const uint16_t *src = a.kv;
+    int bytes = 0;
+    if (t < ke) {
+        int page = __ldg(table + t / a.page_size);
+        if (page < 0 || page >= a.n_pages) bad = 1, page = 0;
+        src = a.kv + ((long long)page * a.page_size + t % a.page_size) * D_QK;
+        bytes = 16;
+    }
+#pragma unroll
+    for (int c = threadIdx.x & 3; c < QK_CHUNKS; c += 4)
+        va::cp_async_16(dst + (uint32_t)(c >> 3) * W_SLAB + wg::sw128_offset(r, (c & 7) * 8), src + c * 8, bytes);
+}
+#endif
+
+__global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaArgs a) {
+#if KDT_HAS_WGMMA
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const uint32_t raw = va::smem_addr(smem_raw), pad = (1024u - (raw & 1023u)) & 1023u;
+    unsigned char *smem = smem_raw + pad;
+    int *sNode = reinterpret_cast<int *>(smem + 3 * W_TILE);
+    WalkShared *sWalk = reinterpret_cast<WalkShared *>(smem + 3 * W_TILE + ROWS * 4);
+    const uint32_t q_base = raw + pad, kv_base = q_base + W_TILE;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wgi = warp >> 2, wq = warp & 3, g = lane >> 2, tq = lane & 3;
+
+    int walk_s = 0;
+    long long walk_items = 0, walk_slots = 0;
+    for (long long i = blockIdx.x;; i += gridDim.x) {
+        __syncthreads();
+        if (warp == 0) walk_to<false>(a, i, walk_s, walk_items, walk_slots, sWalk);
+        __syncthreads();
+        if (!sWalk->found) break;
+        const VaPlan pl = sWalk->plan;
+        const int s = sWalk->s;
+        const long long local = i - sWalk->item_base, slot = sWalk->slot_base + local;
+        const bool split_mode = pl.splits > 1;
+        const int split = (int)(local / pl.rt), rtile = (int)(local % pl.rt);
+        const int g0 = rtile * ROWS;
+        const int rows_valid = min(ROWS, pl.n * a.H - g0);
+        const long long row0 = (long long)s * a.max_nodes * a.H + g0;
+        if (!pl.valid || (split_mode && sWalk->slot_base + pl.slots > a.slot_capacity)) {
+            if (split == 0) fill_nan_rows(a, row0, rows_valid);
+            continue;
+        }
+        const int P = pl.prefix, keys = P + pl.n;
+        const int kb = split * pl.chunk_keys, ke = min(keys, kb + pl.chunk_keys);
+        const int n_tiles = (ke - kb + 63) / 64;
+        const int32_t *table = a.block_table + (long long)s * a.max_pages;
+        const uint64_t *mask = a.anc_mask + (long long)s * a.max_nodes * a.words;
+        if (tid < ROWS) sNode[tid] = tid < rows_valid ? (g0 + tid) / a.H : -1;
+        int bad = 0;
+        { /* Q rows (zeros past the stream's last row), then KV tile 0: one cp.async group */
+            const int r = tid >> 2;
+            const uint16_t *src = r < rows_valid ? a.q + (row0 + r) * D_QK : a.q;
+            const int bytes = r < rows_valid ? 16 : 0;
+#pragma unroll
+            for (int c = tid & 3; c < QK_CHUNKS; c += 4)
+                va::cp_async_16(q_base + (uint32_t)(c >> 3) * W_SLAB + wg::sw128_offset(r, (c & 7) * 8), src + c * 8,
+                                bytes);
+        }
+        w_load_kv(a, table, kb, ke, kv_base, bad);
+        va::cp_async_commit();
+
+        float o[128];                 /* O rows 16 wq + g (+8), columns 256 wgi + 8 j + 2 tq (+1) */
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+        for (int e = 0; e < 128; e++) o[e] = 0.f;
+
+        for (int it = 0; it < n_tiles; it++) {
+            const int t0 = kb + it * 64;
+            va::cp_async_wait_all();
+            wg::fence_proxy_async(); /* the cp.async data, seen by the async proxy (wgmma) */
+            __syncthreads();         /* every thread's part landed; both warpgroups are past tile it-1 */
+            const uint32_t kv_cur = kv_base + (uint32_t)(it & 1) * W_TILE;
+            if (it + 1 < n_tiles) {
+                w_load_kv(a, table, t0 + 64, ke, kv_base + (uint32_t)((it + 1) & 1) * W_TILE, bad);
+                va::cp_async_commit();
+            }
+
+            float sc[32];
+#pragma unroll
+            for (int e = 0; e < 32; e++) sc[e] = 0.f;
+            wg::fence();
+#pragma unroll
+            for (int kk = 0; kk < D_QK / 16; kk++)
+                wg::mma_m64n64k16_ss(sc, wg::desc_kmajor(q_base, ROWS, kk), wg::desc_kmajor(kv_cur, 64, kk), kk > 0);
+            wg::commit();
+            wg::wait<0>();
+
+            /* scale into the log2 domain; the ancestor mask only where a tile reaches the tree
+             * slots or the split end */
+            const bool need_mask = t0 + 64 > P || t0 + 64 > ke;
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float v = sc[4 * j + e] * a.scale_log2;
+                    if (need_mask) {
+                        const int row = 16 * wq + g + 8 * (e >> 1);
+                        const int key = t0 + 8 * j + 2 * tq + (e & 1);
+                        bool vis = key < ke;
+                        if (vis && key >= P) {
+                            const int node = sNode[row];
+                            if (node >= 0) {
+                                const int jj = key - P;
+                                vis = (__ldg(mask + (long long)node * a.words + (jj >> 6)) >> (jj & 63)) & 1ull;
+                            }
+                        }
+                        if (!vis) v = -INFINITY;
+                    }
+                    sc[4 * j + e] = v;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                }
+            float alpha[2], mu[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+                const float mn = fmaxf(m[h], mx[h]);
+                alpha[h] = mn == -INFINITY ? 1.f : exp2f(m[h] - mn);
+                mu[h] = mn == -INFINITY ? 0.f : mn;
+                m[h] = mn;
+            }
+            float ls[2] = {0.f, 0.f};
+#pragma unroll
+            for (int e = 0; e < 32; e++) {
+                const float pv = exp2f(sc[e] - mu[(e >> 1) & 1]);
+                sc[e] = pv;
+                ls[(e >> 1) & 1] += pv; /* fp32 weights: lse stays accurate to fp32 rounding */
+            }
+            l[0] = l[0] * alpha[0] + ls[0];
+            l[1] = l[1] * alpha[1] + ls[1];
+#pragma unroll
+            for (int e = 0; e < 128; e++) o[e] *= alpha[(e >> 1) & 1];
+            uint32_t pa[4][4];
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) wg::s_to_a_frag(sc, kk, pa[kk]);
+            wg::fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                wg::mma_m64n256k16_rs_tb(o, pa[kk], wg::desc_v(kv_cur, 64, 4 * wgi, kk, 64u * 128u, 1024u), 1);
+            wg::commit();
+            wg::wait<0>();
+        }
+
+        /* epilogue: row sums over the quad, then out (or the fp32 partial) and lse */
+        const int any_bad = __syncthreads_or(bad);
+        const float qnan = __int_as_float(0x7fc00000);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float lt = l[h];
+            lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+            lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+            const int row = 16 * wq + g + 8 * h;
+            if (row >= rows_valid) continue;
+            float inv, lse_v;
+            bool zero = false;
+            if (any_bad) inv = qnan, lse_v = qnan;
+            else if (lt > 0.f) inv = 1.f / lt, lse_v = (m[h] + log2f(lt)) * 0.693147180559945309f;
+            else if (lt == 0.f) inv = 0.f, lse_v = -INFINITY, zero = true; /* no visible key */
+            else inv = qnan, lse_v = qnan;
+            const int col0 = 256 * wgi + 2 * tq;
+            if (!split_mode) {
+                uint16_t *dst = a.out + (row0 + row) * D_V + col0;
+#pragma unroll
+                for (int j = 0; j < 32; j++) {
+                    const float x0 = zero ? 0.f : o[4 * j + 2 * h] * inv, x1 = zero ? 0.f : o[4 * j + 2 * h + 1] * inv;
+                    *reinterpret_cast<uint32_t *>(dst + 8 * j) = va::pack_bf16x2(x0, x1);
+                }
+                if (wgi == 0 && tq == 0) a.lse[row0 + row] = lse_v;
+            } else {
+                float *dst = a.ws_o + slot * (long long)SLOT_O_FLOATS + row * D_V + col0;
+#pragma unroll
+                for (int j = 0; j < 32; j++) {
+                    const float x0 = zero ? 0.f : o[4 * j + 2 * h] * inv, x1 = zero ? 0.f : o[4 * j + 2 * h + 1] * inv;
+                    *reinterpret_cast<float2 *>(dst + 8 * j) = make_float2(x0, x1);
+                }
+                if (wgi == 0 && tq == 0) a.ws_lse[slot * ROWS + row] = lse_v;
+            }
+        }
+    }
+#else
+    (void)a;
+    __trap(); /* no wgmma in this build: the launcher never starts it (sm90_ready checks the PTX arch) */
+#endif
+}
+
 /* Merges the partials of split streams: per row, lse = log sum_k exp(lse_k) and
  * out = sum_k exp(lse_k - lse) o_k, summed in split order (bitwise reproducible). One warp per
  * row; a CTA walks over (stream, row tile) items of split streams. */
@@ -578,6 +795,32 @@ kdt_status device_config(int *cfg, int *sms) {
     return KDT_OK;
 }
 
+/* The sm_90a kernel on this device (once per device): 1 if it has wgmma code (built from
+ * compute_90a PTX), the device is a Hopper and its shared memory fits; 0 if not; < 0 on error. */
+std::atomic<int> g_dev_sm90[MAX_DEVICES]; /* 0 = not probed yet, 1 = no, 2 = yes */
+
+int sm90_ready(const char **why) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return -1;
+    const int cached = dev >= 0 && dev < MAX_DEVICES ? g_dev_sm90[dev].load(std::memory_order_acquire) : 0;
+    if (cached) {
+        *why = cached == 2 ? NULL : "the device is not an sm_90 GPU, the binary lacks sm_90a code, or shared memory is short";
+        return cached == 2;
+    }
+    int major = 0, optin = 0;
+    cudaFuncAttributes fa;
+    int ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+             cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
+             cudaFuncGetAttributes(&fa, verify_attn_sm90_kernel) == cudaSuccess;
+    ok = ok && major == 9 && fa.ptxVersion >= 90 && (size_t)optin >= W_SMEM &&
+         cudaFuncSetAttribute(verify_attn_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)W_SMEM) ==
+             cudaSuccess;
+    (void)cudaGetLastError();
+    if (dev >= 0 && dev < MAX_DEVICES) g_dev_sm90[dev].store(ok ? 2 : 1, std::memory_order_release);
+    *why = ok ? NULL : "the device is not an sm_90 GPU, the binary lacks sm_90a code, or shared memory is short";
+    return ok;
+}
+
 } // namespace
 
 extern "C" size_t kdt_verify_attn_workspace_bytes(int32_t n_streams, int32_t n_heads, int32_t max_nodes,
@@ -633,10 +876,23 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
     a.scale_log2 = (float)((double)p->softmax_scale * 1.4426950408889634);
 
     cudaStream_t cs = (cudaStream_t)stream;
-    switch (cfg) {
-    case CFG_BN64_2STAGE: verify_attn_kernel<64, 2><<<sms, THREADS, Cfg<64, 2>::SMEM, cs>>>(a); break;
-    case CFG_BN64_1STAGE: verify_attn_kernel<64, 1><<<sms, THREADS, Cfg<64, 1>::SMEM, cs>>>(a); break;
-    default: verify_attn_kernel<16, 1><<<sms, THREADS, Cfg<16, 1>::SMEM, cs>>>(a); break;
+    /* KDT_VERIFY_ATTN=wgmma: the sm_90a kernel (not yet the default: see its comment) */
+    const char *path = getenv("KDT_VERIFY_ATTN");
+    const int want_wgmma = path && !strcmp(path, "wgmma");
+    KDT_CHECK_ARG(!path || !*path || want_wgmma || !strcmp(path, "mma"),
+                  "%s: KDT_VERIFY_ATTN = '%s', expected 'mma' or 'wgmma'", who, path);
+    if (want_wgmma) {
+        const char *why = NULL;
+        const int ready = sm90_ready(&why);
+        if (ready < 0) return kdt_fail(KDT_ERR_CUDA, "%s: cudaGetDevice failed", who);
+        if (!ready) return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: KDT_VERIFY_ATTN=wgmma: %s", who, why);
+        verify_attn_sm90_kernel<<<sms, THREADS, W_SMEM, cs>>>(a);
+    } else {
+        switch (cfg) {
+        case CFG_BN64_2STAGE: verify_attn_kernel<64, 2><<<sms, THREADS, Cfg<64, 2>::SMEM, cs>>>(a); break;
+        case CFG_BN64_1STAGE: verify_attn_kernel<64, 1><<<sms, THREADS, Cfg<64, 1>::SMEM, cs>>>(a); break;
+        default: verify_attn_kernel<16, 1><<<sms, THREADS, Cfg<16, 1>::SMEM, cs>>>(a); break;
+        }
     }
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "%s: launch failed: %s", who, cudaGetErrorString(e));

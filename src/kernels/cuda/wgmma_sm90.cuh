@@ -1,0 +1,155 @@
+/* wgmma_sm90.cuh - the Hopper (sm_90a) warpgroup MMA pieces the verify_attn sm_90a path is to be
+ * built from: shared-memory matrix descriptors for the 128-byte-swizzled layout, the two wgmma
+ * shapes MLA attention needs, and the fences around them. Everything here compiles to nothing
+ * unless the device pass targets sm_90a (__CUDA_ARCH_FEAT_SM90_ALL); callers check KDT_HAS_WGMMA.
+ *
+ * Layout ("slab"): a matrix with K = 64 * n bf16 columns is stored as n slabs of [R rows][64]
+ * (128 bytes per row, R * 128 bytes per slab, each slab 1024-byte aligned). Inside a slab the
+ * 16-byte chunk c of row r sits at chunk c ^ (r % 8): the 128B swizzle the hardware undoes. MLA's
+ * latent KV row (576 = 9 x 64) is 9 slabs; its first 8 slabs are V (512 columns).
+ *
+ * The two products of one 64-row tile and a tile of N keys:
+ *   S = Q K^T  m64nNk16, A = Q slabs (K-major), B = KV slabs (K-major: each key row holds its k);
+ *              per k step of 16 the descriptors' start moves by 32 bytes inside the slab rows,
+ *              and by one slab every 4 steps. SBO = 1024 (8 rows of 128 bytes), LBO unused.
+ *   O = P V    m64n256k16, A = P in registers (the S accumulator of the same tile, rounded to
+ *              bf16: its layout is exactly the A fragment, see s_to_a_frag), B = the V slabs read
+ *              N-major (transposed: trans-b = 1). N = 256 columns = 4 slabs: LBO = the slab
+ *              stride (R * 128 bytes), SBO = 1024 (8 key rows); a k step of 16 keys moves the
+ *              start by 16 rows = 2048 bytes.
+ * Accumulator layout of m64nN f32 (per thread of the 128): warp w holds rows 16w + lane/4 and
+ * 16w + lane/4 + 8; d[4j + 0..1] are row lane/4, columns 8j + 2 (lane % 4) + {0, 1}; d[4j + 2..3]
+ * the same columns of row lane/4 + 8.
+ *
+ * Status: written without a Hopper to run on; tests/gpu/test_wgmma_sm90.cu checks both products
+ * against the CPU (and reports if the MN-major LBO / SBO roles are the other way round).
+ */
+#ifndef KDT_WGMMA_SM90_CUH
+#define KDT_WGMMA_SM90_CUH
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KDT_HAS_WGMMA 1
+#else
+#define KDT_HAS_WGMMA 0
+#endif
+
+namespace wg {
+
+/* Byte offset of element (r, c) (c < 64) inside a 128B-swizzled slab. */
+__host__ __device__ constexpr uint32_t sw128_offset(int r, int c) {
+    return (uint32_t)r * 128u + ((((uint32_t)c >> 3) ^ ((uint32_t)r & 7u)) << 4) + ((uint32_t)c & 7u) * 2u;
+}
+
+/* Shared-memory matrix descriptor, 128B swizzle (layout type 1 in bits 62-63). */
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+    uint64_t d = 0;
+    d |= (uint64_t)((smem_addr & 0x3FFFFu) >> 4);
+    d |= (uint64_t)((lbo_bytes >> 4) & 0x3FFFu) << 16;
+    d |= (uint64_t)((sbo_bytes >> 4) & 0x3FFFu) << 32;
+    d |= (uint64_t)1 << 62;
+    return d;
+}
+
+/* Descriptors of k step `kk` (16 columns) of a K-major slab matrix with `rows` rows at base. */
+__device__ __forceinline__ uint64_t desc_kmajor(uint32_t base, int rows, int kk) {
+    return desc_sw128(base + (uint32_t)(kk >> 2) * (uint32_t)rows * 128u + (uint32_t)(kk & 3) * 32u, 16u, 1024u);
+}
+/* Descriptor of key step `kk` (16 keys) of the N-major V operand: columns [64 slab0, +256) of a
+ * slab matrix with `keys` rows at base. */
+__device__ __forceinline__ uint64_t desc_v(uint32_t base, int keys, int slab0, int kk, uint32_t lbo, uint32_t sbo) {
+    return desc_sw128(base + (uint32_t)slab0 * (uint32_t)keys * 128u + (uint32_t)kk * 2048u, lbo, sbo);
+}
+
+__device__ __forceinline__ void fence() {
+#if KDT_HAS_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void commit() {
+#if KDT_HAS_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wait() {
+#if KDT_HAS_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+/* Generic-proxy shared-memory writes (st.shared, cp.async) become visible to wgmma's async proxy
+ * only after this fence (then a barrier). */
+__device__ __forceinline__ void fence_proxy_async() {
+#if KDT_HAS_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+/* d (32 f32) (+)= A(desc) B(desc)^T, m64n64k16, both K-major. accumulate = 0 overwrites d. */
+__device__ __forceinline__ void mma_m64n64k16_ss(float d[32], uint64_t da, uint64_t db, int accumulate) {
+#if KDT_HAS_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(accumulate));
+#else
+    (void)d, (void)da, (void)db, (void)accumulate;
+#endif
+}
+
+#define KDT_WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                     "+f"(d[i + 6]), "+f"(d[i + 7])
+
+/* d (128 f32) (+)= A(registers, 4 x bf16x2) B(desc), m64n256k16, B N-major (trans-b = 1). */
+__device__ __forceinline__ void mma_m64n256k16_rs_tb(float d[128], const uint32_t a[4], uint64_t db, int accumulate) {
+#if KDT_HAS_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+        "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+        "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+        "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, "
+        "{%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"
+        : KDT_WG_D8(0), KDT_WG_D8(8), KDT_WG_D8(16), KDT_WG_D8(24), KDT_WG_D8(32), KDT_WG_D8(40), KDT_WG_D8(48),
+          KDT_WG_D8(56), KDT_WG_D8(64), KDT_WG_D8(72), KDT_WG_D8(80), KDT_WG_D8(88), KDT_WG_D8(96),
+          KDT_WG_D8(104), KDT_WG_D8(112), KDT_WG_D8(120)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+#else
+    (void)d, (void)a, (void)db, (void)accumulate;
+#endif
+}
+#undef KDT_WG_D8
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* lo -> lower address */
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* The A fragment of key step kk (keys 16 kk .. 16 kk + 15) from an m64nN f32 accumulator p[]:
+ * the accumulator's n8 blocks 2 kk and 2 kk + 1 are the fragment's two column halves. */
+template <int NREG>
+__device__ __forceinline__ void s_to_a_frag(const float (&p)[NREG], int kk, uint32_t a[4]) {
+    const int j0 = 8 * kk, j1 = 8 * kk + 4;
+    a[0] = pack_bf16x2(p[j0 + 0], p[j0 + 1]);
+    a[1] = pack_bf16x2(p[j0 + 2], p[j0 + 3]);
+    a[2] = pack_bf16x2(p[j1 + 0], p[j1 + 1]);
+    a[3] = pack_bf16x2(p[j1 + 2], p[j1 + 3]);
+}
+
+} // namespace wg
+
+#endif

@@ -1,0 +1,220 @@
+/* test_wgmma_sm90.cu - the Hopper wgmma pieces (src/kernels/cuda/wgmma_sm90.cuh) on the two products
+ * of MLA attention, one warpgroup, one tile, against the CPU:
+ *   1. S = Q K^T: Q [64][576], KV [64][576] in 128B-swizzled slabs, 36 steps of m64n64k16 with
+ *      both operands K-major from shared memory (the verify_attn score tile).
+ *   2. O = P V: P = bf16(S * scale) taken straight from the S accumulator as the register A
+ *      operand, V = the first 512 columns of the same KV slabs read N-major, 2 x 4 steps of
+ *      m64n256k16 (the verify_attn output tile).
+ * The CPU reference is fp64 over the same bf16 inputs (for O: over the P the GPU formed from its
+ * own S, so only the product is compared). If O fails with the layout wgmma_sm90.cuh documents,
+ * the test also tries the N-major operand with the LBO / SBO roles swapped and says which works.
+ * On a GPU that is not sm_90 it prints "skip" and exits 0; on an sm_90 GPU without sm_90a code in
+ * the binary it fails. Built by CMake as gpu_test_wgmma_sm90 (label gpu). */
+#include "wgmma_sm90.cuh"
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <vector>
+
+#define CK(x)                                                                                        \
+    do {                                                                                             \
+        cudaError_t e_ = (x);                                                                        \
+        if (e_ != cudaSuccess) {                                                                     \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));      \
+            exit(1);                                                                                 \
+        }                                                                                            \
+    } while (0)
+
+namespace {
+
+constexpr int ROWS = 64, KEYS = 64, DQK = 576, DV = 512, SLABS = DQK / 64;
+constexpr uint32_t SLAB_BYTES = ROWS * 128; /* 64 rows x 128 B (KEYS == ROWS here) */
+constexpr size_t SMEM = 2 * (size_t)SLABS * SLAB_BYTES + 1024; /* Q, KV, alignment slack */
+
+#if KDT_HAS_WGMMA
+/* Copies a [64][576] bf16 matrix into 9 swizzled slabs at dst (1024-aligned). */
+__device__ __forceinline__ void to_slabs(const uint16_t *src, unsigned char *dst) {
+    for (int i = threadIdx.x; i < ROWS * (DQK / 8); i += blockDim.x) {
+        const int r = i / (DQK / 8), c = i % (DQK / 8); /* 16-byte chunk c of row r */
+        const int slab = c / 8, col = (c % 8) * 8;
+        const uint4 v = *reinterpret_cast<const uint4 *>(src + (size_t)r * DQK + c * 8);
+        *reinterpret_cast<uint4 *>(dst + slab * SLAB_BYTES + wg::sw128_offset(r, col)) = v;
+    }
+}
+#endif
+
+__global__ void __launch_bounds__(128, 1)
+    qk_pv_kernel(const uint16_t *q, const uint16_t *kv, float *s_out, float *o_out, float p_scale,
+                 uint32_t lbo, uint32_t sbo, int *ran) {
+    if (threadIdx.x == 0) *ran = KDT_HAS_WGMMA;
+#if KDT_HAS_WGMMA
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *smem = reinterpret_cast<unsigned char *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    unsigned char *sq = smem, *skv = smem + SLABS * SLAB_BYTES;
+    to_slabs(q, sq);
+    to_slabs(kv, skv);
+    wg::fence_proxy_async();
+    __syncthreads();
+    const uint32_t qb = (uint32_t)__cvta_generic_to_shared(sq), kb = (uint32_t)__cvta_generic_to_shared(skv);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+
+    float s[32];
+    for (int i = 0; i < 32; i++) s[i] = 0.f;
+    wg::fence();
+    for (int kk = 0; kk < DQK / 16; kk++)
+        wg::mma_m64n64k16_ss(s, wg::desc_kmajor(qb, ROWS, kk), wg::desc_kmajor(kb, KEYS, kk), kk > 0);
+    wg::commit();
+    wg::wait<0>();
+    for (int j = 0; j < 8; j++)
+        for (int h = 0; h < 2; h++) {
+            const int row = 16 * warp + g + 8 * h, col = 8 * j + 2 * t;
+            s_out[row * KEYS + col] = s[4 * j + 2 * h];
+            s_out[row * KEYS + col + 1] = s[4 * j + 2 * h + 1];
+        }
+
+    float p[32];
+    for (int i = 0; i < 32; i++) p[i] = s[i] * p_scale;
+    uint32_t a[KEYS / 16][4];
+    for (int kk = 0; kk < KEYS / 16; kk++) wg::s_to_a_frag(p, kk, a[kk]);
+    for (int half = 0; half < 2; half++) {
+        float o[128];
+        for (int i = 0; i < 128; i++) o[i] = 0.f;
+        wg::fence();
+        for (int kk = 0; kk < KEYS / 16; kk++)
+            wg::mma_m64n256k16_rs_tb(o, a[kk], wg::desc_v(kb, KEYS, 4 * half, kk, lbo, sbo), kk > 0);
+        wg::commit();
+        wg::wait<0>();
+        for (int j = 0; j < 32; j++)
+            for (int h = 0; h < 2; h++) {
+                const int row = 16 * warp + g + 8 * h, col = 256 * half + 8 * j + 2 * t;
+                o_out[row * DV + col] = o[4 * j + 2 * h];
+                o_out[row * DV + col + 1] = o[4 * j + 2 * h + 1];
+            }
+    }
+#else
+    (void)q, (void)kv, (void)s_out, (void)o_out, (void)p_scale, (void)lbo, (void)sbo;
+#endif
+}
+
+uint16_t f32_to_bf16(float f) { /* round to nearest even, as __float2bfloat16_rn (finite inputs) */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+double bf16_to_f64(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+double normal(uint64_t *st) { /* Box-Muller on a xorshift */
+    auto u01 = [&]() {
+        *st ^= *st << 13, *st ^= *st >> 7, *st ^= *st << 17;
+        return ((*st >> 11) + 0.5) / 9007199254740992.0;
+    };
+    const double a = u01(), b = u01();
+    return sqrt(-2.0 * log(a)) * cos(6.283185307179586 * b);
+}
+
+double rel_err(const std::vector<float> &got, const std::vector<double> &ref) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); i++) {
+        const double d = (double)got[i] - ref[i];
+        num += d * d, den += ref[i] * ref[i];
+        if (!isfinite(got[i])) return INFINITY;
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+struct Dev {
+    uint16_t *q, *kv;
+    float *s, *o;
+    int *ran;
+};
+
+/* Runs the kernel with the N-major operand's (lbo, sbo); returns the relative errors of S and O. */
+void run(const Dev &d, const std::vector<uint16_t> &q, const std::vector<uint16_t> &kv, float p_scale,
+         uint32_t lbo, uint32_t sbo, int *ran, double *err_s, double *err_o) {
+    CK(cudaMemset(d.s, 0xff, sizeof(float) * ROWS * KEYS)); /* NaN: unwritten output shows */
+    CK(cudaMemset(d.o, 0xff, sizeof(float) * ROWS * DV));
+    qk_pv_kernel<<<1, 128, SMEM>>>(d.q, d.kv, d.s, d.o, p_scale, lbo, sbo, d.ran);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(ran, d.ran, sizeof(int), cudaMemcpyDeviceToHost));
+    std::vector<float> s(ROWS * KEYS), o(ROWS * DV);
+    CK(cudaMemcpy(s.data(), d.s, sizeof(float) * s.size(), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(o.data(), d.o, sizeof(float) * o.size(), cudaMemcpyDeviceToHost));
+    std::vector<double> s_ref(ROWS * KEYS), o_ref(ROWS * DV, 0.0);
+    for (int i = 0; i < ROWS; i++)
+        for (int j = 0; j < KEYS; j++) {
+            double acc = 0;
+            for (int k = 0; k < DQK; k++) acc += bf16_to_f64(q[i * DQK + k]) * bf16_to_f64(kv[j * DQK + k]);
+            s_ref[i * KEYS + j] = acc;
+        }
+    for (int i = 0; i < ROWS; i++)
+        for (int j = 0; j < KEYS; j++) {
+            /* P as the device forms it: fp32 product of its own S, rounded to bf16 */
+            const double pij = isfinite(s[i * KEYS + j]) ? bf16_to_f64(f32_to_bf16(s[i * KEYS + j] * p_scale)) : NAN;
+            for (int c = 0; c < DV; c++) o_ref[i * DV + c] += pij * bf16_to_f64(kv[j * DQK + c]);
+        }
+    *err_s = rel_err(s, s_ref);
+    *err_o = rel_err(o, o_ref);
+}
+
+} // namespace
+
+int main() {
+    cudaDeviceProp prop;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        fprintf(stderr, "test_wgmma_sm90: no CUDA device: this test needs a GPU\n");
+        return 1;
+    }
+    CK(cudaGetDeviceProperties(&prop, 0));
+    if (prop.major != 9) {
+        printf("skip - wgmma: %s is sm_%d%d; wgmma needs sm_90a\n", prop.name, prop.major, prop.minor);
+        return 0;
+    }
+    CK(cudaFuncSetAttribute(qk_pv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM));
+    std::vector<uint16_t> q(ROWS * DQK), kv(KEYS * DQK);
+    uint64_t st = 0x9e3779b97f4a7c15ull;
+    for (auto &x : q) x = f32_to_bf16((float)normal(&st));
+    for (auto &x : kv) x = f32_to_bf16((float)normal(&st));
+    Dev d;
+    CK(cudaMalloc(&d.q, 2 * q.size()));
+    CK(cudaMalloc(&d.kv, 2 * kv.size()));
+    CK(cudaMalloc(&d.s, sizeof(float) * ROWS * KEYS));
+    CK(cudaMalloc(&d.o, sizeof(float) * ROWS * DV));
+    CK(cudaMalloc(&d.ran, sizeof(int)));
+    CK(cudaMemcpy(d.q, q.data(), 2 * q.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d.kv, kv.data(), 2 * kv.size(), cudaMemcpyHostToDevice));
+    const float p_scale = 1.0f / 24.0f; /* S ~ N(0, 576): P ~ N(0, 1) */
+    const double tol = 1e-5;            /* fp32 accumulation of exact bf16 products */
+    int ran = 0, fails = 0;
+    double es = 0, eo = 0;
+    const uint32_t lbo = KEYS * 128, sbo = 1024; /* as wgmma_sm90.cuh documents */
+    run(d, q, kv, p_scale, lbo, sbo, &ran, &es, &eo);
+    if (!ran) {
+        printf("FAIL - wgmma: the binary has no sm_90a code (build with -arch=sm_90a / KDT_CUDA_ARCHS=90a)\n");
+        return 1;
+    }
+    printf("%s - wgmma S = Q K^T (m64n64k16, K-major slabs): relative error %.3g\n", es <= tol ? "ok" : "FAIL", es);
+    printf("%s - wgmma O = P V (m64n256k16, P in registers, V N-major: LBO %u, SBO %u): relative error %.3g\n",
+           eo <= tol ? "ok" : "FAIL", lbo, sbo, eo);
+    fails += !(es <= tol) + !(eo <= tol);
+    if (!(eo <= tol)) {
+        double es2 = 0, eo2 = 0;
+        run(d, q, kv, p_scale, sbo, lbo, &ran, &es2, &eo2);
+        printf("# with LBO and SBO swapped (LBO %u, SBO %u): relative error %.3g%s\n", sbo, lbo, eo2,
+               eo2 <= tol ? ": the roles in wgmma_sm90.cuh (desc_v callers) are the other way round" : "");
+    }
+    cudaFree(d.q), cudaFree(d.kv), cudaFree(d.s), cudaFree(d.o), cudaFree(d.ran);
+    printf("%d passed, %d failed\n", 2 - fails, fails);
+    return fails ? 1 : 0;
+}
