@@ -355,6 +355,31 @@ static void test_bad_drafters(void) {
     CHECK(kdt_dflash_load(dir, g_target, NULL, &d) == KDT_ERR_FORMAT);
 }
 
+/* Runs 4 prompts x 16 tokens with these modes (budgets 8, 16, 24, 32) and checks each stream
+ * against its greedy reference. */
+static void run_4_vs_ref(kdt_engine *e, int32_t **prompts, int32_t *n_prompt, int32_t **ref,
+                         const kdt_spec_mode modes[4], const char *what) {
+    kdt_gen_params p[4];
+    for (int i = 0; i < 4; i++) {
+        kdt_gen_params_default(&p[i]);
+        p[i].spec = modes[i];
+        p[i].budget = 8 * (i + 1);
+        p[i].max_new_tokens = 16;
+    }
+    et_run r;
+    const kdt_status st = et_run_batch(e, 4, prompts, n_prompt, p, &r);
+    CHECK_MSG(st == KDT_OK, "%s: %s", what, kdt_last_error());
+    for (int i = 0; i < 4 && st == KDT_OK; i++) {
+        CHECK_EQ_INT(r.n_out[i], 16);
+        for (int j = 0; j < 16 && j < r.n_out[i]; j++)
+            if (r.out[i][j] != ref[i][j]) {
+                CHECK_MSG(0, "%s: mode %s stream %d token %d", what, kdt_spec_mode_name(p[i].spec), i, j);
+                break;
+            }
+    }
+    et_run_free(&r);
+}
+
 /* The engine with a real (random) DFlash drafter is lossless too. */
 static void test_engine_with_dflash(void) {
     et_dflash_spec s = et_dflash_default(64, 320);
@@ -387,25 +412,9 @@ static void test_engine_with_dflash(void) {
     }
     const kdt_spec_mode modes[4] = {KDT_SPEC_CHAIN, KDT_SPEC_DDTREE, KDT_SPEC_AUTO, KDT_SPEC_AR};
     for (int m = 0; m < 4; m++) {
-        kdt_gen_params p[4];
-        for (int i = 0; i < 4; i++) {
-            kdt_gen_params_default(&p[i]);
-            p[i].spec = modes[(m + i) % 4]; /* every batch mixes modes */
-            p[i].budget = 8 * (i + 1);
-            p[i].max_new_tokens = 16;
-        }
-        et_run r;
-        st = et_run_batch(e, 4, prompts, n_prompt, p, &r);
-        CHECK_MSG(st == KDT_OK, "%s", kdt_last_error());
-        for (int i = 0; i < 4 && st == KDT_OK; i++) {
-            CHECK_EQ_INT(r.n_out[i], 16);
-            for (int j = 0; j < 16 && j < r.n_out[i]; j++)
-                if (r.out[i][j] != ref[i][j]) {
-                    CHECK_MSG(0, "mode %s stream %d token %d", kdt_spec_mode_name(p[i].spec), i, j);
-                    break;
-                }
-        }
-        et_run_free(&r);
+        kdt_spec_mode mix[4];
+        for (int i = 0; i < 4; i++) mix[i] = modes[(m + i) % 4]; /* every batch mixes modes */
+        run_4_vs_ref(e, prompts, n_prompt, ref, mix, "mixed modes");
     }
     /* every stream auto, rounds forced to drafted, plain, plain, drafted, ...: a plain round (no
      * drafter, budgets 0) must still bring its accepted tokens into the drafter context, or the
@@ -413,27 +422,8 @@ static void test_engine_with_dflash(void) {
     kdt_engine_stats before, after;
     kdt_engine_get_stats(e, &before);
     kdt_budget_test_kinds(&e->budget, 0x1u, 3); /* bit i: round i % 3 drafts */
-    {
-        kdt_gen_params p[4];
-        for (int i = 0; i < 4; i++) {
-            kdt_gen_params_default(&p[i]);
-            p[i].spec = KDT_SPEC_AUTO;
-            p[i].budget = 16;
-            p[i].max_new_tokens = 16;
-        }
-        et_run r;
-        st = et_run_batch(e, 4, prompts, n_prompt, p, &r);
-        CHECK_MSG(st == KDT_OK, "all auto: %s", kdt_last_error());
-        for (int i = 0; i < 4 && st == KDT_OK; i++) {
-            CHECK_EQ_INT(r.n_out[i], 16);
-            for (int j = 0; j < 16 && j < r.n_out[i]; j++)
-                if (r.out[i][j] != ref[i][j]) {
-                    CHECK_MSG(0, "all auto: stream %d token %d", i, j);
-                    break;
-                }
-        }
-        et_run_free(&r);
-    }
+    const kdt_spec_mode all_auto[4] = {KDT_SPEC_AUTO, KDT_SPEC_AUTO, KDT_SPEC_AUTO, KDT_SPEC_AUTO};
+    run_4_vs_ref(e, prompts, n_prompt, ref, all_auto, "all auto");
     kdt_engine_get_stats(e, &after);
     const uint64_t plain = after.plain_rounds - before.plain_rounds, all = after.rounds - before.rounds;
     CHECK_MSG(plain >= 3 && all - plain >= 3, "%llu plain rounds of %llu", (unsigned long long)plain,

@@ -10,6 +10,7 @@
  * the test also tries the N-major operand with the LBO / SBO roles swapped and says which works.
  * On a GPU that is not sm_90 it prints "skip" and exits 0; on an sm_90 GPU without sm_90a code in
  * the binary it fails. Built by CMake as gpu_test_wgmma_sm90 (label gpu). */
+#include "gpu_test_util.h"
 #include "wgmma_sm90.cuh"
 
 #include <cuda_runtime.h>
@@ -20,15 +21,6 @@
 #include <string.h>
 
 #include <vector>
-
-#define CK(x)                                                                                        \
-    do {                                                                                             \
-        cudaError_t e_ = (x);                                                                        \
-        if (e_ != cudaSuccess) {                                                                     \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));      \
-            exit(1);                                                                                 \
-        }                                                                                            \
-    } while (0)
 
 namespace {
 
@@ -141,15 +133,15 @@ struct Dev {
 /* Runs the kernel with the N-major operand's (lbo, sbo); returns the relative errors of S and O. */
 void run(const Dev &d, const std::vector<uint16_t> &q, const std::vector<uint16_t> &kv, float p_scale,
          uint32_t lbo, uint32_t sbo, int *ran, double *err_s, double *err_o) {
-    CK(cudaMemset(d.s, 0xff, sizeof(float) * ROWS * KEYS)); /* NaN: unwritten output shows */
-    CK(cudaMemset(d.o, 0xff, sizeof(float) * ROWS * DV));
+    CUDA_OK(cudaMemset(d.s, 0xff, sizeof(float) * ROWS * KEYS)); /* NaN: unwritten output shows */
+    CUDA_OK(cudaMemset(d.o, 0xff, sizeof(float) * ROWS * DV));
     qk_pv_kernel<<<1, 128, SMEM>>>(d.q, d.kv, d.s, d.o, p_scale, lbo, sbo, d.ran);
-    CK(cudaGetLastError());
-    CK(cudaDeviceSynchronize());
-    CK(cudaMemcpy(ran, d.ran, sizeof(int), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(ran, d.ran, sizeof(int), cudaMemcpyDeviceToHost));
     std::vector<float> s(ROWS * KEYS), o(ROWS * DV);
-    CK(cudaMemcpy(s.data(), d.s, sizeof(float) * s.size(), cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(o.data(), d.o, sizeof(float) * o.size(), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(s.data(), d.s, sizeof(float) * s.size(), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(o.data(), d.o, sizeof(float) * o.size(), cudaMemcpyDeviceToHost));
     std::vector<double> s_ref(ROWS * KEYS), o_ref(ROWS * DV, 0.0);
     for (int i = 0; i < ROWS; i++)
         for (int j = 0; j < KEYS; j++) {
@@ -176,24 +168,24 @@ int main() {
         fprintf(stderr, "test_wgmma_sm90: no CUDA device: this test needs a GPU\n");
         return 1;
     }
-    CK(cudaGetDeviceProperties(&prop, 0));
+    CUDA_OK(cudaGetDeviceProperties(&prop, 0));
     if (prop.major != 9) {
         printf("skip - wgmma: %s is sm_%d%d; wgmma needs sm_90a\n", prop.name, prop.major, prop.minor);
         return 0;
     }
-    CK(cudaFuncSetAttribute(qk_pv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM));
+    CUDA_OK(cudaFuncSetAttribute(qk_pv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM));
     std::vector<uint16_t> q(ROWS * DQK), kv(KEYS * DQK);
     uint64_t st = 0x9e3779b97f4a7c15ull;
     for (auto &x : q) x = f32_to_bf16((float)normal(&st));
     for (auto &x : kv) x = f32_to_bf16((float)normal(&st));
     Dev d;
-    CK(cudaMalloc(&d.q, 2 * q.size()));
-    CK(cudaMalloc(&d.kv, 2 * kv.size()));
-    CK(cudaMalloc(&d.s, sizeof(float) * ROWS * KEYS));
-    CK(cudaMalloc(&d.o, sizeof(float) * ROWS * DV));
-    CK(cudaMalloc(&d.ran, sizeof(int)));
-    CK(cudaMemcpy(d.q, q.data(), 2 * q.size(), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d.kv, kv.data(), 2 * kv.size(), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc(&d.q, 2 * q.size()));
+    CUDA_OK(cudaMalloc(&d.kv, 2 * kv.size()));
+    CUDA_OK(cudaMalloc(&d.s, sizeof(float) * ROWS * KEYS));
+    CUDA_OK(cudaMalloc(&d.o, sizeof(float) * ROWS * DV));
+    CUDA_OK(cudaMalloc(&d.ran, sizeof(int)));
+    CUDA_OK(cudaMemcpy(d.q, q.data(), 2 * q.size(), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d.kv, kv.data(), 2 * kv.size(), cudaMemcpyHostToDevice));
     const float p_scale = 1.0f / 24.0f; /* S ~ N(0, 576): P ~ N(0, 1) */
     const double tol = 1e-5;            /* fp32 accumulation of exact bf16 products */
     int ran = 0, fails = 0;

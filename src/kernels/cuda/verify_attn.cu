@@ -165,6 +165,104 @@ __device__ void fill_nan_rows(const VaArgs &a, long long row0, int rows) {
     for (int r = threadIdx.x; r < rows; r += THREADS) a.lse[row0 + r] = __int_as_float(0x7fc00000);
 }
 
+/* One item's coordinates (both kernels). */
+struct VaItem {
+    int s, split_mode, rows_valid, P, kb, ke;
+    long long slot, row0; /* workspace slot (split mode); global row of tile row 0 */
+    const int32_t *table;
+    const uint64_t *mask;
+};
+
+/* The coordinates of item i from the walk's result; fills sNode (tile row -> node, -1 past the
+ * stream's rows). Returns false, after writing NaN to the rows (once per row tile), when the
+ * stream's data is bad or its partials do not fit the workspace: nothing to compute then. */
+__device__ __forceinline__ bool va_item(const VaArgs &a, long long i, const WalkShared *w, int *sNode, VaItem *it) {
+    const VaPlan pl = w->plan;
+    const long long local = i - w->item_base;
+    const int split = (int)(local / pl.rt), rtile = (int)(local % pl.rt);
+    const int g0 = rtile * ROWS;
+    it->s = w->s;
+    it->slot = w->slot_base + local;
+    it->split_mode = pl.splits > 1;
+    it->rows_valid = min(ROWS, pl.n * a.H - g0);
+    it->row0 = (long long)w->s * a.max_nodes * a.H + g0;
+    if (!pl.valid || (it->split_mode && w->slot_base + pl.slots > a.slot_capacity)) {
+        if (split == 0) fill_nan_rows(a, it->row0, it->rows_valid);
+        return false;
+    }
+    it->P = pl.prefix;
+    it->kb = split * pl.chunk_keys;
+    it->ke = min(pl.prefix + pl.n, it->kb + pl.chunk_keys);
+    it->table = a.block_table + (long long)w->s * a.max_pages;
+    it->mask = a.anc_mask + (long long)w->s * a.max_nodes * a.words;
+    if (threadIdx.x < ROWS) sNode[threadIdx.x] = (int)threadIdx.x < it->rows_valid ? (g0 + (int)threadIdx.x) / a.H : -1;
+    return true;
+}
+
+/* A CTA's place in the item walk (kept in registers, advanced by warp 0). */
+struct WalkState {
+    int s = 0;
+    long long items = 0, slots = 0;
+};
+
+/* Moves the CTA to item i: a barrier (every thread is done with the previous item's shared
+ * memory), warp 0 walks, a barrier, then the item's coordinates. 0: the walk is over; -1: the item
+ * has nothing to compute (its rows got NaN); 1: compute it. */
+__device__ __forceinline__ int va_next_item(const VaArgs &a, long long i, WalkState &ws, WalkShared *sw, int *sNode,
+                                            VaItem *it) {
+    __syncthreads();
+    if ((threadIdx.x >> 5) == 0) walk_to<false>(a, i, ws.s, ws.items, ws.slots, sw);
+    __syncthreads();
+    if (!sw->found) return 0;
+    return va_item(a, i, sw, sNode, it) ? 1 : -1;
+}
+
+/* cp.async of the item's Q rows (zeros past the stream's last row) into shared memory at base;
+ * addr(r, c) = byte offset of 16-byte chunk c of row r in the kernel's layout. Thread -> (row
+ * tid / 4, chunks tid % 4 + 4 i). */
+template <class Addr>
+__device__ __forceinline__ void va_load_q(const VaArgs &a, const VaItem &it, uint32_t base, Addr addr) {
+    const int r = threadIdx.x >> 2;
+    const uint16_t *src = r < it.rows_valid ? a.q + (it.row0 + r) * D_QK : a.q;
+    const int bytes = r < it.rows_valid ? 16 : 0;
+#pragma unroll
+    for (int c = threadIdx.x & 3; c < QK_CHUNKS; c += 4) va::cp_async_16(base + addr(r, c), src + c * 8, bytes);
+}
+
+/* The cache row of key t (t < ke) and 16 bytes to copy; past ke: a valid pointer and 0 bytes
+ * (zero fill). A block-table entry out of range sets bad and reads page 0 instead. */
+__device__ __forceinline__ const uint16_t *va_key_src(const VaArgs &a, const int32_t *table, int t, int ke, int &bad,
+                                                      int &bytes) {
+    bytes = 0;
+    if (t >= ke) return a.kv;
+    int page = __ldg(table + t / a.page_size);
+    if (page < 0 || page >= a.n_pages) bad = 1, page = 0;
+    bytes = 16;
+    return a.kv + ((long long)page * a.page_size + t % a.page_size) * D_QK;
+}
+
+/* Whether tile row `row` sees key `key`: inside the split, and for tree slots (key >= P) an
+ * ancestor-or-self of the row's node. */
+__device__ __forceinline__ bool va_visible(const VaArgs &a, const VaItem &it, const int *sNode, int row, int key) {
+    if (key >= it.ke) return false;
+    if (key < it.P) return true;
+    const int node = sNode[row];
+    if (node < 0) return true; /* a padding row: its output is never written */
+    const int j = key - it.P;
+    return (__ldg(it.mask + (long long)node * a.words + (j >> 6)) >> (j & 63)) & 1ull;
+}
+
+/* Normalisation of one finished row: 1 / l and the natural-log lse from the running max m (log2
+ * domain) and sum l; NaN for a bad item; zero output and lse -inf for a row that saw no key. */
+__device__ __forceinline__ void va_row_finish(float m, float l, int any_bad, float *inv, float *lse, bool *zero) {
+    const float qnan = __int_as_float(0x7fc00000);
+    *zero = false;
+    if (any_bad) *inv = qnan, *lse = qnan;
+    else if (l > 0.f) *inv = 1.f / l, *lse = (m + log2f(l)) * 0.693147180559945309f;
+    else if (l == 0.f) *inv = 0.f, *lse = -INFINITY, *zero = true;
+    else *inv = qnan, *lse = qnan;
+}
+
 template <int BN, int STAGES>
 struct Cfg {
     static constexpr int MW = BN >= 64 ? 2 : 4; /* warps along the rows of S */
@@ -193,15 +291,8 @@ __device__ __forceinline__ void load_kv_tile(const VaArgs &a, const int32_t *tab
                                              uint32_t dst, int &bad) {
     constexpr int TPR = THREADS / BN;
     const int r = threadIdx.x / TPR, c0 = threadIdx.x % TPR;
-    const int t = t0 + r;
-    const uint16_t *src = a.kv;
-    int bytes = 0;
-    if (t < ke) {
-        int page = __ldg(table + t / a.page_size);
-        if (page < 0 || page >= a.n_pages) bad = 1, page = 0;
-        src = a.kv + ((long long)page * a.page_size + t % a.page_size) * D_QK;
-        bytes = 16;
-    }
+    int bytes;
+    const uint16_t *src = va_key_src(a, table, t0 + r, ke, bad, bytes);
 #pragma unroll
     for (int c = c0; c < QK_CHUNKS; c += TPR) va::cp_async_16(dst + va_swz(r, c), src + c * 8, bytes);
 }
@@ -223,39 +314,18 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel(const VaArgs a)
     const int mw = warp % MW, nw = warp / MW;
     const uint32_t q_base = va::smem_addr(smem), kv_base = va::smem_addr(sKV), p_base = va::smem_addr(sP);
 
-    int walk_s = 0;
-    long long walk_items = 0, walk_slots = 0;
+    WalkState walk;
+    VaItem itm;
     for (long long i = blockIdx.x;; i += gridDim.x) {
-        __syncthreads(); /* everyone is done with the previous item's shared memory */
-        if (warp == 0) walk_to<false>(a, i, walk_s, walk_items, walk_slots, sWalk);
-        __syncthreads();
-        if (!sWalk->found) break;
-        const VaPlan pl = sWalk->plan;
-        const int s = sWalk->s;
-        const long long local = i - sWalk->item_base, slot = sWalk->slot_base + local;
-        const bool split_mode = pl.splits > 1;
-        const int split = (int)(local / pl.rt), rtile = (int)(local % pl.rt);
-        const int g0 = rtile * ROWS;
-        const int rows_valid = min(ROWS, pl.n * a.H - g0);
-        const long long row0 = (long long)s * a.max_nodes * a.H + g0; /* global row of tile row 0 */
-        if (!pl.valid || (split_mode && sWalk->slot_base + pl.slots > a.slot_capacity)) {
-            if (split == 0) fill_nan_rows(a, row0, rows_valid);
-            continue;
-        }
-        const int P = pl.prefix, keys = P + pl.n;
-        const int kb = split * pl.chunk_keys, ke = min(keys, kb + pl.chunk_keys);
-        const int n_tiles = (ke - kb + BN - 1) / BN;
-        const int32_t *table = a.block_table + (long long)s * a.max_pages;
-        const uint64_t *mask = a.anc_mask + (long long)s * a.max_nodes * a.words;
-        if (tid < ROWS) sNode[tid] = tid < rows_valid ? (g0 + tid) / a.H : -1;
+        const int next = va_next_item(a, i, walk, sWalk, sNode, &itm);
+        if (next <= 0) { if (next == 0) break; continue; }
+        const bool split_mode = itm.split_mode;
+        const int rows_valid = itm.rows_valid, P = itm.P, kb = itm.kb, ke = itm.ke, n_tiles = (ke - kb + BN - 1) / BN;
+        const long long row0 = itm.row0, slot = itm.slot;
+        const int32_t *table = itm.table;
         int bad = 0;
-        { /* Q rows (zero past the stream's last row), then KV tile 0: one cp.async group */
-            const int r = tid >> 2;
-            const uint16_t *src = r < rows_valid ? a.q + (row0 + r) * D_QK : a.q;
-            const int bytes = r < rows_valid ? 16 : 0;
-#pragma unroll
-            for (int c = tid & 3; c < QK_CHUNKS; c += 4) va::cp_async_16(q_base + va_swz(r, c), src + c * 8, bytes);
-        }
+        /* Q rows, then KV tile 0: one cp.async group */
+        va_load_q(a, itm, q_base, [](int r, int c) { return va_swz(r, c); });
         load_kv_tile<BN>(a, table, kb, ke, kv_base, bad);
         va::cp_async_commit();
 
@@ -324,19 +394,9 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel(const VaArgs a)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         float v = sc[mi][ni][e] * a.scale_log2;
-                        if (need_mask) {
-                            const int row = mw * WM + mi * 16 + va_frag_row(lane, e);
-                            const int key = t0 + nw * WN + ni * 8 + va_frag_col(lane, e);
-                            bool vis = key < ke;
-                            if (vis && key >= P) {
-                                const int node = sNode[row];
-                                if (node >= 0) {
-                                    const int j = key - P;
-                                    vis = (__ldg(mask + (long long)node * a.words + (j >> 6)) >> (j & 63)) & 1ull;
-                                }
-                            }
-                            if (!vis) v = -INFINITY;
-                        }
+                        if (need_mask && !va_visible(a, itm, sNode, mw * WM + mi * 16 + va_frag_row(lane, e),
+                                                     t0 + nw * WN + ni * 8 + va_frag_col(lane, e)))
+                            v = -INFINITY;
                         sc[mi][ni][e] = v;
                     }
 
@@ -435,7 +495,6 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel(const VaArgs a)
                 if ((lane & 3) == 0) sRed[nw * ROWS + mw * WM + mi * 16 + va_frag_row(lane, 2 * h)] = l;
             }
         const int any_bad = __syncthreads_or(bad);
-        const float qnan = __int_as_float(0x7fc00000);
 #pragma unroll
         for (int mi = 0; mi < 4; mi++)
 #pragma unroll
@@ -446,11 +505,8 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel(const VaArgs a)
 #pragma unroll
                 for (int w = 1; w < NW; w++) l += sRed[w * ROWS + row];
                 float inv, lse_v;
-                bool zero = false;
-                if (any_bad) inv = qnan, lse_v = qnan;
-                else if (l > 0.f) inv = 1.f / l, lse_v = (mp[mi][h] + log2f(l)) * 0.693147180559945309f;
-                else if (l == 0.f) inv = 0.f, lse_v = -INFINITY, zero = true; /* no visible key */
-                else inv = qnan, lse_v = qnan;
+                bool zero;
+                va_row_finish(mp[mi][h], l, any_bad, &inv, &lse_v, &zero);
                 const int col = warp * 64 + va_frag_col(lane, 0);
                 if (!split_mode) {
                     uint16_t *dst = a.out + (row0 + row) * D_V + col;
@@ -495,23 +551,21 @@ constexpr uint32_t W_TILE = W_SLABS * W_SLAB;                          /* 73,728
 constexpr size_t W_SMEM = 1024 + 3 * (size_t)W_TILE + ROWS * 4 + sizeof(WalkShared);
 
 #if KDT_HAS_WGMMA
+/* Byte offset of 16-byte chunk c (0..71) of row r in 9 slabs of [64][64] bf16. */
+__device__ __forceinline__ uint32_t w_slab_offset(int r, int c) {
+    return (uint32_t)(c >> 3) * W_SLAB + wg::sw128_offset(r, (c & 7) * 8);
+}
+
 /* cp.async of KV keys [t0, t0 + 64) into 9 swizzled slabs at dst; keys >= ke are zero-filled. */
 __device__ __forceinline__ void w_load_kv(const VaArgs &a, const int32_t *table, int t0, int ke, uint32_t dst,
                                           int &bad) {
     /* 64 keys x 72 chunks over 256 threads: thread -> (key = tid / 4, chunks tid % 4 + 4 i) */
     const int r = threadIdx.x >> 2;
-    const int t = t0 + r;
-    const uint16_t *src = a.kv;
-    int bytes = 0;
-    if (t < ke) {
-        int page = __ldg(table + t / a.page_size);
-        if (page < 0 || page >= a.n_pages) bad = 1, page = 0;
-        src = a.kv + ((long long)page * a.page_size + t % a.page_size) * D_QK;
-        bytes = 16;
-    }
+    int bytes;
+    const uint16_t *src = va_key_src(a, table, t0 + r, ke, bad, bytes);
 #pragma unroll
     for (int c = threadIdx.x & 3; c < QK_CHUNKS; c += 4)
-        va::cp_async_16(dst + (uint32_t)(c >> 3) * W_SLAB + wg::sw128_offset(r, (c & 7) * 8), src + c * 8, bytes);
+        va::cp_async_16(dst + w_slab_offset(r, c), src + c * 8, bytes);
 }
 #endif
 
@@ -526,41 +580,17 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wgi = warp >> 2, wq = warp & 3, g = lane >> 2, tq = lane & 3;
 
-    int walk_s = 0;
-    long long walk_items = 0, walk_slots = 0;
+    WalkState walk;
+    VaItem itm;
     for (long long i = blockIdx.x;; i += gridDim.x) {
-        __syncthreads();
-        if (warp == 0) walk_to<false>(a, i, walk_s, walk_items, walk_slots, sWalk);
-        __syncthreads();
-        if (!sWalk->found) break;
-        const VaPlan pl = sWalk->plan;
-        const int s = sWalk->s;
-        const long long local = i - sWalk->item_base, slot = sWalk->slot_base + local;
-        const bool split_mode = pl.splits > 1;
-        const int split = (int)(local / pl.rt), rtile = (int)(local % pl.rt);
-        const int g0 = rtile * ROWS;
-        const int rows_valid = min(ROWS, pl.n * a.H - g0);
-        const long long row0 = (long long)s * a.max_nodes * a.H + g0;
-        if (!pl.valid || (split_mode && sWalk->slot_base + pl.slots > a.slot_capacity)) {
-            if (split == 0) fill_nan_rows(a, row0, rows_valid);
-            continue;
-        }
-        const int P = pl.prefix, keys = P + pl.n;
-        const int kb = split * pl.chunk_keys, ke = min(keys, kb + pl.chunk_keys);
-        const int n_tiles = (ke - kb + 63) / 64;
-        const int32_t *table = a.block_table + (long long)s * a.max_pages;
-        const uint64_t *mask = a.anc_mask + (long long)s * a.max_nodes * a.words;
-        if (tid < ROWS) sNode[tid] = tid < rows_valid ? (g0 + tid) / a.H : -1;
+        const int next = va_next_item(a, i, walk, sWalk, sNode, &itm);
+        if (next <= 0) { if (next == 0) break; continue; }
+        const int rows_valid = itm.rows_valid, P = itm.P, kb = itm.kb, ke = itm.ke, n_tiles = (ke - kb + 63) / 64;
+        const long long row0 = itm.row0, slot = itm.slot;
+        const int32_t *table = itm.table;
         int bad = 0;
-        { /* Q rows (zeros past the stream's last row), then KV tile 0: one cp.async group */
-            const int r = tid >> 2;
-            const uint16_t *src = r < rows_valid ? a.q + (row0 + r) * D_QK : a.q;
-            const int bytes = r < rows_valid ? 16 : 0;
-#pragma unroll
-            for (int c = tid & 3; c < QK_CHUNKS; c += 4)
-                va::cp_async_16(q_base + (uint32_t)(c >> 3) * W_SLAB + wg::sw128_offset(r, (c & 7) * 8), src + c * 8,
-                                bytes);
-        }
+        /* Q rows into the slabs, then KV tile 0: one cp.async group */
+        va_load_q(a, itm, q_base, [](int r, int c) { return w_slab_offset(r, c); });
         w_load_kv(a, table, kb, ke, kv_base, bad);
         va::cp_async_commit();
 
@@ -599,19 +629,8 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     float v = sc[4 * j + e] * a.scale_log2;
-                    if (need_mask) {
-                        const int row = 16 * wq + g + 8 * (e >> 1);
-                        const int key = t0 + 8 * j + 2 * tq + (e & 1);
-                        bool vis = key < ke;
-                        if (vis && key >= P) {
-                            const int node = sNode[row];
-                            if (node >= 0) {
-                                const int jj = key - P;
-                                vis = (__ldg(mask + (long long)node * a.words + (jj >> 6)) >> (jj & 63)) & 1ull;
-                            }
-                        }
-                        if (!vis) v = -INFINITY;
-                    }
+                    if (need_mask && !va_visible(a, itm, sNode, 16 * wq + g + 8 * (e >> 1), t0 + 8 * j + 2 * tq + (e & 1)))
+                        v = -INFINITY;
                     sc[4 * j + e] = v;
                     mx[e >> 1] = fmaxf(mx[e >> 1], v);
                 }
@@ -649,7 +668,6 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
 
         /* epilogue: row sums over the quad, then out (or the fp32 partial) and lse */
         const int any_bad = __syncthreads_or(bad);
-        const float qnan = __int_as_float(0x7fc00000);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             float lt = l[h];
@@ -658,13 +676,10 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
             const int row = 16 * wq + g + 8 * h;
             if (row >= rows_valid) continue;
             float inv, lse_v;
-            bool zero = false;
-            if (any_bad) inv = qnan, lse_v = qnan;
-            else if (lt > 0.f) inv = 1.f / lt, lse_v = (m[h] + log2f(lt)) * 0.693147180559945309f;
-            else if (lt == 0.f) inv = 0.f, lse_v = -INFINITY, zero = true; /* no visible key */
-            else inv = qnan, lse_v = qnan;
+            bool zero;
+            va_row_finish(m[h], lt, any_bad, &inv, &lse_v, &zero);
             const int col0 = 256 * wgi + 2 * tq;
-            if (!split_mode) {
+            if (!itm.split_mode) {
                 uint16_t *dst = a.out + (row0 + row) * D_V + col0;
 #pragma unroll
                 for (int j = 0; j < 32; j++) {
