@@ -9,8 +9,10 @@
 #define PRIOR_WEIGHT 1.0    /* each prior point starts as one round's worth and decays */
 #define CALIB_PRIOR 4.0     /* pseudo-tokens behind the prior calibration 1.0 */
 #define KIND_DECAY 0.9      /* per round of a kind: its rate follows about the last 10 rounds */
-#define WARM_DRAFTED 3      /* a new bucket first runs this many drafted rounds, */
-#define WARM_PLAIN 2        /* then this many plain ones, before choosing */
+#define WARM_PLAIN 2        /* a new bucket first runs this many plain rounds (cheap), */
+#define WARM_DRAFTED 3      /* then up to this many drafted ones, before choosing; */
+#define WARM_GIVE_UP 0.5    /* fewer once a drafted round ran below this share of plain's rate
+                               (a drafted round with tau 1 still makes ~0.6 on an H200 at batch 1) */
 #define TRY_DRAFTED 3       /* a try of the trailing kind: drafted rounds vary with tau, so more */
 #define TRY_PLAIN 2
 #define TRY_COST 0.01       /* tries may cost at most this share of the time (see next_round) */
@@ -209,8 +211,10 @@ void kdt_budget_test_kinds(kdt_budget_ctl *c, uint32_t kinds, int32_t len) {
 int kdt_budget_next_round_drafts(kdt_budget_ctl *c, int32_t S) {
     if (c->test_len > 0) return (int)((c->test_kinds >> (c->test_round++ % c->test_len)) & 1u);
     kdt_budget_bucket *b = &c->bucket[bucket_index(S)];
-    if (b->arm[1].rounds < WARM_DRAFTED) return 1; /* speculation is what was asked for: first */
     if (b->arm[0].rounds < WARM_PLAIN) return 0;
+    if (b->arm[1].rounds < WARM_DRAFTED &&
+        (b->arm[1].rounds == 0 || arm_rate(&b->arm[1]) >= WARM_GIVE_UP * arm_rate(&b->arm[0])))
+        return 1;
     if (b->trying > 0) return b->try_kind;
     const int lead = leader_of(b), trail = !lead;
     /* A try of the trailing kind loses (1 - its rate / the leader's) of its own duration; space
