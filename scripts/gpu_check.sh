@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_check.sh - the one GPU script: on a GPU host, build for sm_90a (plus the portable sm_80
 # path), run every GPU test, run them again under compute-sanitizer (memcheck, racecheck), run
-# build/bench_kernels, and print a short summary table last.
+# build/bench_kernels, bench_model, the engine bench and a 64-client server load (ar / ddtree /
+# auto), and print a short summary table last.
 #   scripts/gpu_check.sh [--no-sanitizer] [--no-bench] [--quick-bench] [--only-tests REGEX]
 # Order: tests, bench, then the sanitizer runs (KDT_TEST_QUICK=1), bounded by KDT_CHECK_DEADLINE.
 # Environment: KDT_PREBUILT=DIR uses binaries built elsewhere (e.g. carried build dir) instead of
@@ -79,6 +80,25 @@ if [ $BENCH = 1 ] && [ -x "$BUILD/kdtree" ]; then
       --max-tokens ${KDT_ENGINE_TOKENS:-256} --ignore-eos --batch $b 2>/dev/null | tee "$LOG/bench_engine_b$b.log" || fail=1
   done
   echo "engine bench: $(( $(date +%s) - s )) s"
+fi
+if [ $BENCH = 1 ] && [ -x "$BUILD/kdtree" ] && command -v python3 >/dev/null 2>&1 &&
+   "$BUILD/kdtree" serve --help >/dev/null 2>&1; then
+  # the server on the GPU: 64 streaming clients, ar vs ddtree B 8 vs auto (cap 32)
+  s=$(date +%s)
+  port=$(( 20000 + RANDOM % 20000 ))
+  "$BUILD/kdtree" serve --device ${KDT_LOAD_DEVICE:-cuda} --model models/tiny-target --draft models/tiny-dflash --max-streams 64 \
+    --port $port >"$LOG/serve.log" 2>&1 &
+  spid=$!
+  http_get() { python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' "$1"; }
+  for _ in $(seq 60); do http_get "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 1; done
+  for spec in ar "ddtree --budget 8" "auto --budget 32"; do
+    echo "server load: --spec $spec"
+    python3 tools/server_load.py --url "http://127.0.0.1:$port" --clients 64 --seconds ${KDT_LOAD_SECONDS:-12} \
+      --max-tokens 128 --ignore-eos --spec $spec 2>&1 | tee -a "$LOG/server_load.log" | tail -6 || fail=1
+  done
+  http_get "http://127.0.0.1:$port/metrics" | grep -E '^kdtree_engine_(rounds_total|auto_plain_rounds_total)' | tee -a "$LOG/server_load.log"
+  kill $spid 2>/dev/null; wait $spid 2>/dev/null
+  echo "server load: $(( $(date +%s) - s )) s"
 fi
 if [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
   for t in "${TESTS[@]}"; do
