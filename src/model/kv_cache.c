@@ -1,6 +1,7 @@
 /* kv_cache.c - the paged latent KV cache: a pool of 64-token pages shared by all streams, a
- * block table per stream, all-or-nothing page reservation, committed lengths, and the commit
- * step after tree verification (through kdt_kv_commit_cpu). Memory layout
+ * block table per stream, all-or-nothing page reservation, committed lengths (bookkeeping in
+ * pages.c, shared with the GPU cache), and the commit step after tree verification (through
+ * kdt_kv_commit_cpu). Memory layout
  * [n_layers][n_pages][64][kv_lora + rope] fp32. */
 #include "model_internal.h"
 
@@ -61,38 +62,24 @@ void kdt_kv_cache_free(kdt_kv_cache *k) {
     free(k);
 }
 
+static kdt_pages pages_of(kdt_kv_cache *k) {
+    kdt_pages p = {"KV cache", k->max_streams, k->max_pages, k->n_pages, k->page_size, k->block_table,
+                   k->n_stream_pages, k->length, k->written, k->free_list, &k->n_free};
+    return p;
+}
+
 kdt_status kdt_kv_cache_reset(kdt_kv_cache *k) {
     KDT_CHECK_ARG(k, "kdt_kv_cache_reset: cache is NULL");
-    for (int64_t i = 0; i < (int64_t)k->max_streams * k->max_pages; i++) k->block_table[i] = -1;
-    memset(k->n_stream_pages, 0, (size_t)k->max_streams * sizeof(int32_t));
-    memset(k->length, 0, (size_t)k->max_streams * sizeof(int32_t));
-    memset(k->written, 0, (size_t)k->max_streams * sizeof(int32_t));
-    /* pages are handed out in increasing id order */
-    k->n_free = k->n_pages;
-    for (int32_t i = 0; i < k->n_pages; i++) k->free_list[i] = k->n_pages - 1 - i;
+    const kdt_pages p = pages_of(k);
+    kdt_pages_reset(&p);
     return KDT_OK;
 }
 
 kdt_status kdt_kv_reserve_many(kdt_kv_cache *k, int32_t n, const int32_t *streams, const int32_t *need) {
+    const kdt_pages p = pages_of(k);
     int64_t total = 0;
-    for (int32_t i = 0; i < n; i++) {
-        int32_t s = streams[i];
-        int64_t pages = ((int64_t)need[i] + k->page_size - 1) / k->page_size;
-        if (pages > k->max_pages)
-            return kdt_fail(KDT_ERR_CAPACITY,
-                            "KV cache: stream %d needs %d slots, more than its block table holds (%d pages "
-                            "of %d)", s, need[i], k->max_pages, k->page_size);
-        if (pages > k->n_stream_pages[s]) total += pages - k->n_stream_pages[s];
-    }
-    if (total > k->n_free)
-        return kdt_fail(KDT_ERR_CAPACITY, "KV cache exhausted: %lld more pages needed, %d free of %d",
-                        (long long)total, k->n_free, k->n_pages);
-    for (int32_t i = 0; i < n; i++) {
-        int32_t s = streams[i];
-        int32_t pages = (int32_t)(((int64_t)need[i] + k->page_size - 1) / k->page_size);
-        while (k->n_stream_pages[s] < pages)
-            k->block_table[(int64_t)s * k->max_pages + k->n_stream_pages[s]++] = k->free_list[--k->n_free];
-    }
+    KDT_TRY(kdt_pages_count_new(&p, n, streams, need, &total));
+    kdt_pages_assign(&p, n, streams, need, NULL, NULL);
     return KDT_OK;
 }
 
@@ -104,22 +91,10 @@ kdt_status kdt_kv_stream_reserve(kdt_kv_cache *k, int32_t stream, int32_t n_slot
     return kdt_kv_reserve_many(k, 1, &stream, &n_slots);
 }
 
-static void release_pages_from(kdt_kv_cache *k, int32_t s, int32_t keep_pages) {
-    while (k->n_stream_pages[s] > keep_pages) {
-        int64_t idx = (int64_t)s * k->max_pages + --k->n_stream_pages[s];
-        k->free_list[k->n_free++] = k->block_table[idx];
-        k->block_table[idx] = -1;
-    }
-}
-
 kdt_status kdt_kv_stream_release(kdt_kv_cache *k, int32_t stream) {
     KDT_CHECK_ARG(k, "kdt_kv_stream_release: cache is NULL");
-    KDT_CHECK_ARG(stream >= 0 && stream < k->max_streams, "kdt_kv_stream_release: stream %d (0..%d)", stream,
-                  k->max_streams - 1);
-    release_pages_from(k, stream, 0);
-    k->length[stream] = 0;
-    k->written[stream] = 0;
-    return KDT_OK;
+    const kdt_pages p = pages_of(k);
+    return kdt_pages_release(&p, "kdt_kv_stream_release", stream);
 }
 
 int32_t kdt_kv_stream_length(const kdt_kv_cache *k, int32_t stream) {
@@ -129,15 +104,8 @@ int32_t kdt_kv_stream_length(const kdt_kv_cache *k, int32_t stream) {
 
 kdt_status kdt_kv_stream_set_length(kdt_kv_cache *k, int32_t stream, int32_t len) {
     KDT_CHECK_ARG(k, "kdt_kv_stream_set_length: cache is NULL");
-    KDT_CHECK_ARG(stream >= 0 && stream < k->max_streams, "kdt_kv_stream_set_length: stream %d (0..%d)",
-                  stream, k->max_streams - 1);
-    KDT_CHECK_ARG(len >= 0 && len <= k->written[stream],
-                  "kdt_kv_stream_set_length: stream %d: length %d but only %d slots were written", stream, len,
-                  k->written[stream]);
-    k->length[stream] = len;
-    k->written[stream] = len; /* rows beyond len (tree leftovers) are no longer valid */
-    release_pages_from(k, stream, (len + k->page_size - 1) / k->page_size);
-    return KDT_OK;
+    const kdt_pages p = pages_of(k);
+    return kdt_pages_set_length(&p, "kdt_kv_stream_set_length", stream, len);
 }
 
 int32_t kdt_kv_cache_free_pages(const kdt_kv_cache *k) { return k ? k->n_free : 0; }

@@ -151,6 +151,35 @@ kdt_status kdt_config_merge_generation(const char *json_text, size_t len, const 
 void kdt_rope_inv_freq(const kdt_model_config *cfg, float *inv_freq);
 
 /* ---- KV cache -------------------------------------------------------------------------------- */
+/* The host bookkeeping of a paged KV cache (pages.c), as a view into the owning cache's arrays:
+ * the CPU cache and the GPU cache's host mirror follow the same rules through it. */
+typedef struct kdt_pages {
+    const char *who;              /* "KV cache" / "GPU KV cache", for messages */
+    int32_t max_streams, max_pages, n_pages, page_size;
+    int32_t *block_table;         /* [max_streams][max_pages], -1 = none */
+    int32_t *n_stream_pages;      /* [max_streams] pages held (a prefix of the block-table row) */
+    int32_t *length, *written;    /* [max_streams] committed tokens; slots written (>= length) */
+    int32_t *free_list;           /* [n_pages] stack of free page ids */
+    int32_t *n_free;
+} kdt_pages;
+
+/* Empty block tables and lengths; every page free, handed out in increasing id order. */
+void kdt_pages_reset(const kdt_pages *p);
+/* New pages that streams[i] need for need[i] slots, summed into *total; KDT_ERR_CAPACITY (nothing
+ * changed) when a stream outgrows its block table or the pool is short. */
+kdt_status kdt_pages_count_new(const kdt_pages *p, int32_t n, const int32_t *streams, const int32_t *need,
+                               int64_t *total);
+/* Hands those pages out (cannot fail once kdt_pages_count_new succeeded); on_page, if given, sees
+ * each (block-table index, page). */
+void kdt_pages_assign(const kdt_pages *p, int32_t n, const int32_t *streams, const int32_t *need,
+                      void (*on_page)(void *user, int32_t index, int32_t page), void *user);
+/* Returns stream s's pages past the first keep_pages to the pool. */
+void kdt_pages_release_from(const kdt_pages *p, int32_t s, int32_t keep_pages);
+/* All of a stream's pages back, lengths 0 (fn names the caller in errors). */
+kdt_status kdt_pages_release(const kdt_pages *p, const char *fn, int32_t stream);
+/* Committed length = written = len (len <= written) and the pages past it back to the pool. */
+kdt_status kdt_pages_set_length(const kdt_pages *p, const char *fn, int32_t stream, int32_t len);
+
 struct kdt_kv_cache {
     int32_t n_layers, n_pages, page_size, row_elems, max_streams, max_pages;
     float *data;                /* [n_layers][n_pages][page_size][row_elems] */

@@ -1,10 +1,11 @@
 /* gpu_kv.c - the paged latent KV cache on the GPU (kdt_gpu_kv): a bf16 page pool
  * [n_layers][n_pages][64][row_stride] in device memory, block tables on the device with a host
  * mirror, and the host-side page bookkeeping (free list, per-stream pages, committed and written
- * lengths) with exactly the rules of kv_cache.c. Page assignments are recorded in a pending list
+ * lengths) through pages.c, the CPU cache's rules. Page assignments are recorded in a pending list
  * and reach the device with the next staged forward pass (or synchronously, see
  * kdt_gkv_flush_pending_sync), so a captured forward never waits on the host. */
 #include "gpu_internal.h"
+#include "model/model_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -91,61 +92,41 @@ void kdt_gpu_kv_free(kdt_gpu_kv *k) {
     free(k);
 }
 
+static kdt_pages pages_of(kdt_gpu_kv *k) {
+    kdt_pages p = {"GPU KV cache", k->max_streams, k->max_pages, k->n_pages, k->page_size, k->block_table,
+                   k->n_stream_pages, k->length, k->written, k->free_list, &k->n_free};
+    return p;
+}
+
 kdt_status kdt_gpu_kv_reset(kdt_gpu_kv *k) {
     KDT_CHECK_ARG(k, "kdt_gpu_kv_reset: cache is NULL");
-    for (int64_t i = 0; i < (int64_t)k->max_streams * k->max_pages; i++) k->block_table[i] = -1;
-    memset(k->n_stream_pages, 0, (size_t)k->max_streams * sizeof(int32_t));
-    memset(k->length, 0, (size_t)k->max_streams * sizeof(int32_t));
-    memset(k->written, 0, (size_t)k->max_streams * sizeof(int32_t));
-    k->n_free = k->n_pages; /* pages are handed out in increasing id order */
-    for (int32_t i = 0; i < k->n_pages; i++) k->free_list[i] = k->n_pages - 1 - i;
+    const kdt_pages p = pages_of(k);
+    kdt_pages_reset(&p);
     k->n_pending = 0; /* stale device entries are never read: only reserved slots are */
     return KDT_OK;
 }
 
-static kdt_status push_pending(kdt_gpu_kv *k, int32_t index, int32_t page) {
-    if (k->n_pending == k->cap_pending) {
-        int32_t *p = realloc(k->pending, (size_t)k->cap_pending * 4 * sizeof(int32_t));
-        if (!p) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "GPU KV cache: page list");
-        k->pending = p;
-        k->cap_pending *= 2;
-    }
+/* kdt_pages_assign's callback: the new block-table entry goes to the pending list (room for it was
+ * made before the assignment, so this cannot fail). */
+static void push_pending(void *user, int32_t index, int32_t page) {
+    kdt_gpu_kv *k = user;
     k->pending[2 * k->n_pending] = index;
     k->pending[2 * k->n_pending + 1] = page;
     k->n_pending++;
-    return KDT_OK;
 }
 
 kdt_status kdt_gkv_reserve_many(kdt_gpu_kv *k, int32_t n, const int32_t *streams, const int32_t *need) {
+    const kdt_pages p = pages_of(k);
     int64_t total = 0;
-    for (int32_t i = 0; i < n; i++) {
-        const int32_t s = streams[i];
-        const int64_t pages = ((int64_t)need[i] + k->page_size - 1) / k->page_size;
-        if (pages > k->max_pages)
-            return kdt_fail(KDT_ERR_CAPACITY,
-                            "GPU KV cache: stream %d needs %d slots, more than its block table holds (%d pages of %d)",
-                            s, need[i], k->max_pages, k->page_size);
-        if (pages > k->n_stream_pages[s]) total += pages - k->n_stream_pages[s];
-    }
-    if (total > k->n_free)
-        return kdt_fail(KDT_ERR_CAPACITY, "GPU KV cache exhausted: %lld more pages needed, %d free of %d",
-                        (long long)total, k->n_free, k->n_pages);
+    KDT_TRY(kdt_pages_count_new(&p, n, streams, need, &total));
     /* room in the pending list first, so the reservation below cannot fail half-way */
     while (k->n_pending + total > k->cap_pending) {
-        int32_t *p = realloc(k->pending, (size_t)k->cap_pending * 4 * sizeof(int32_t));
-        if (!p) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "GPU KV cache: page list");
-        k->pending = p;
+        int32_t *q = realloc(k->pending, (size_t)k->cap_pending * 4 * sizeof(int32_t));
+        if (!q) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "GPU KV cache: page list");
+        k->pending = q;
         k->cap_pending *= 2;
     }
-    for (int32_t i = 0; i < n; i++) {
-        const int32_t s = streams[i];
-        const int32_t pages = (int32_t)(((int64_t)need[i] + k->page_size - 1) / k->page_size);
-        while (k->n_stream_pages[s] < pages) {
-            const int64_t idx = (int64_t)s * k->max_pages + k->n_stream_pages[s]++;
-            k->block_table[idx] = k->free_list[--k->n_free];
-            push_pending(k, (int32_t)idx, k->block_table[idx]);
-        }
-    }
+    kdt_pages_assign(&p, n, streams, need, push_pending, k);
     return KDT_OK;
 }
 
@@ -169,22 +150,10 @@ kdt_status kdt_gpu_kv_stream_reserve(kdt_gpu_kv *k, int32_t stream, int32_t n_sl
     return kdt_gkv_reserve_many(k, 1, &stream, &n_slots);
 }
 
-static void release_pages_from(kdt_gpu_kv *k, int32_t s, int32_t keep_pages) {
-    while (k->n_stream_pages[s] > keep_pages) {
-        const int64_t idx = (int64_t)s * k->max_pages + --k->n_stream_pages[s];
-        k->free_list[k->n_free++] = k->block_table[idx];
-        k->block_table[idx] = -1;
-    }
-}
-
 kdt_status kdt_gpu_kv_stream_release(kdt_gpu_kv *k, int32_t stream) {
     KDT_CHECK_ARG(k, "kdt_gpu_kv_stream_release: cache is NULL");
-    KDT_CHECK_ARG(stream >= 0 && stream < k->max_streams, "kdt_gpu_kv_stream_release: stream %d (0..%d)", stream,
-                  k->max_streams - 1);
-    release_pages_from(k, stream, 0);
-    k->length[stream] = 0;
-    k->written[stream] = 0;
-    return KDT_OK;
+    const kdt_pages p = pages_of(k);
+    return kdt_pages_release(&p, "kdt_gpu_kv_stream_release", stream);
 }
 
 int32_t kdt_gpu_kv_stream_length(const kdt_gpu_kv *k, int32_t stream) {
@@ -194,15 +163,8 @@ int32_t kdt_gpu_kv_stream_length(const kdt_gpu_kv *k, int32_t stream) {
 
 kdt_status kdt_gpu_kv_stream_set_length(kdt_gpu_kv *k, int32_t stream, int32_t len) {
     KDT_CHECK_ARG(k, "kdt_gpu_kv_stream_set_length: cache is NULL");
-    KDT_CHECK_ARG(stream >= 0 && stream < k->max_streams, "kdt_gpu_kv_stream_set_length: stream %d (0..%d)", stream,
-                  k->max_streams - 1);
-    KDT_CHECK_ARG(len >= 0 && len <= k->written[stream],
-                  "kdt_gpu_kv_stream_set_length: stream %d: length %d but only %d slots were written", stream, len,
-                  k->written[stream]);
-    k->length[stream] = len;
-    k->written[stream] = len;
-    release_pages_from(k, stream, (len + k->page_size - 1) / k->page_size);
-    return KDT_OK;
+    const kdt_pages p = pages_of(k);
+    return kdt_pages_set_length(&p, "kdt_gpu_kv_stream_set_length", stream, len);
 }
 
 int32_t kdt_gpu_kv_free_pages(const kdt_gpu_kv *k) { return k ? k->n_free : 0; }
