@@ -191,21 +191,3 @@ kdt_status kdt_kv_cache_commit(kdt_kv_cache *k, int32_t n_streams, const int32_t
     free(prefix);
     return st;
 }
-
-kdt_status kdt_resolve_stream_ids(const char *fn, const int32_t *stream_ids, int32_t n, int32_t max_streams,
-                                  int32_t *ids) {
-    uint8_t *seen = calloc((size_t)(max_streams > 0 ? max_streams : 1), 1);
-    if (!seen) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "%s: stream ids", fn);
-    kdt_status st = KDT_OK;
-    for (int32_t s = 0; s < n; s++) {
-        const int32_t id = stream_ids ? stream_ids[s] : s;
-        if (id < 0 || id >= max_streams || seen[id]) {
-            st = kdt_fail(KDT_ERR_INVALID_ARG, "%s: stream_ids[%d] = %d is out of range or repeated", fn, s, id);
-            break;
-        }
-        seen[id] = 1;
-        ids[s] = id;
-    }
-    free(seen);
-    return st;
-}

@@ -200,11 +200,22 @@ static inline float *kdt_kv_row(const kdt_kv_cache *c, int32_t l, int32_t s, int
 }
 
 /* Ensures every stream in streams[0..n) has pages for need[i] slots; all-or-nothing. */
+kdt_status kdt_kv_reserve_many(kdt_kv_cache *c, int32_t n, const int32_t *streams,
+                               const int32_t *need);
+
+/* ---- argument checks the CPU and GPU forward passes share (checks.c) ---- */
 /* ids[s] = stream_ids[s] (or s when stream_ids is NULL) for s < n, checked: each in
  * 0..max_streams-1 and none repeated; otherwise KDT_ERR_INVALID_ARG naming fn and the entry. */
 kdt_status kdt_resolve_stream_ids(const char *fn, const int32_t *stream_ids, int32_t n, int32_t max_streams,
                                   int32_t *ids);
-kdt_status kdt_kv_reserve_many(kdt_kv_cache *c, int32_t n, const int32_t *streams,
-                               const int32_t *need);
+/* tok is a token id of the vocabulary; otherwise KDT_ERR_INVALID_ARG naming fn and what[i]. */
+kdt_status kdt_check_token(const char *fn, const kdt_model_config *cfg, int32_t tok, const char *what, int64_t i);
+/* Tree stream s of a verify call for a stream of committed length P: 1..max_nodes nodes, parents
+ * before children, depths and positions (P + depth) consistent and below max_position_embeddings,
+ * tokens in the vocabulary, ancestor masks = {itself} + the parent's. KDT_ERR_MALFORMED_TREE /
+ * KDT_ERR_CAPACITY / KDT_ERR_INVALID_ARG naming fn, the stream and the node. *max_depth (if not
+ * NULL): the deepest node's depth. */
+kdt_status kdt_check_tree_stream(const char *fn, const kdt_model_config *cfg, const kdt_tree *t, int32_t s, int32_t P,
+                                 int32_t *max_depth);
 
 #endif

@@ -322,10 +322,7 @@ static kdt_status check_kv(const char *fn, const kdt_gpu_runner *r, const kdt_gp
 }
 
 static kdt_status check_token(const char *fn, const kdt_gpu_runner *r, int32_t tok, const char *what, int64_t i) {
-    if (tok < 0 || tok >= r->g->cfg.vocab_size)
-        return kdt_fail(KDT_ERR_INVALID_ARG, "%s: %s[%lld] = %d is not a token id (vocab %d)", fn, what, (long long)i,
-                        tok, r->g->cfg.vocab_size);
-    return KDT_OK;
+    return kdt_check_token(fn, &r->g->cfg, tok, what, i);
 }
 
 /* Positions beyond the RoPE table / keys beyond the attention workspace. */
@@ -428,38 +425,8 @@ done:
 /* One stream of a tree against the layout contract (as forward.c checks it); P = its length. */
 static kdt_status check_tree_stream(const kdt_gpu_runner *r, const kdt_tree *t, int32_t s, int32_t P, int32_t stream) {
     static const char fn[] = "kdt_gpu_verify";
-    const int32_t n = t->n_nodes[s], W = KDT_MASK_WORDS(t->max_nodes);
-    const int64_t base = (int64_t)s * t->max_nodes;
-    if (n < 1 || n > t->max_nodes)
-        return kdt_fail(KDT_ERR_MALFORMED_TREE, "%s: stream %d: n_nodes = %d (1..%d)", fn, s, n, t->max_nodes);
     int32_t max_depth = 0;
-    for (int32_t i = 0; i < n; i++) {
-        const int32_t p = t->parent[base + i], d = t->depth[base + i];
-        const int32_t want_depth = i == 0 ? 0 : (p >= 0 && p < i ? t->depth[base + p] + 1 : -1);
-        if ((i == 0 && p != -1) || (i > 0 && (p < 0 || p >= i)))
-            return kdt_fail(KDT_ERR_MALFORMED_TREE, "%s: stream %d: node %d has parent %d", fn, s, i, p);
-        if (d != want_depth)
-            return kdt_fail(KDT_ERR_MALFORMED_TREE, "%s: stream %d: node %d has depth %d, expected %d", fn, s, i, d,
-                            want_depth);
-        if (t->position[base + i] != P + d)
-            return kdt_fail(KDT_ERR_MALFORMED_TREE,
-                            "%s: stream %d: node %d has position %d, expected stream length %d + depth %d", fn, s, i,
-                            t->position[base + i], P, d);
-        if ((int64_t)P + d >= r->g->cfg.max_position_embeddings)
-            return kdt_fail(KDT_ERR_CAPACITY, "%s: stream %d: position %d reaches max_position_embeddings %d", fn, s,
-                            P + d, r->g->cfg.max_position_embeddings);
-        KDT_TRY(check_token(fn, r, t->token[base + i], "tree token", base + i));
-        const uint64_t *row = t->anc_mask + (base + i) * W;
-        const uint64_t *prow = i ? t->anc_mask + (base + p) * W : NULL;
-        for (int32_t w = 0; w < W; w++) {
-            uint64_t want = prow ? prow[w] : 0;
-            if (w == i / 64) want |= (uint64_t)1 << (i % 64);
-            if (row[w] != want)
-                return kdt_fail(KDT_ERR_MALFORMED_TREE,
-                                "%s: stream %d: ancestor mask of node %d is not {itself} + its parent's", fn, s, i);
-        }
-        if (d > max_depth) max_depth = d;
-    }
+    KDT_TRY(kdt_check_tree_stream(fn, &r->g->cfg, t, s, P, &max_depth));
     return check_reach(fn, r, stream, (int64_t)P + max_depth, (int64_t)P + max_depth + 1);
 }
 
