@@ -225,6 +225,11 @@ int cli_bench(int argc, char **argv) {
                st->t_draft * pct, st->t_verify * pct, (st->t_build + st->t_accept) * pct,
                temperature == 0 ? (same ? "yes" : "NO") : "");
     }
+    for (int i = 0; i < n_rows; i++)
+        if (rows[i].res.stats.plain_rounds > 0)
+            printf("%s: %llu of %llu rounds plain (the drafter skipped: plain decoding measured faster)\n",
+                   rows[i].mode, (unsigned long long)rows[i].res.stats.plain_rounds,
+                   (unsigned long long)rows[i].res.stats.rounds);
     printf("tok/s and speedup count decode tokens (after each prompt's first token) over decode time.\n"
            "us/round: mean round time; draft / verify: the drafter and target-verify passes; other: top-K,\n"
            "tree build, accept, KV commit, host bookkeeping and syncs (the per-round overhead).\n");
