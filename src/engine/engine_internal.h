@@ -151,6 +151,10 @@ kdt_status kdt_round_build_trees(const kdt_engine *e, const round_bufs *b, const
                                  const kdt_engine_kernels *kern, void *stream, const round_groups *g, int32_t S,
                                  int32_t K, int32_t *stride);
 void kdt_round_auto_choose(kdt_engine *e, const round_groups *g, int32_t S, int32_t stride);
+/* kdt_budget_choose over the auto streams bs[i] (tree stream idx[i]), then their budgets into
+ * e->b_budget and stats.last_budget: the CPU round and the GPU round's lagged choice both end here. */
+void kdt_round_choose_budgets(kdt_engine *e, int32_t n, const kdt_budget_stream *bs, const int32_t *idx,
+                              const kdt_budget_others *others);
 /* auto's draft-or-not for this round (budget.h); on 0 the tree streams' budgets are set to 0 */
 int kdt_round_auto_drafts(kdt_engine *e, const round_groups *g, int32_t S);
 double kdt_round_surrogate(const kdt_engine *e, int32_t s, int32_t stride);

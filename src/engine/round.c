@@ -239,11 +239,15 @@ void kdt_round_auto_choose(kdt_engine *e, const round_groups *gp, int32_t S, int
                                                         kdt_round_surrogate(e, s, stride) : 0.0);
         }
     }
-    int32_t chosen[64];
-    kdt_budget_choose(&e->budget, n_auto, bs, &others, chosen);
-    int32_t last = 0;
-    for (int32_t i = 0; i < n_auto; i++) {
-        e->b_budget[auto_idx[i]] = chosen[i];
+    kdt_round_choose_budgets(e, n_auto, bs, auto_idx, &others);
+}
+
+void kdt_round_choose_budgets(kdt_engine *e, int32_t n, const kdt_budget_stream *bs, const int32_t *idx,
+                              const kdt_budget_others *others) {
+    int32_t chosen[64], last = 0;
+    kdt_budget_choose(&e->budget, n, bs, others, chosen);
+    for (int32_t i = 0; i < n; i++) {
+        e->b_budget[idx[i]] = chosen[i];
         if (chosen[i] > last) last = chosen[i];
     }
     e->stats.last_budget = last;

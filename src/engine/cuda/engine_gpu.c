@@ -505,7 +505,7 @@ static float elapsed_s(eng_gpu *g, int a, int b) {
  * streams of the batch count with their budgets and the running mean of accepted tokens. */
 static void choose_lagged(kdt_engine *e, eng_gpu *g, const round_ctx *rc) {
     kdt_budget_stream bs[64];
-    int32_t idx[64], chosen[64], n = 0;
+    int32_t idx[64], n = 0;
     kdt_budget_others others = {0, 0, 0.0, 1};
     for (int32_t s = 0; s < rc->S; s++) {
         const int32_t slot = e->slot_of[s];
@@ -521,14 +521,7 @@ static void choose_lagged(kdt_engine *e, eng_gpu *g, const round_ctx *rc) {
             others.tokens += 1.0 + (s < rc->gr.n_draft ? g->accept_mean : 0.0);
         }
     }
-    if (n == 0) return;
-    kdt_budget_choose(&e->budget, n, bs, &others, chosen);
-    int32_t last = 0;
-    for (int32_t i = 0; i < n; i++) {
-        e->b_budget[idx[i]] = chosen[i];
-        if (chosen[i] > last) last = chosen[i];
-    }
-    e->stats.last_budget = last;
+    if (n > 0) kdt_round_choose_budgets(e, n, bs, idx, &others);
 }
 
 kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_slots, kdt_stream_event *events,
