@@ -11,21 +11,17 @@
 #include <stdint.h>
 
 #include "dflash_gpu_kernels.h"
+#include "model/cuda/gpu_mma.cuh"
 
 namespace {
 
 constexpr int RB = 256;  /* threads of the row kernels */
 constexpr int KT = 32;   /* keys per attention tile */
 
-__device__ __forceinline__ float bf16_to_f32(uint16_t v) { return __uint_as_float((uint32_t)v << 16); }
+using kg::bf16_to_f32;
+using kg::warp_sum;
 
 __device__ __forceinline__ int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
@@ -33,17 +29,7 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-__device__ __forceinline__ float block_sum(float v, float *red) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_sum(v);
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    float s = 0.0f;
-#pragma unroll
-    for (int w = 0; w < RB / 32; w++) s += red[w];
-    __syncthreads();
-    return s;
-}
+__device__ __forceinline__ float block_sum(float v, float *red) { return kg::block_sum<RB>(v, red); }
 
 __device__ __forceinline__ float split_sum(const float *part, int splits, int64_t split_stride, int64_t i) {
     float v = part[i];

@@ -2,6 +2,8 @@
  * 16-byte cp.async with zero fill, ldmatrix.trans, the bf16 tensor-core product mma.sync
  * m16n8k16 with fp32 accumulation, and the fp32 -> bf16 (hi, lo) split that lets an fp32
  * activation meet a bf16 weight with ~16 mantissa bits. All exist on sm_80, sm_90 and sm_120.
+ * Also the fixed-order warp and block sums the row kernels (gpu_ops.cu, the drafter's
+ * dflash_gpu.cu) share: their order depends on the row alone, never on the batch.
  *
  * Fragment layout of m16n8k16 (PTX ISA), g = lane / 4, t = lane % 4:
  *   A 16x16 row-major: a0 = A[g][2t, 2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..]
@@ -59,6 +61,28 @@ __device__ __forceinline__ void split_bf16(float2 v, uint32_t &hi, uint32_t &lo)
 }
 
 __device__ __forceinline__ float bf16_to_f32(uint16_t v) { return __uint_as_float((uint32_t)v << 16); }
+
+/* Sum over the warp: an xor shuffle tree (the same order for every row). */
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Sum over a block of THREADS threads: warp sums, then the warps' sums in warp order through
+ * red[THREADS / 32]. Every thread gets the result; red is free again on return. */
+template <int THREADS>
+__device__ __forceinline__ float block_sum(float v, float *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < THREADS / 32; w++) s += red[w];
+    __syncthreads();
+    return s;
+}
 __device__ __forceinline__ uint16_t f32_to_bf16(float v) {
     __nv_bfloat16 b = __float2bfloat16_rn(v);
     return *reinterpret_cast<uint16_t *>(&b);

@@ -27,18 +27,7 @@ using kg::f32_to_bf16;
 
 constexpr int RB = 256; /* threads of every row-wise kernel */
 
-__device__ __forceinline__ float block_sum(float v, float *red) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    float s = 0.0f;
-#pragma unroll
-    for (int w = 0; w < RB / 32; w++) s += red[w];
-    __syncthreads();
-    return s;
-}
+__device__ __forceinline__ float block_sum(float v, float *red) { return kg::block_sum<RB>(v, red); }
 
 /* Sum of the split-K partials of element i, one addition chain in split order. The loads go
  * out SB at a time (a router has ~28 splits: a few memory latencies instead of one per split);
