@@ -237,6 +237,25 @@ static inline kdt_status et_run_batch(kdt_engine *e, int32_t n, int32_t *const *
     return KDT_OK;
 }
 
+/* Checks each stream i of a finished run against ref[i][0..n_new[i]): its length and its tokens
+ * (one CHECK failure per stream, at the first token that differs, labelled `what`). Returns the
+ * number of streams that differ. */
+static inline int et_check_outputs(const et_run *r, const int32_t *n_new, int32_t *const *ref, const char *what) {
+    int bad = 0;
+    for (int32_t i = 0; i < r->n; i++) {
+        int ok = r->n_out[i] == n_new[i];
+        CHECK_MSG(ok, "%s stream %d: %d tokens, expected %d", what, i, r->n_out[i], n_new[i]);
+        for (int32_t j = 0; j < n_new[i] && j < r->n_out[i]; j++)
+            if (r->out[i][j] != ref[i][j]) {
+                CHECK_MSG(0, "%s stream %d: token %d is %d, reference %d", what, i, j, r->out[i][j], ref[i][j]);
+                ok = 0;
+                break;
+            }
+        bad += !ok;
+    }
+    return bad;
+}
+
 /* ---- tiny DFlash drafter checkpoints --------------------------------------------------------- */
 typedef struct et_dflash_spec {
     int hidden, inter, layers, heads, kv_heads, head_dim, block_size, mask_id, vocab;

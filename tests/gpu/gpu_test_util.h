@@ -16,6 +16,17 @@
         }                                                                                      \
     } while (0)
 
+/* 1 if there is a CUDA device; else says that `test` needs a GPU (and why) on stderr and gives 0
+ * (the test then exits 1: a GPU test never passes without running). */
+static inline int gpu_test_have_device(const char *test) {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaSuccess && n > 0) return 1;
+    fprintf(stderr, "%s: no CUDA device (%s): this test needs a GPU\n", test,
+            e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    return 0;
+}
+
 /* A device copy of host bytes (at least 4 bytes allocated, so a zero-size array is still a valid
  * pointer); the test frees it or exits. */
 static inline void *dev_copy(const void *h, size_t bytes) {

@@ -482,13 +482,7 @@ static void test_bad_inputs(void) {
 }
 
 int main(void) {
-    int n_dev = 0;
-    const cudaError_t e = cudaGetDeviceCount(&n_dev);
-    if (e != cudaSuccess || n_dev < 1) {
-        fprintf(stderr, "test_dflash_gpu: no CUDA device (%s): this test needs a GPU\n",
-                e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-        return 1;
-    }
+    if (!gpu_test_have_device("test_dflash_gpu")) return 1;
     const char *q = getenv("KDT_TEST_QUICK");
     quick = q && q[0] == '1';
     if (!setup()) {

@@ -165,13 +165,7 @@ static void test_argument_errors(void) {
 }
 
 int main(void) {
-    int n_dev = 0;
-    cudaError_t e = cudaGetDeviceCount(&n_dev);
-    if (e != cudaSuccess || n_dev < 1) {
-        fprintf(stderr, "test_kv_commit_gpu: no CUDA device (%s); this test needs a GPU\n",
-                e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-        return 1;
-    }
+    if (!gpu_test_have_device("test_kv_commit_gpu")) return 1;
     T_RUN(test_overlap_paths);
     T_RUN(test_random_shapes);
     T_RUN(test_argument_errors);

@@ -26,6 +26,7 @@
  * KDT_TEST_QUICK=1 (sanitizer runs) does fewer cases and skips the Kimi-dimension checkpoint. */
 #include <cuda_runtime_api.h>
 
+#include "gpu/gpu_test_util.h"
 #include "t.h"
 
 #ifdef KDT_WITH_MODEL
@@ -1200,13 +1201,7 @@ static void test_kimi_dims(void) {
 }
 
 int main(void) {
-    int n_dev = 0;
-    const cudaError_t e = cudaGetDeviceCount(&n_dev);
-    if (e != cudaSuccess || n_dev < 1) {
-        fprintf(stderr, "test_model_gpu: no CUDA device (%s): this test needs a GPU\n",
-                e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-        return 1;
-    }
+    if (!gpu_test_have_device("test_model_gpu")) return 1;
     FILE *fx = fopen(FIXTURES "/kimi_tiny/expected.json", "rb");
     if (!fx) {
         fprintf(stderr, "test_model_gpu: %s/kimi_tiny/expected.json not found\n", FIXTURES);

@@ -324,11 +324,7 @@ int main(int argc, char **argv) {
     const char *quick_env = getenv("KDT_TEST_QUICK");
     g_quick = (argc > 1 && !strcmp(argv[1], "--quick")) ||
               (quick_env && quick_env[0] && strcmp(quick_env, "0"));
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
-        fprintf(stderr, "test_topk_gpu: no CUDA device found; this test needs a GPU\n");
-        return 1;
-    }
+    if (!gpu_test_have_device("test_topk_gpu")) return 1;
     T_RUN(test_edge_shapes);
     T_RUN(test_random_shapes);
     T_RUN(test_workspace_bound);

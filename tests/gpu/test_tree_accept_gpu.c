@@ -236,13 +236,7 @@ static void test_argument_errors(void) {
 }
 
 int main(void) {
-    int n_dev = 0;
-    cudaError_t e = cudaGetDeviceCount(&n_dev);
-    if (e != cudaSuccess || n_dev < 1) {
-        fprintf(stderr, "test_tree_accept_gpu: no CUDA device (%s); this test needs a GPU\n",
-                e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-        return 1;
-    }
+    if (!gpu_test_have_device("test_tree_accept_gpu")) return 1;
     T_RUN(test_random_valid_and_malformed);
     T_RUN(test_shapes);
     T_RUN(test_argument_errors);

@@ -293,11 +293,7 @@ static void test_launcher_errors(void) {
 
 int main(int argc, char **argv) {
     g_quick = argc > 1 && !strcmp(argv[1], "--quick");
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
-        fprintf(stderr, "test_tree_build_gpu: no CUDA device found; this test needs a GPU\n");
-        return 1;
-    }
+    if (!gpu_test_have_device("test_tree_build_gpu")) return 1;
     T_RUN(test_random_seeds);
     T_RUN(test_max_shapes);
     T_RUN(test_device_values_clamped);

@@ -463,13 +463,7 @@ static void run_suite(const char *label) {
 }
 
 int main(void) {
-    int n_dev = 0;
-    const cudaError_t e = cudaGetDeviceCount(&n_dev);
-    if (e != cudaSuccess || n_dev == 0) {
-        fprintf(stderr, "test_verify_attn_gpu: no CUDA device (%s); this test needs a GPU\n",
-                e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-        return 1;
-    }
+    if (!gpu_test_have_device("test_verify_attn_gpu")) return 1;
     const char *q = getenv("KDT_TEST_QUICK");
     g_quick = q && q[0] == '1';
     const clock_t t0 = clock();

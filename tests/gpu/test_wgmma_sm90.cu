@@ -163,11 +163,7 @@ void run(const Dev &d, const std::vector<uint16_t> &q, const std::vector<uint16_
 
 int main() {
     cudaDeviceProp prop;
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        fprintf(stderr, "test_wgmma_sm90: no CUDA device: this test needs a GPU\n");
-        return 1;
-    }
+    if (!gpu_test_have_device("test_wgmma_sm90")) return 1;
     CUDA_OK(cudaGetDeviceProperties(&prop, 0));
     if (prop.major != 9) {
         printf("skip - wgmma: %s is sm_%d%d; wgmma needs sm_90a\n", prop.name, prop.major, prop.minor);
