@@ -329,6 +329,27 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
 }
 
 /* ---- head -------------------------------------------------------------------------------------- */
+/* lm_head arguments: weight [V][D] bf16 (row stride ld), x rows [.][D], M of m_max staged rows;
+ * outputs (logits, am_val, am_idx) are the caller's. */
+static kdt_head_args head_args(uint16_t *w, int V, int D, int ld, const float *x, const int32_t *d_m, int M,
+                               const kdt_grow *rows, const int32_t *head, int am_ld) {
+    kdt_head_args a;
+    memset(&a, 0, sizeof a);
+    a.x = x;
+    a.kx = D;
+    a.w.w = w;
+    a.w.rows = V;
+    a.w.cols = D;
+    a.w.ld = ld;
+    a.w.batch = 1;
+    a.m_dev = d_m;
+    a.m_max = M;
+    a.rows = rows;
+    a.head_rows = head;
+    a.am_ld = am_ld;
+    return a;
+}
+
 static void head_case(int V, int D, int M, uint64_t seed) {
     const int ld = (int)kdt_g_round_up(D, 64);
     uint16_t *w = dalloc<uint16_t>((size_t)V * ld);
@@ -357,20 +378,7 @@ static void head_case(int V, int D, int M, uint64_t seed) {
     poison(v2, (size_t)tiles * M * 4);
     poison(i1, (size_t)tiles * M * 4);
     poison(i2, (size_t)tiles * M * 4);
-    kdt_head_args a;
-    memset(&a, 0, sizeof a);
-    a.x = x;
-    a.kx = D;
-    a.w.w = w;
-    a.w.rows = V;
-    a.w.cols = D;
-    a.w.ld = ld;
-    a.w.batch = 1;
-    a.m_dev = d_m;
-    a.m_max = M;
-    a.rows = d_rows;
-    a.head_rows = d_head;
-    a.am_ld = M;
+    kdt_head_args a = head_args(w, V, D, ld, x, d_m, M, d_rows, d_head, M);
     a.logits = l1;
     a.am_val = v1;
     a.am_idx = i1;
@@ -556,20 +564,7 @@ static void timing() {
         for (int M : {1, 9, 65}) {
             std::vector<int32_t> mv = {M};
             int32_t *d_m = dint(mv);
-            kdt_head_args a;
-            memset(&a, 0, sizeof a);
-            a.x = xh;
-            a.kx = D;
-            a.w.w = w;
-            a.w.rows = V;
-            a.w.cols = D;
-            a.w.ld = D;
-            a.w.batch = 1;
-            a.m_dev = d_m;
-            a.m_max = M;
-            a.rows = d_rows;
-            a.head_rows = d_head;
-            a.am_ld = Mh;
+            kdt_head_args a = head_args(w, V, D, D, xh, d_m, M, d_rows, d_head, Mh);
             a.am_val = av;
             a.am_idx = ai;
             const double bytes = (double)V * D * 2;
