@@ -70,8 +70,22 @@ static int cmp_gain(const void *pa, const void *pb) {
     return (a->index > b->index) - (a->index < b->index);
 }
 
+/* Stream st's first pops up to bmax, stopping once its expected accepted tokens reach the depth
+ * limit (more nodes add nothing then): returns how many, and the expected tokens (capped) in *e. */
+static int32_t fill_stream(const kdt_budget_stream *st, int32_t bmax, double calib, double *e) {
+    double sum = 0.0;
+    int32_t k = 0;
+    while (k < bmax && sum < st->depth_limit) {
+        const double g = exp((double)st->score[k]) * calib;
+        sum += isfinite(g) ? g : 0.0;
+        k++;
+    }
+    *e = sum < st->depth_limit ? sum : st->depth_limit;
+    return k;
+}
+
 /* Padded rows: a pass costs what its stride costs, so try every power-of-two stride and fill each
- * stream up to stride - 1 (stopping where its depth cap makes more nodes worthless). */
+ * stream up to stride - 1 (fill_stream). */
 static double choose_padded(const kdt_budget_ctl *c, int32_t n, const kdt_budget_stream *st,
                             const kdt_budget_others *o, double a, double b, int32_t *budget) {
     const double calib = kdt_budget_calibration(c);
@@ -84,15 +98,10 @@ static double choose_padded(const kdt_budget_ctl *c, int32_t n, const kdt_budget
     double best = -1.0;
     int32_t best_sigma = sigma;
     for (;; sigma *= 2) {
-        double tokens = o->tokens + n;
+        double tokens = o->tokens + n, e;
         for (int32_t s = 0; s < n; s++) {
-            const int32_t bmax = st[s].cap < sigma - 1 ? st[s].cap : sigma - 1;
-            double e = 0.0;
-            for (int32_t i = 0; i < bmax && e < st[s].depth_limit; i++) {
-                const double g = exp((double)st[s].score[i]) * calib;
-                e += isfinite(g) ? g : 0.0;
-            }
-            tokens += e < st[s].depth_limit ? e : st[s].depth_limit;
+            fill_stream(&st[s], st[s].cap < sigma - 1 ? st[s].cap : sigma - 1, calib, &e);
+            tokens += e;
         }
         const double rate = tokens / (c->fixed_s + a + b * (double)kdt_budget_cost_rows(c, S, sigma, 0));
         if (rate > best) {
@@ -102,15 +111,8 @@ static double choose_padded(const kdt_budget_ctl *c, int32_t n, const kdt_budget
         if (sigma - 1 >= max_cap) break;
     }
     for (int32_t s = 0; s < n; s++) {
-        const int32_t bmax = st[s].cap < best_sigma - 1 ? st[s].cap : best_sigma - 1;
-        double e = 0.0;
-        int32_t k = 0;
-        while (k < bmax && e < st[s].depth_limit) {
-            const double g = exp((double)st[s].score[k]) * calib;
-            e += isfinite(g) ? g : 0.0;
-            k++;
-        }
-        budget[s] = k;
+        double e;
+        budget[s] = fill_stream(&st[s], st[s].cap < best_sigma - 1 ? st[s].cap : best_sigma - 1, calib, &e);
     }
     return best;
 }

@@ -157,6 +157,18 @@ void kdt_round_choose_budgets(kdt_engine *e, int32_t n, const kdt_budget_stream 
                               const kdt_budget_others *others);
 /* auto's draft-or-not for this round (budget.h); on 0 the tree streams' budgets are set to 0 */
 int kdt_round_auto_drafts(kdt_engine *e, const round_groups *g, int32_t S);
+/* What a finished round tells the auto controller (seconds are wall or device time). */
+typedef struct round_timing {
+    int32_t S, stride;
+    int64_t nodes;            /* verified tree nodes */
+    int drafts;               /* 0: a plain round */
+    double fixed_s, verify_s; /* non-verify and verify time */
+    int have_accept;          /* predicted / realised accepted tokens are meaningful */
+    double predicted, realised, emitted, wall_s;
+} round_timing;
+/* Feeds the round to the controller: the verify cost line, the calibration and fixed time of
+ * drafted rounds, the plain-round count, and the draft-or-not rates (CPU and GPU rounds alike). */
+void kdt_round_observe(kdt_engine *e, const round_groups *g, const round_timing *t);
 double kdt_round_surrogate(const kdt_engine *e, int32_t s, int32_t stride);
 /* Grows a host float buffer (engine-owned, e.g. e->logits) to at least `need` floats. */
 kdt_status kdt_round_grow_f32(float **buf, int64_t *cap, int64_t need, const char *what);

@@ -257,11 +257,25 @@ void kdt_round_choose_budgets(kdt_engine *e, int32_t n, const kdt_budget_stream 
  * the drafter pass is one batched call. A plain round gives the auto streams root-only trees and
  * skips the drafter, top-K and the probe, but still appends the accepted path's taps to their
  * drafter contexts, so the next drafted round finds them complete. Returns 1 to draft. */
+static int auto_decides(const round_groups *g) { return g->n_auto > 0 && g->n_auto == g->n_draft; }
+
 int kdt_round_auto_drafts(kdt_engine *e, const round_groups *g, int32_t S) {
-    if (g->n_auto == 0 || g->n_auto != g->n_draft) return 1;
+    if (!auto_decides(g)) return 1;
     if (kdt_budget_next_round_drafts(&e->budget, S)) return 1;
     for (int32_t s = 0; s < g->n_tree; s++) e->b_budget[s] = 0;
     return 0;
+}
+
+void kdt_round_observe(kdt_engine *e, const round_groups *g, const round_timing *t) {
+    const int64_t rows = kdt_budget_cost_rows(&e->budget, t->S, t->stride, t->nodes);
+    if (t->drafts) {
+        kdt_budget_observe_round(&e->budget, t->fixed_s, rows, t->verify_s);
+        if (t->have_accept) kdt_budget_observe_accept(&e->budget, t->predicted, t->realised);
+    } else {
+        kdt_budget_observe_plain_verify(&e->budget, rows, t->verify_s);
+        e->stats.plain_rounds++;
+    }
+    if (auto_decides(g)) kdt_budget_observe_kind(&e->budget, t->S, t->drafts, t->emitted, t->wall_s);
 }
 
 static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots,
@@ -450,16 +464,11 @@ static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots
     e->stats.t_build += t2 - t1;
     e->stats.t_verify += t3 - t2;
     e->stats.t_accept += t4 - t3;
-    const int64_t rows = kdt_budget_cost_rows(&e->budget, S, stride, nodes_total);
-    if (drafts) {
-        kdt_budget_observe_round(&e->budget, (t1 - t0) + (t2 - t1) + (t4 - t3) + (t5 - t4), rows, t3 - t2);
-        if (g.n_draft > 0) kdt_budget_observe_accept(&e->budget, predicted, realised);
-    } else {
-        kdt_budget_observe_plain_verify(&e->budget, rows, t3 - t2);
-        e->stats.plain_rounds++;
-    }
-    if (g.n_auto > 0 && g.n_auto == g.n_draft)
-        kdt_budget_observe_kind(&e->budget, S, drafts, emitted, kdt_engine_now() - t0);
+    const round_timing tm = {.S = S, .stride = stride, .nodes = nodes_total, .drafts = drafts,
+                             .fixed_s = (t1 - t0) + (t2 - t1) + (t4 - t3) + (t5 - t4), .verify_s = t3 - t2,
+                             .have_accept = g.n_draft > 0, .predicted = predicted, .realised = realised,
+                             .emitted = emitted, .wall_s = kdt_engine_now() - t0};
+    kdt_round_observe(e, &g, &tm);
     return KDT_OK;
 }
 

@@ -658,16 +658,11 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
     e->stats.t_build += t_build;
     e->stats.t_verify += t_verify;
     e->stats.t_accept += t_acc;
-    const int64_t rows = kdt_budget_cost_rows(&e->budget, S, rc.stride, nodes_total);
-    if (rc.drafts) {
-        kdt_budget_observe_round(&e->budget, wall - t_verify, rows, t_verify);
-        if (rc.gr.n_auto > 0) kdt_budget_observe_accept(&e->budget, predicted, realised_auto);
-        if (rc.gr.n_draft > 0) g->accept_mean = 0.9 * g->accept_mean + 0.1 * realised / rc.gr.n_draft;
-    } else {
-        kdt_budget_observe_plain_verify(&e->budget, rows, t_verify);
-        e->stats.plain_rounds++;
-    }
-    if (rc.gr.n_auto > 0 && rc.gr.n_auto == rc.gr.n_draft)
-        kdt_budget_observe_kind(&e->budget, S, rc.drafts, emitted, wall);
+    /* the controller's calibration sees the auto streams only: their trees are probe prefixes */
+    const round_timing tm = {.S = S, .stride = rc.stride, .nodes = nodes_total, .drafts = rc.drafts,
+                             .fixed_s = wall - t_verify, .verify_s = t_verify, .have_accept = rc.gr.n_auto > 0,
+                             .predicted = predicted, .realised = realised_auto, .emitted = emitted, .wall_s = wall};
+    kdt_round_observe(e, &rc.gr, &tm);
+    if (rc.drafts && rc.gr.n_draft > 0) g->accept_mean = 0.9 * g->accept_mean + 0.1 * realised / rc.gr.n_draft;
     return KDT_OK;
 }
