@@ -196,8 +196,7 @@ int bench_verify_attn(const bench_opts *o) {
     if (bench_alloc(&b, 64, 65, 16384)) return 1;
     cudaStream_t stream;
     BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    const char *path = getenv("KDT_VERIFY_ATTN");
-    printf("path: %s\n", path && !strcmp(path, "wgmma") ? "sm_90a (wgmma, KDT_VERIFY_ATTN=wgmma)" : "portable (mma.sync)");
+    printf("path: %s (KDT_VERIFY_ATTN=mma|wgmma picks one)\n", kdt_verify_attn_cuda_path());
     printf("H = 64, d_qk 576, d_v 512, page 64; graph replay of one call, L2 flushed before each; "
            "floor = max(FLOPs / %.0f TFLOP/s, bytes / %.0f GB/s)\n", VA_GEMM_TFLOPS, g_bench_device.copy_gbps);
     printf("%3s %6s %4s %10s %8s %8s %9s %7s %10s %7s\n", "S", "P", "q", "us", "TFLOP/s", "GB/s", "floor_us",
@@ -206,7 +205,13 @@ int bench_verify_attn(const bench_opts *o) {
         fprintf(o->md, "| S | P | q_len | us | TFLOP/s | GB/s | floor us | %% of floor | FlashMLA us | ratio |\n"
                        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     int rc = 0;
-    if (o->quick) {
+    /* KDT_BENCH_VA_SHAPE=S,P,q: that shape alone (for a profiler run) */
+    const char *one = getenv("KDT_BENCH_VA_SHAPE");
+    int oS, oP, oq;
+    if (one && sscanf(one, "%d,%d,%d", &oS, &oP, &oq) == 3 && oS >= 1 && oS <= 64 && oP >= 0 && oP <= 16384 &&
+        oq >= 1 && oq <= 65) {
+        rc = bench_row(&b, o, stream, oS, oP, oq);
+    } else if (o->quick) {
         for (size_t i = 0; i < sizeof quick / sizeof quick[0]; i++)
             rc |= bench_row(&b, o, stream, quick[i][0], quick[i][1], quick[i][2]);
     } else {

@@ -231,10 +231,13 @@ typedef struct kdt_verify_attn_params {
 size_t kdt_verify_attn_workspace_bytes(int32_t n_streams, int32_t n_heads, int32_t max_nodes,
                                        int32_t max_prefix);
 kdt_status kdt_verify_attn_cpu(const kdt_verify_attn_params *p);
-/* CUDA: the portable mma.sync kernel (sm_80 / sm_90 / sm_120). KDT_VERIFY_ATTN=wgmma selects the
- * sm_90a wgmma kernel instead (Hopper only; KDT_ERR_UNSUPPORTED elsewhere); it becomes the
- * default on Hopper once measured (docs/verify_attn_notes.md). */
+/* CUDA: on a Hopper with sm_90a code in the binary, the wgmma kernel; elsewhere the portable
+ * mma.sync kernel (sm_80 / sm_90 / sm_120). KDT_VERIFY_ATTN=mma forces the portable kernel,
+ * KDT_VERIFY_ATTN=wgmma demands the sm_90a one (KDT_ERR_UNSUPPORTED where it cannot run). */
 kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void *stream);
+/* Which kernel kdt_verify_attn_cuda runs on the current device with the current environment:
+ * "sm_90a (wgmma)", "portable (mma.sync)", or an error text starting with "error:". */
+const char *kdt_verify_attn_cuda_path(void);
 
 #ifdef __cplusplus
 }

@@ -34,3 +34,5 @@ kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void *stream) {
     (void)p; (void)stream;
     return KDT_NO_CUDA("kdt_verify_attn_cuda");
 }
+
+const char *kdt_verify_attn_cuda_path(void) { return "error: built without CUDA"; }

@@ -462,16 +462,31 @@ static void run_suite(const char *label) {
     printf("worst relative error (%s) %.3g\n", label, g_worst_err);
 }
 
+static int is_hopper(void) {
+    int major = 0;
+    return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess && major == 9;
+}
+
+/* Without KDT_VERIFY_ATTN the sm_90a kernel runs on a Hopper (this binary is built with sm_90a
+ * code by gpu_check.sh), the portable one elsewhere; mma forces the portable one. */
+static void test_default_path(void) {
+    CHECK(strcmp(kdt_verify_attn_cuda_path(), is_hopper() ? "sm_90a (wgmma)" : "portable (mma.sync)") == 0);
+    setenv("KDT_VERIFY_ATTN", "mma", 1);
+    CHECK(strcmp(kdt_verify_attn_cuda_path(), "portable (mma.sync)") == 0);
+    unsetenv("KDT_VERIFY_ATTN");
+}
+
 int main(void) {
     if (!gpu_test_have_device("test_verify_attn_gpu")) return 1;
     const char *q = getenv("KDT_TEST_QUICK");
     g_quick = q && q[0] == '1';
     const clock_t t0 = clock();
-    unsetenv("KDT_VERIFY_ATTN");
+    setenv("KDT_VERIFY_ATTN", "mma", 1);
     run_suite("portable path (mma.sync)");
-    /* the sm_90a path (KDT_VERIFY_ATTN=wgmma) on a Hopper: the same checks */
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess && major == 9) {
+    /* the sm_90a path on a Hopper (there the default): the same checks */
+    unsetenv("KDT_VERIFY_ATTN");
+    T_RUN(test_default_path);
+    if (is_hopper()) {
         setenv("KDT_VERIFY_ATTN", "wgmma", 1);
         run_suite("sm_90a path (wgmma)");
         unsetenv("KDT_VERIFY_ATTN");

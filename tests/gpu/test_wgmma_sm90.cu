@@ -3,8 +3,9 @@
  *   1. S = Q K^T: Q [64][576], KV [64][576] in 128B-swizzled slabs, 36 steps of m64n64k16 with
  *      both operands K-major from shared memory (the verify_attn score tile).
  *   2. O = P V: P = bf16(S * scale) taken straight from the S accumulator as the register A
- *      operand, V = the first 512 columns of the same KV slabs read N-major, 2 x 4 steps of
- *      m64n256k16 (the verify_attn output tile).
+ *      operand (columns 0-255) and, written to a swizzled slab, as the shared-memory A operand
+ *      (columns 256-511: how verify_attn's second warpgroup reads it), V = the first 512 columns
+ *      of the same KV slabs read N-major, 2 x 4 steps of m64n256k16 (the verify_attn output tile).
  * The CPU reference is fp64 over the same bf16 inputs (for O: over the P the GPU formed from its
  * own S, so only the product is compared). If O fails with the layout wgmma_sm90.cuh documents,
  * the test also tries the N-major operand with the LBO / SBO roles swapped and says which works.
@@ -73,12 +74,23 @@ __global__ void __launch_bounds__(128, 1)
     for (int i = 0; i < 32; i++) p[i] = s[i] * p_scale;
     uint32_t a[KEYS / 16][4];
     for (int kk = 0; kk < KEYS / 16; kk++) wg::s_to_a_frag(p, kk, a[kk]);
+    /* P also as a K-major swizzled slab (over Q's first slab, no longer needed), for the shared-A form */
+    for (int kk = 0; kk < KEYS / 16; kk++)
+        for (int i = 0; i < 4; i++) {
+            const int row = 16 * warp + g + 8 * (i & 1), col = 16 * kk + 8 * (i >> 1) + 2 * t;
+            *reinterpret_cast<uint32_t *>(sq + wg::sw128_offset(row, col)) = a[kk][i];
+        }
+    wg::fence_proxy_async();
+    __syncthreads();
     for (int half = 0; half < 2; half++) {
         float o[128];
         for (int i = 0; i < 128; i++) o[i] = 0.f;
         wg::fence();
-        for (int kk = 0; kk < KEYS / 16; kk++)
-            wg::mma_m64n256k16_rs_tb(o, a[kk], wg::desc_v(kb, KEYS, 4 * half, kk, lbo, sbo), kk > 0);
+        for (int kk = 0; kk < KEYS / 16; kk++) {
+            const uint64_t dv = wg::desc_v(kb, KEYS, 4 * half, kk, lbo, sbo);
+            if (half == 0) wg::mma_m64n256k16_rs_tb(o, a[kk], dv, kk > 0); /* P from registers */
+            else wg::mma_m64n256k16_ss_tb(o, wg::desc_kmajor(qb, ROWS, kk), dv, kk > 0); /* P from the slab */
+        }
         wg::commit();
         wg::wait<0>();
         for (int j = 0; j < 32; j++)
@@ -157,6 +169,15 @@ void run(const Dev &d, const std::vector<uint16_t> &q, const std::vector<uint16_
         }
     *err_s = rel_err(s, s_ref);
     *err_o = rel_err(o, o_ref);
+    for (int half = 0; half < 2; half++) { /* which A form failed, if one did */
+        std::vector<float> oh;
+        std::vector<double> rh;
+        for (int i = 0; i < ROWS; i++)
+            for (int c = 256 * half; c < 256 * half + 256; c++) oh.push_back(o[i * DV + c]), rh.push_back(o_ref[i * DV + c]);
+        const double e = rel_err(oh, rh);
+        if (!(e <= 1e-5)) printf("# O columns %d-%d (P from %s): relative error %.3g\n", 256 * half, 256 * half + 255,
+                                 half ? "the shared slab" : "registers", e);
+    }
 }
 
 } // namespace
@@ -193,7 +214,8 @@ int main() {
         return 1;
     }
     printf("%s - wgmma S = Q K^T (m64n64k16, K-major slabs): relative error %.3g\n", es <= tol ? "ok" : "FAIL", es);
-    printf("%s - wgmma O = P V (m64n256k16, P in registers, V N-major: LBO %u, SBO %u): relative error %.3g\n",
+    printf("%s - wgmma O = P V (m64n256k16, V N-major: LBO %u, SBO %u; columns 0-255 with P in registers, "
+           "256-511 with P from a shared slab): relative error %.3g\n",
            eo <= tol ? "ok" : "FAIL", lbo, sbo, eo);
     fails += !(es <= tol) + !(eo <= tol);
     if (!(eo <= tol)) {

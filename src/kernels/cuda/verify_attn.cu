@@ -531,41 +531,54 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel(const VaArgs a)
     }
 }
 
-/* ==== sm_90a path (wgmma): KDT_VERIFY_ATTN=wgmma; written without a Hopper to run on ============
+/* ==== sm_90a path (wgmma): KDT_VERIFY_ATTN=wgmma =============================================
  * Same items, schedule, masking, epilogue and combine as the portable kernel above, so the two are
- * interchangeable (not bitwise: the row maxima and sums are formed in another order). Two
- * warpgroups, 64 rows x 64 keys per tile. Q (9 slabs of [64][64], 128B swizzle, wgmma_sm90.cuh)
- * stays in shared memory; KV tiles stream through two stages of 9 slabs by cp.async. Each warpgroup
- * computes the whole score tile S = Q K^T (36 x m64n64k16, both operands from shared memory) —
- * the two do the same arithmetic, so they agree bit for bit on P without exchanging anything —
- * then its half of the output, O[:, 256 g .. 256 g + 255] += P V (4 x m64n256k16, P from the
- * registers of S, V read N-major from the same KV slabs). A row's 64 scores sit in the 4 lanes of
- * one quad, so the row maxima and sums need two shuffles and no shared memory.
- * Cost model (prediction, docs/verify_attn_notes.md): per tile 13.6 MFLOP of wgmma (the score
- * tile twice) and ~352 KB of shared-memory operand reads, about 3,300 tensor cycles: ~2.7x the
- * portable kernel. Without sm_90a code (another arch's PTX JIT-compiled for a Hopper) the body is a
- * trap; the launcher never starts it then (sm90_ready checks the PTX arch). */
+ * interchangeable (not bitwise: the row maxima and sums are formed in another order). 64 rows x 64
+ * keys per tile, two warpgroups with different jobs (the split FlashMLA uses), so no product is
+ * computed twice and one warpgroup's softmax overlaps the other's tensor work:
+ *   WG0 (threads 0-127): S = Q K^T (36 x m64n64k16, Q and K slabs from shared memory), the mask,
+ *     the online softmax (it alone keeps the row maxima and sums), P rounded to bf16 into the
+ *     tile's rope slab (slab 8: V is slabs 0-7, so it is free once S is formed) and the row
+ *     rescale factors into shared memory, then O[:, 0:256] += P V (4 x m64n256k16, P from its
+ *     registers).
+ *   WG1 (threads 128-255): the KV loads (cp.async, two tile buffers), then per tile
+ *     O[:, 256:512] = alpha O + P V with P read from the slab (m64n256k16, both operands shared).
+ * Hand-offs are two named barriers, both full barriers of the two warpgroups (each side waits
+ * there anyway, and compute-sanitizer's racecheck orders accesses only across full barriers):
+ * PREADY (P and alpha of tile it written by WG0) and KV (tile it + 1 landed; WG1 reaches it after
+ * its product on tile it, WG0 after its own, so both are done with buffer it % 2, which WG1
+ * refills with tile it + 2 while WG0 forms the next scores). P and alpha live in the tile's own
+ * buffer / parity slot.
+ * Without sm_90a code (another arch's PTX JIT-compiled for a Hopper) the body is a trap; the
+ * launcher never starts it then (sm90_ready checks the PTX arch). Prediction and outcome of each
+ * version: docs/verify_attn_notes.md. */
 constexpr int W_SLABS = D_QK / 64;                                    /* 9 */
 constexpr uint32_t W_SLAB = 64 * 128;                                 /* [64 rows][128 B] */
 constexpr uint32_t W_TILE = W_SLABS * W_SLAB;                          /* 73,728 B: Q or one KV tile */
-constexpr size_t W_SMEM = 1024 + 3 * (size_t)W_TILE + ROWS * 4 + sizeof(WalkShared);
+enum { BAR_KV = 1, BAR_PREADY = 2 };
+struct WRows {
+    float alpha[2][ROWS]; /* per tile parity: the rescale WG1 applies to its O half */
+    float inv[ROWS];      /* 1 / l of the finished rows (NaN: bad item) */
+    int zero[ROWS];       /* the row saw no key: output 0 */
+};
+constexpr size_t W_SMEM = 1024 + 3 * (size_t)W_TILE + ROWS * 4 + sizeof(WRows) + sizeof(WalkShared);
 
 #if KDT_HAS_WGMMA
+constexpr int WG_THREADS = 128;
 /* Byte offset of 16-byte chunk c (0..71) of row r in 9 slabs of [64][64] bf16. */
 __device__ __forceinline__ uint32_t w_slab_offset(int r, int c) {
     return (uint32_t)(c >> 3) * W_SLAB + wg::sw128_offset(r, (c & 7) * 8);
 }
 
-/* cp.async of KV keys [t0, t0 + 64) into 9 swizzled slabs at dst; keys >= ke are zero-filled. */
+/* WG1's cp.async of KV keys [t0, t0 + 64) into 9 swizzled slabs at dst; keys >= ke are
+ * zero-filled. 64 keys x 72 chunks over 128 threads: thread -> (key = t / 2, chunks t % 2 + 2 i). */
 __device__ __forceinline__ void w_load_kv(const VaArgs &a, const int32_t *table, int t0, int ke, uint32_t dst,
                                           int &bad) {
-    /* 64 keys x 72 chunks over 256 threads: thread -> (key = tid / 4, chunks tid % 4 + 4 i) */
-    const int r = threadIdx.x >> 2;
+    const int t = threadIdx.x - WG_THREADS, r = t >> 1;
     int bytes;
     const uint16_t *src = va_key_src(a, table, t0 + r, ke, bad, bytes);
 #pragma unroll
-    for (int c = threadIdx.x & 3; c < QK_CHUNKS; c += 4)
-        va::cp_async_16(dst + w_slab_offset(r, c), src + c * 8, bytes);
+    for (int c = t & 1; c < QK_CHUNKS; c += 2) va::cp_async_16(dst + w_slab_offset(r, c), src + c * 8, bytes);
 }
 #endif
 
@@ -575,10 +588,12 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
     const uint32_t raw = va::smem_addr(smem_raw), pad = (1024u - (raw & 1023u)) & 1023u;
     unsigned char *smem = smem_raw + pad;
     int *sNode = reinterpret_cast<int *>(smem + 3 * W_TILE);
-    WalkShared *sWalk = reinterpret_cast<WalkShared *>(smem + 3 * W_TILE + ROWS * 4);
+    WRows *sRows = reinterpret_cast<WRows *>(smem + 3 * W_TILE + ROWS * 4);
+    WalkShared *sWalk = reinterpret_cast<WalkShared *>(smem + 3 * W_TILE + ROWS * 4 + sizeof(WRows));
     const uint32_t q_base = raw + pad, kv_base = q_base + W_TILE;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wgi = warp >> 2, wq = warp & 3, g = lane >> 2, tq = lane & 3;
+    const int r0 = 16 * wq + g; /* this thread's accumulator rows: r0, r0 + 8 */
 
     WalkState walk;
     VaItem itm;
@@ -589,95 +604,162 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
         const long long row0 = itm.row0, slot = itm.slot;
         const int32_t *table = itm.table;
         int bad = 0;
-        /* Q rows into the slabs, then KV tile 0: one cp.async group */
+        /* Q rows (all threads: one group), then WG1 starts both tile buffers (one group each) */
         va_load_q(a, itm, q_base, [](int r, int c) { return w_slab_offset(r, c); });
-        w_load_kv(a, table, kb, ke, kv_base, bad);
         va::cp_async_commit();
+        if (wgi == 1) {
+            for (int it = 0; it < 2; it++) {
+                if (it < n_tiles) w_load_kv(a, table, kb + 64 * it, ke, kv_base + (uint32_t)it * W_TILE, bad);
+                va::cp_async_commit();
+            }
+            if (n_tiles > 0) {
+                va::cp_async_wait<1>(); /* Q and tile 0 landed (tile 1 may be in flight) */
+                wg::fence_proxy_async();
+                wg::bar_sync(BAR_KV, THREADS);
+            }
+        } else {
+            va::cp_async_wait_all(); /* this thread's Q part; KV[0] publishes it with WG1's */
+            wg::fence_proxy_async();
+        }
 
-        float o[128];                 /* O rows 16 wq + g (+8), columns 256 wgi + 8 j + 2 tq (+1) */
-        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+        float o[128]; /* O rows r0 (+8), columns 256 wgi + 8 j + 2 tq (+1) */
 #pragma unroll
         for (int e = 0; e < 128; e++) o[e] = 0.f;
 
-        for (int it = 0; it < n_tiles; it++) {
-            const int t0 = kb + it * 64;
-            va::cp_async_wait_all();
-            wg::fence_proxy_async(); /* the cp.async data, seen by the async proxy (wgmma) */
-            __syncthreads();         /* every thread's part landed; both warpgroups are past tile it-1 */
-            const uint32_t kv_cur = kv_base + (uint32_t)(it & 1) * W_TILE;
-            if (it + 1 < n_tiles) {
-                w_load_kv(a, table, t0 + 64, ke, kv_base + (uint32_t)((it + 1) & 1) * W_TILE, bad);
-                va::cp_async_commit();
-            }
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}; /* WG0's running row max and sum */
+        if (wgi == 0) {
+            for (int it = 0; it < n_tiles; it++) {
+                const int t0 = kb + it * 64, b = it & 1;
+                const uint32_t kv_cur = kv_base + (uint32_t)b * W_TILE;
+                wg::bar_sync(BAR_KV, THREADS);
 
-            float sc[32];
+                float sc[32];
 #pragma unroll
-            for (int e = 0; e < 32; e++) sc[e] = 0.f;
-            wg::fence();
+                for (int e = 0; e < 32; e++) sc[e] = 0.f;
+                wg::fence();
 #pragma unroll
-            for (int kk = 0; kk < D_QK / 16; kk++)
-                wg::mma_m64n64k16_ss(sc, wg::desc_kmajor(q_base, ROWS, kk), wg::desc_kmajor(kv_cur, 64, kk), kk > 0);
-            wg::commit();
-            wg::wait<0>();
+                for (int kk = 0; kk < D_QK / 16; kk++)
+                    wg::mma_m64n64k16_ss(sc, wg::desc_kmajor(q_base, ROWS, kk), wg::desc_kmajor(kv_cur, 64, kk), kk > 0);
+                wg::commit();
+                wg::wait<0>();
 
-            /* scale into the log2 domain; the ancestor mask only where a tile reaches the tree
-             * slots or the split end */
-            const bool need_mask = t0 + 64 > P || t0 + 64 > ke;
-            float mx[2] = {-INFINITY, -INFINITY};
+                /* scale into the log2 domain; the ancestor mask only where a tile reaches the tree
+                 * slots or the split end */
+                const bool need_mask = t0 + 64 > P || t0 + 64 > ke;
+                float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+                for (int j = 0; j < 8; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float v = sc[4 * j + e] * a.scale_log2;
-                    if (need_mask && !va_visible(a, itm, sNode, 16 * wq + g + 8 * (e >> 1), t0 + 8 * j + 2 * tq + (e & 1)))
-                        v = -INFINITY;
-                    sc[4 * j + e] = v;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                    for (int e = 0; e < 4; e++) {
+                        float v = sc[4 * j + e] * a.scale_log2;
+                        if (need_mask && !va_visible(a, itm, sNode, r0 + 8 * (e >> 1), t0 + 8 * j + 2 * tq + (e & 1)))
+                            v = -INFINITY;
+                        sc[4 * j + e] = v;
+                        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                    }
+                float alpha[2], mu[2];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+                    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+                    const float mn = fmaxf(m[h], mx[h]);
+                    alpha[h] = mn == -INFINITY ? 1.f : exp2f(m[h] - mn);
+                    mu[h] = mn == -INFINITY ? 0.f : mn;
+                    m[h] = mn;
                 }
-            float alpha[2], mu[2];
+                float ls[2] = {0.f, 0.f};
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-                const float mn = fmaxf(m[h], mx[h]);
-                alpha[h] = mn == -INFINITY ? 1.f : exp2f(m[h] - mn);
-                mu[h] = mn == -INFINITY ? 0.f : mn;
-                m[h] = mn;
+                for (int e = 0; e < 32; e++) {
+                    const float pv = exp2f(sc[e] - mu[(e >> 1) & 1]);
+                    sc[e] = pv;
+                    ls[(e >> 1) & 1] += pv; /* fp32 weights: lse stays accurate to fp32 rounding */
+                }
+                l[0] = l[0] * alpha[0] + ls[0];
+                l[1] = l[1] * alpha[1] + ls[1];
+                /* P (bf16) into the rope slab for WG1, alpha beside it; then WG0's own half */
+                uint32_t pa[4][4];
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) wg::s_to_a_frag(sc, kk, pa[kk]);
+                unsigned char *p_slab = smem + (kv_cur - q_base) + 8 * W_SLAB;
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+                    /* pa[kk] = rows r0, r0 + 8 x keys 16 kk + 2 tq (+1), and + 8 */
+                    *reinterpret_cast<uint32_t *>(p_slab + wg::sw128_offset(r0, 16 * kk + 2 * tq)) = pa[kk][0];
+                    *reinterpret_cast<uint32_t *>(p_slab + wg::sw128_offset(r0 + 8, 16 * kk + 2 * tq)) = pa[kk][1];
+                    *reinterpret_cast<uint32_t *>(p_slab + wg::sw128_offset(r0, 16 * kk + 8 + 2 * tq)) = pa[kk][2];
+                    *reinterpret_cast<uint32_t *>(p_slab + wg::sw128_offset(r0 + 8, 16 * kk + 8 + 2 * tq)) = pa[kk][3];
+                }
+                if (tq == 0) sRows->alpha[b][r0] = alpha[0], sRows->alpha[b][r0 + 8] = alpha[1];
+                wg::fence_proxy_async();
+                wg::bar_sync(BAR_PREADY, THREADS);
+#pragma unroll
+                for (int e = 0; e < 128; e++) o[e] *= alpha[(e >> 1) & 1];
+                wg::fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+                    wg::mma_m64n256k16_rs_tb(o, pa[kk], wg::desc_v(kv_cur, 64, 0, kk, 64u * 128u, 1024u), 1);
+                wg::commit();
+                wg::wait<0>();
             }
-            float ls[2] = {0.f, 0.f};
+        } else {
+            for (int it = 0; it < n_tiles; it++) {
+                const int b = it & 1;
+                const uint32_t kv_cur = kv_base + (uint32_t)b * W_TILE;
+                wg::bar_sync(BAR_PREADY, THREADS);
+                const float al0 = sRows->alpha[b][r0], al1 = sRows->alpha[b][r0 + 8];
 #pragma unroll
-            for (int e = 0; e < 32; e++) {
-                const float pv = exp2f(sc[e] - mu[(e >> 1) & 1]);
-                sc[e] = pv;
-                ls[(e >> 1) & 1] += pv; /* fp32 weights: lse stays accurate to fp32 rounding */
+                for (int e = 0; e < 128; e++) o[e] *= (e & 2) ? al1 : al0;
+                const uint32_t p_slab = kv_cur + 8 * W_SLAB;
+                wg::fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+                    wg::mma_m64n256k16_ss_tb(o, wg::desc_kmajor(p_slab, 64, kk),
+                                             wg::desc_v(kv_cur, 64, 4, kk, 64u * 128u, 1024u), 1);
+                wg::commit();
+                wg::wait<0>();
+                if (it + 1 < n_tiles) {
+                    /* tile it + 1 (issued a tile ago) landed: hand it over; WG0 meets us here only
+                     * after its own product on tile it, so buffer b is free for tile it + 2 after */
+                    va::cp_async_wait<0>();
+                    wg::fence_proxy_async();
+                    wg::bar_sync(BAR_KV, THREADS);
+                    if (it + 2 < n_tiles) w_load_kv(a, table, kb + 64 * (it + 2), ke, kv_cur, bad);
+                    va::cp_async_commit();
+                }
             }
-            l[0] = l[0] * alpha[0] + ls[0];
-            l[1] = l[1] * alpha[1] + ls[1];
-#pragma unroll
-            for (int e = 0; e < 128; e++) o[e] *= alpha[(e >> 1) & 1];
-            uint32_t pa[4][4];
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) wg::s_to_a_frag(sc, kk, pa[kk]);
-            wg::fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                wg::mma_m64n256k16_rs_tb(o, pa[kk], wg::desc_v(kv_cur, 64, 4 * wgi, kk, 64u * 128u, 1024u), 1);
-            wg::commit();
-            wg::wait<0>();
+            va::cp_async_wait_all();
         }
 
-        /* epilogue: row sums over the quad, then out (or the fp32 partial) and lse */
+        /* the finished rows' normalisation (WG0 holds m and l), then each warpgroup's half */
         const int any_bad = __syncthreads_or(bad);
+        if (wgi == 0) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float lt = l[h];
+                lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+                lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+                const int row = r0 + 8 * h;
+                float inv, lse_v;
+                bool zero;
+                va_row_finish(m[h], lt, any_bad, &inv, &lse_v, &zero);
+                if (tq == 0) {
+                    sRows->inv[row] = inv, sRows->zero[row] = zero;
+                    if (row < rows_valid) {
+                        if (!itm.split_mode) a.lse[row0 + row] = lse_v;
+                        else a.ws_lse[slot * ROWS + row] = lse_v;
+                    }
+                }
+            }
+        }
+        __syncthreads(); /* sRows->inv / zero written */
+
+        /* out (or the fp32 partial): this warpgroup's 256 columns */
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            float lt = l[h];
-            lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-            lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-            const int row = 16 * wq + g + 8 * h;
+            const int row = r0 + 8 * h;
             if (row >= rows_valid) continue;
-            float inv, lse_v;
-            bool zero;
-            va_row_finish(m[h], lt, any_bad, &inv, &lse_v, &zero);
+            const float inv = sRows->inv[row];
+            const bool zero = sRows->zero[row] != 0;
             const int col0 = 256 * wgi + 2 * tq;
             if (!itm.split_mode) {
                 uint16_t *dst = a.out + (row0 + row) * D_V + col0;
@@ -686,7 +768,6 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
                     const float x0 = zero ? 0.f : o[4 * j + 2 * h] * inv, x1 = zero ? 0.f : o[4 * j + 2 * h + 1] * inv;
                     *reinterpret_cast<uint32_t *>(dst + 8 * j) = va::pack_bf16x2(x0, x1);
                 }
-                if (wgi == 0 && tq == 0) a.lse[row0 + row] = lse_v;
             } else {
                 float *dst = a.ws_o + slot * (long long)SLOT_O_FLOATS + row * D_V + col0;
 #pragma unroll
@@ -694,7 +775,6 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
                     const float x0 = zero ? 0.f : o[4 * j + 2 * h] * inv, x1 = zero ? 0.f : o[4 * j + 2 * h + 1] * inv;
                     *reinterpret_cast<float2 *>(dst + 8 * j) = make_float2(x0, x1);
                 }
-                if (wgi == 0 && tq == 0) a.ws_lse[slot * ROWS + row] = lse_v;
             }
         }
     }
@@ -836,7 +916,30 @@ int sm90_ready(const char **why) {
     return ok;
 }
 
+/* The one dispatch place: the sm_90a kernel where it can run, unless KDT_VERIFY_ATTN=mma;
+ * KDT_VERIFY_ATTN=wgmma where it cannot is an error rather than a silent fallback. */
+kdt_status choose_path(const char *who, int *use_wgmma) {
+    const char *path = getenv("KDT_VERIFY_ATTN");
+    const int want_wgmma = path && !strcmp(path, "wgmma"), want_mma = path && !strcmp(path, "mma");
+    KDT_CHECK_ARG(!path || !*path || want_wgmma || want_mma,
+                  "%s: KDT_VERIFY_ATTN = '%s', expected 'mma' or 'wgmma'", who, path);
+    *use_wgmma = 0;
+    if (want_mma) return KDT_OK;
+    const char *why = NULL;
+    const int ready = sm90_ready(&why);
+    if (ready < 0) return kdt_fail(KDT_ERR_CUDA, "%s: cudaGetDevice failed", who);
+    if (!ready && want_wgmma) return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: KDT_VERIFY_ATTN=wgmma: %s", who, why);
+    *use_wgmma = ready;
+    return KDT_OK;
+}
+
 } // namespace
+
+extern "C" const char *kdt_verify_attn_cuda_path(void) {
+    int use_wgmma = 0;
+    if (choose_path("kdt_verify_attn_cuda_path", &use_wgmma) != KDT_OK) return "error: see kdt_last_error()";
+    return use_wgmma ? "sm_90a (wgmma)" : "portable (mma.sync)";
+}
 
 extern "C" size_t kdt_verify_attn_workspace_bytes(int32_t n_streams, int32_t n_heads, int32_t max_nodes,
                                                   int32_t max_prefix) {
@@ -891,16 +994,10 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
     a.scale_log2 = (float)((double)p->softmax_scale * 1.4426950408889634);
 
     cudaStream_t cs = (cudaStream_t)stream;
-    /* KDT_VERIFY_ATTN=wgmma: the sm_90a kernel (not yet the default: see its comment) */
-    const char *path = getenv("KDT_VERIFY_ATTN");
-    const int want_wgmma = path && !strcmp(path, "wgmma");
-    KDT_CHECK_ARG(!path || !*path || want_wgmma || !strcmp(path, "mma"),
-                  "%s: KDT_VERIFY_ATTN = '%s', expected 'mma' or 'wgmma'", who, path);
-    if (want_wgmma) {
-        const char *why = NULL;
-        const int ready = sm90_ready(&why);
-        if (ready < 0) return kdt_fail(KDT_ERR_CUDA, "%s: cudaGetDevice failed", who);
-        if (!ready) return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: KDT_VERIFY_ATTN=wgmma: %s", who, why);
+    int use_wgmma = 0;
+    st = choose_path(who, &use_wgmma);
+    if (st != KDT_OK) return st;
+    if (use_wgmma) {
         verify_attn_sm90_kernel<<<sms, THREADS, W_SMEM, cs>>>(a);
     } else {
         switch (cfg) {

@@ -22,6 +22,9 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, int s
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+/* Waits until at most N of this thread's newest cp.async groups are still in flight. */
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 /* Four 8x8 b16 matrices; lane l addresses row (l % 8) of matrix (l / 8). */
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t addr) {

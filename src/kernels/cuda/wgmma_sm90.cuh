@@ -132,7 +132,41 @@ __device__ __forceinline__ void mma_m64n256k16_rs_tb(float d[128], const uint32_
     (void)d, (void)a, (void)db, (void)accumulate;
 #endif
 }
+/* The same product with A from shared memory too (K-major, e.g. P written to a swizzled slab by
+ * another warpgroup): trans-a = 0, trans-b = 1. */
+__device__ __forceinline__ void mma_m64n256k16_ss_tb(float d[128], uint64_t da, uint64_t db, int accumulate) {
+#if KDT_HAS_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+        "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+        "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+        "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, "
+        "%128, %129, p, 1, 1, 0, 1;\n}\n"
+        : KDT_WG_D8(0), KDT_WG_D8(8), KDT_WG_D8(16), KDT_WG_D8(24), KDT_WG_D8(32), KDT_WG_D8(40), KDT_WG_D8(48),
+          KDT_WG_D8(56), KDT_WG_D8(64), KDT_WG_D8(72), KDT_WG_D8(80), KDT_WG_D8(88), KDT_WG_D8(96),
+          KDT_WG_D8(104), KDT_WG_D8(112), KDT_WG_D8(120)
+        : "l"(da), "l"(db), "r"(accumulate));
+#else
+    (void)d, (void)da, (void)db, (void)accumulate;
+#endif
+}
 #undef KDT_WG_D8
+
+/* Named barriers (ids 1..15; 0 is __syncthreads) between warpgroups of one CTA: `n` threads take
+ * part; arrive does not wait. Shared-memory writes before an arrive are seen after the sync
+ * (plus fence_proxy_async first when wgmma reads them). */
+__device__ __forceinline__ void bar_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* lo -> lower address */
