@@ -165,6 +165,8 @@ typedef struct round_timing {
     double fixed_s, verify_s; /* non-verify and verify time */
     int have_accept;          /* predicted / realised accepted tokens are meaningful */
     double predicted, realised, emitted, wall_s;
+    int setup;                /* the round paid one-time setup (a CUDA graph captured): its wall time
+                                 says nothing about the kind of round, so only the verify fit sees it */
 } round_timing;
 /* Feeds the round to the controller: the verify cost line, the calibration and fixed time of
  * drafted rounds, the plain-round count, and the draft-or-not rates (CPU and GPU rounds alike). */

@@ -15,6 +15,7 @@
 #include "engine_gpu.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -268,14 +269,21 @@ int kdt_round_auto_drafts(kdt_engine *e, const round_groups *g, int32_t S) {
 
 void kdt_round_observe(kdt_engine *e, const round_groups *g, const round_timing *t) {
     const int64_t rows = kdt_budget_cost_rows(&e->budget, t->S, t->stride, t->nodes);
-    if (t->drafts) {
+    if (t->drafts && !t->setup) {
         kdt_budget_observe_round(&e->budget, t->fixed_s, rows, t->verify_s);
-        if (t->have_accept) kdt_budget_observe_accept(&e->budget, t->predicted, t->realised);
     } else {
-        kdt_budget_observe_plain_verify(&e->budget, rows, t->verify_s);
-        e->stats.plain_rounds++;
+        kdt_budget_observe_plain_verify(&e->budget, rows, t->verify_s); /* GPU-timed: setup-free */
     }
-    if (auto_decides(g)) kdt_budget_observe_kind(&e->budget, t->S, t->drafts, t->emitted, t->wall_s);
+    if (t->drafts && t->have_accept) kdt_budget_observe_accept(&e->budget, t->predicted, t->realised);
+    if (!t->drafts) e->stats.plain_rounds++;
+    if (auto_decides(g) && !t->setup) kdt_budget_observe_kind(&e->budget, t->S, t->drafts, t->emitted, t->wall_s);
+    /* KDT_AUTO_TRACE=1: one stderr line per auto round, to see the draft-or-not choices */
+    static int trace = -1;
+    if (trace < 0) trace = getenv("KDT_AUTO_TRACE") && getenv("KDT_AUTO_TRACE")[0] == '1';
+    if (trace && auto_decides(g))
+        fprintf(stderr, "auto S=%d %s%s tokens=%.0f wall_us=%.1f verify_us=%.1f rate plain=%.0f drafted=%.0f\n",
+                t->S, t->drafts ? "drafted" : "plain", t->setup ? " setup" : "", t->emitted, t->wall_s * 1e6,
+                t->verify_s * 1e6, kdt_budget_kind_rate(&e->budget, t->S, 0), kdt_budget_kind_rate(&e->budget, t->S, 1));
 }
 
 static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots,

@@ -9,9 +9,12 @@
  * 2. The bundled tiny target + DFlash drafter, drafting on the GPU: ddtree B 32 and chain equal ar
  *    token for token, with tau well above 1 (the GPU drafter agrees with the target); graph
  *    replays equal eager rounds (KDT_NO_GRAPHS=1), mixed batches with streams joining; auto with
- *    plain rounds (no drafter) forced between drafted ones equals ar and keeps drafting well.
+ *    plain rounds (no drafter) forced between drafted ones equals ar and keeps drafting well;
+ *    plain runs longer than the parked-row buffer (overflow flush) at batches 1 and 4, with graphs
+ *    and eagerly.
  * 3. Seeded T > 0 runs repeat exactly and stay in the vocabulary.
- * KDT_TEST_QUICK=1 (compute-sanitizer runs) runs fewer cases: oracle batch 8 at budgets 4 and 64.
+ * KDT_TEST_QUICK=1 (compute-sanitizer runs) runs fewer cases: oracle batch 8 at budgets 4 and 64,
+ * the long plain runs at batch 4 with graphs only.
  */
 #include "engine_test_util.h"
 #include "gpu/gpu_test_util.h"
@@ -190,6 +193,61 @@ static int same_outputs(const et_run *a, const et_run *b) {
     return 1;
 }
 
+static int same_streams(const et_run *a, const et_run *b, int n) {
+    for (int i = 0; i < n; i++) {
+        if (a->n_out[i] != b->n_out[i]) return 0;
+        if (memcmp(a->out[i], b->out[i], sizeof(int32_t) * (size_t)a->n_out[i]) != 0) return 0;
+    }
+    return 1;
+}
+
+/* ---- auto with plain runs longer than the parked-row buffer ------------------------------------
+ * Plain rounds park each stream's feature row (PEND_MAX = 16 per slot in engine_gpu.c) instead of
+ * appending it to the drafter context. Kinds 0xFFF00000 over 32 rounds: 20 plain rounds (the 17th
+ * flushes a full buffer), then 12 drafted ones (the first flushes the rest). Stream 2 finishes
+ * inside the first plain run with rows parked (dropped with it); the others run through several
+ * plain runs; slots are reused from run to run. */
+#define LONG_KINDS 0xFFF00000u
+static const int32_t g_long_new[2][PAIR_N] = {{96, 83, 14, 61}, {44, 37, 9, 30}}; /* full, quick */
+
+static void long_run(kdt_engine *e, int32_t n, kdt_spec_mode spec, et_run *r) {
+    kdt_gen_params p[PAIR_N];
+    for (int i = 0; i < n; i++) {
+        kdt_gen_params_default(&p[i]);
+        p[i].spec = spec;
+        p[i].budget = 32;
+        p[i].max_new_tokens = g_long_new[g_quick][i];
+    }
+    kdt_status st = et_run_batch(e, n, g_pp, g_pn, p, r);
+    CHECK_MSG(st == KDT_OK, "long %s batch %d: %s", kdt_spec_mode_name(spec), n, kdt_last_error());
+}
+
+static void long_plain_runs(kdt_engine *e, const et_run *ar, int32_t batch, const char *what) {
+    kdt_engine_stats s0, s1;
+    kdt_engine_get_stats(e, &s0);
+    kdt_budget_test_kinds(&e->budget, LONG_KINDS, 32);
+    et_run au;
+    long_run(e, batch, KDT_SPEC_AUTO, &au);
+    kdt_budget_test_kinds(&e->budget, 0, 0);
+    kdt_engine_get_stats(e, &s1);
+    const uint64_t plain = s1.plain_rounds - s0.plain_rounds, all = s1.rounds - s0.rounds;
+    CHECK_MSG(same_streams(ar, &au, batch), "%s batch %d: auto with long plain runs differs from ar", what, batch);
+    CHECK_MSG(plain >= 17 && all > plain, "%s batch %d: %llu of %llu rounds plain", what, batch,
+              (unsigned long long)plain, (unsigned long long)all);
+    /* at batch 1 every round is one event: the drafted rounds' tau is what is left after the plain
+     * ones (tau 1 each); a context with holes or misplaced rows drafts poorly (tau near 1) */
+    double tau_d = 0.0;
+    if (batch == 1 && all > plain && au.events_with_tau == (int64_t)all) {
+        tau_d = (double)(au.tau_sum - (int64_t)plain) / (double)(all - plain);
+        CHECK_MSG(tau_d >= 1.5, "%s batch 1: drafted rounds after long plain runs: tau %.2f", what, tau_d);
+    }
+    printf("  %s, long plain runs, batch %d: %llu of %llu rounds plain", what, batch, (unsigned long long)plain,
+           (unsigned long long)all);
+    if (batch == 1) printf(", drafted tau %.2f", tau_d);
+    printf("\n");
+    et_run_free(&au);
+}
+
 static void test_tiny_pair(void) {
     pair_prompts();
     kdt_engine *e = make_engine(PAIR_T, PAIR_D, 4, 0);
@@ -240,6 +298,11 @@ static void test_tiny_pair(void) {
         CHECK_MSG(tau >= 1.5, "tau %.2f: drafted rounds after plain ones draft poorly (context holes?)", tau);
         et_run_free(&au);
     }
+    /* plain runs longer than the parked-row buffer */
+    et_run lar;
+    long_run(e, PAIR_N, KDT_SPEC_AR, &lar);
+    long_plain_runs(e, &lar, PAIR_N, "graphs");
+    if (!g_quick) long_plain_runs(e, &lar, 1, "graphs");
     /* seeded sampling repeats exactly */
     et_run s1, s2;
     pair_run(e, 2, KDT_SPEC_DDTREE, 16, 0.8f, &s1);
@@ -263,11 +326,13 @@ static void test_tiny_pair(void) {
         pair_run(e, PAIR_N, KDT_SPEC_DDTREE, 32, 0.0f, &eg);
         CHECK_MSG(same_outputs(&dd, &eg), "eager ddtree output differs from the graph replays");
         et_run_free(&eg);
+        if (!g_quick) long_plain_runs(e, &lar, PAIR_N, "eager");
         kdt_engine_free(e);
     }
     et_run_free(&ar);
     et_run_free(&dd);
     et_run_free(&ch);
+    et_run_free(&lar);
 }
 
 int main(void) {

@@ -6,6 +6,10 @@
  *   -> DFlash draft (dflash_gpu) -> top-K -> tree_build -> verify forward (rows numbered on the
  *      device from the built trees) -> tree_accept on the argmax -> KV commit -> drafter context
  *      of the accepted path -> tau / error / emitted tokens down (one pinned copy) -> one sync.
+ * auto's plain rounds (no drafter) park the accepted token's feature row per slot instead of
+ * appending it to the drafter context (a launch-bound chain of small kernels); the next
+ * drafted round, or a plain round that finds a slot's buffer full, appends every parked row in one
+ * batched call first (flush_pending), so each draft still sees positions 0..P-1 complete.
  * Everything after the staging is one CUDA graph per round shape (streams per group, tree
  * stride, K), captured on first use. T > 0 streams, `auto` and the test drafter hook run the
  * same steps eagerly with one extra host round trip each (see engine_gpu.h).
@@ -24,11 +28,20 @@
 
 kdt_status kdt_eng_gather_rows(int32_t *dst, const int32_t *src, const int32_t *idx, int32_t n, int32_t width,
                                int64_t src_stride, int32_t n_src_rows, void *stream);
+kdt_status kdt_eng_scatter_rows(float *dst, int64_t dst_stride, int32_t n_dst_rows, const float *src,
+                                int64_t src_stride, const int32_t *dst_row, int32_t n, int32_t width, void *stream);
 
 #define PREFILL_CHUNK 256
 #define MAX_GRAPHS 32
-#define N_EVENTS 6 /* draft start, draft end, build end, verify end, commit end, context end */
+#define N_EVENTS 8 /* draft start, draft end, build end, verify end, commit end, context end, flush start, end */
+#define EV_FLUSH 6
+/* Feature rows parked per slot by plain rounds. A flush is one batched append (about what one
+ * plain round's append used to cost), so 16 amortizes it; <= KDT_MAX_PATH keeps a flush of every
+ * slot (MS x PEND_MAX rows) within the drafter's max_append_rows (>= MS x KDT_MAX_PATH): one call. */
+#define PEND_MAX 16
+_Static_assert(PEND_MAX <= KDT_MAX_PATH, "a flush must fit one append call");
 
+/* drafts 0 also marks the graphs that park feature rows instead of appending them */
 typedef struct round_key {
     int32_t S, n_tree, n_chain, n_plain, n_auto, stride, K, L, taps, caps_stride, drafts;
 } round_key;
@@ -49,7 +62,7 @@ struct eng_gpu {
     kdt_gpu_outputs outs;       /* the runner's device outputs */
     int32_t MS, MN, Lmax, Kmax, V, D;
     /* device */
-    int32_t *d_par;             /* [6][MS]: slot, root, prefix, depth limit, budget, cap (auto) */
+    int32_t *d_par;             /* [7][MS]: slot, root, prefix, depth limit, budget, cap (auto), parked row */
     float *d_draft_logits;      /* [MS][Lmax][V] */
     int32_t *d_top_ids;
     float *d_top_logp;          /* [MS][Lmax][Kmax] */
@@ -74,6 +87,12 @@ struct eng_gpu {
     int32_t *n_probe;           /* [MS slot] valid entries (0: none yet) */
     int32_t caps[64];           /* the round's cap per tree stream */
     double accept_mean;         /* running mean of accepted draft tokens per stream-round */
+    /* auto's plain rounds park each drafting stream's feature row (row 6 of d_par: where) until a
+     * flush appends them; NULL without a drafter */
+    float *d_pend;              /* [MS slot][PEND_MAX][max_taps * D] */
+    int32_t *pend_n, *pend_first; /* [MS slot] host: parked rows, position of the first */
+    int32_t *h_flush, *d_flush; /* flush items: count | slot [n] | pos [n] | row [n] */
+    int32_t append_max;         /* the drafter's max_append_rows */
     /* pinned host */
     int32_t *h_par, *h_acc, *h_items;
     cudaEvent_t ev[N_EVENTS];
@@ -142,14 +161,17 @@ void kdt_engine_gpu_free(kdt_engine *e) {
         if (g->ev[i]) cudaEventDestroy(g->ev[i]);
     void *dev[] = {g->d_par, g->d_draft_logits, g->d_top_ids, g->d_top_logp, g->d_topk_ws, g->d_tree_i,
                    g->d_score, g->d_mask, g->d_target, g->d_acc, g->d_bt, g->d_items,
-                   g->d_ptree_i, g->d_pscore, g->d_pmask};
+                   g->d_ptree_i, g->d_pscore, g->d_pmask, g->d_pend, g->d_flush};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
     cudaFreeHost(g->h_par);
     cudaFreeHost(g->h_acc);
     cudaFreeHost(g->h_items);
     cudaFreeHost(g->h_probe);
+    cudaFreeHost(g->h_flush);
     free(g->probe);
     free(g->n_probe);
+    free(g->pend_n);
+    free(g->pend_first);
     kdt_dflash_gpu_free(g->draft);
     kdt_gpu_runner_free(g->run);
     kdt_gpu_kv_free(g->kv);
@@ -161,7 +183,7 @@ void kdt_engine_gpu_free(kdt_engine *e) {
 static kdt_status create_buffers(kdt_engine *e, eng_gpu *g) {
     const size_t MS = (size_t)g->MS, MN = (size_t)g->MN, W = (size_t)KDT_MASK_WORDS(g->MN);
     const size_t L = (size_t)g->Lmax, K = (size_t)g->Kmax, V = (size_t)g->V, I4 = sizeof(int32_t);
-    KDT_TRY(dalloc((void **)&g->d_par, 6 * MS * I4, "round parameters"));
+    KDT_TRY(dalloc((void **)&g->d_par, 7 * MS * I4, "round parameters"));
     KDT_TRY(dalloc((void **)&g->d_draft_logits, MS * L * V * sizeof(float), "draft logits"));
     KDT_TRY(dalloc((void **)&g->d_top_ids, MS * L * K * I4, "top-K ids"));
     KDT_TRY(dalloc((void **)&g->d_top_logp, MS * L * K * sizeof(float), "top-K log-probs"));
@@ -174,7 +196,7 @@ static kdt_status create_buffers(kdt_engine *e, eng_gpu *g) {
     KDT_TRY(dalloc((void **)&g->d_acc, (3 * MS + 2 * MS * KDT_MAX_PATH) * I4, "accept outputs"));
     KDT_TRY(dalloc((void **)&g->d_bt, MS * (size_t)g->kl.max_pages * I4, "block-table rows"));
     KDT_TRY(dalloc((void **)&g->d_items, (1 + 3 * PREFILL_CHUNK) * I4, "context items"));
-    KDT_TRY(halloc((void **)&g->h_par, 6 * MS * I4, "round parameters"));
+    KDT_TRY(halloc((void **)&g->h_par, 7 * MS * I4, "round parameters"));
     KDT_TRY(dalloc((void **)&g->d_ptree_i, (MS + 6 * MS * MN) * I4, "probe trees"));
     KDT_TRY(dalloc((void **)&g->d_pscore, MS * MN * sizeof(float), "probe scores"));
     KDT_TRY(dalloc((void **)&g->d_pmask, MS * MN * W * sizeof(uint64_t), "probe masks"));
@@ -184,6 +206,16 @@ static kdt_status create_buffers(kdt_engine *e, eng_gpu *g) {
     if (!g->probe || !g->n_probe) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine GPU: probe scores");
     KDT_TRY(halloc((void **)&g->h_acc, (3 * MS + MS * KDT_MAX_PATH) * I4, "accept outputs"));
     KDT_TRY(halloc((void **)&g->h_items, (1 + 3 * PREFILL_CHUNK) * I4, "context items"));
+    if (g->draft && e->n_taps > 0) {
+        const size_t rows = MS * PEND_MAX;
+        KDT_TRY(dalloc((void **)&g->d_pend, rows * (size_t)g->outs.max_taps * (size_t)g->D * sizeof(float),
+                       "parked feature rows"));
+        KDT_TRY(dalloc((void **)&g->d_flush, (1 + 3 * rows) * I4, "flush items"));
+        KDT_TRY(halloc((void **)&g->h_flush, (1 + 3 * rows) * I4, "flush items"));
+        g->pend_n = calloc(MS, sizeof(int32_t));
+        g->pend_first = calloc(MS, sizeof(int32_t));
+        if (!g->pend_n || !g->pend_first) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine GPU: parked rows");
+    }
     for (int i = 0; i < N_EVENTS; i++) CU(cudaEventCreate(&g->ev[i]), "events");
     int32_t *t = g->d_tree_i;
     const size_t sm = MS * MN;
@@ -239,6 +271,7 @@ kdt_status kdt_engine_gpu_create(kdt_engine *e, int verbose) {
                                                                        ? g->MS * KDT_MAX_PATH : PREFILL_CHUNK,
                                        g->stream};
         KDT_TRY(kdt_dflash_to_gpu(e->drafter, g->model, &dopt, &g->draft));
+        g->append_max = dopt.max_append_rows;
     }
     KDT_TRY(create_buffers(e, g));
     CU(cudaStreamSynchronize(g->stream), "create");
@@ -246,7 +279,9 @@ kdt_status kdt_engine_gpu_create(kdt_engine *e, int verbose) {
 }
 
 void kdt_engine_gpu_release(kdt_engine *e, int32_t slot) {
-    if (e && e->gpu) kdt_gpu_kv_stream_release(e->gpu->kv, slot);
+    if (!e || !e->gpu) return;
+    kdt_gpu_kv_stream_release(e->gpu->kv, slot);
+    if (e->gpu->pend_n) e->gpu->pend_n[slot] = 0; /* its parked rows die with the stream */
 }
 
 const char *kdt_engine_gpu_device_name(const kdt_engine *e) {
@@ -264,6 +299,7 @@ kdt_status kdt_engine_gpu_prefill(kdt_engine *e, int32_t slot, int32_t *first_to
     eng_stream *s = &e->streams[slot];
     const int want_taps = s->drafts && g->draft && e->n_taps > 0;
     const int greedy = !(s->params.temperature > 0.0f);
+    if (g->pend_n) g->pend_n[slot] = 0; /* a new context: nothing parked from a former stream */
     for (int32_t off = 0; off < s->n_prompt; off += PREFILL_CHUNK) {
         const int32_t n = s->n_prompt - off < PREFILL_CHUNK ? s->n_prompt - off : PREFILL_CHUNK;
         const int last = off + n == s->n_prompt;
@@ -310,7 +346,9 @@ kdt_status kdt_engine_gpu_prefill(kdt_engine *e, int32_t slot, int32_t *first_to
 typedef struct round_ctx {
     round_groups gr;
     int32_t S, K, L, stride, pstride, want_taps, any_sampled, any_greedy;
-    int32_t drafts; /* 0: auto chose a plain round (no drafter, root-only trees; budget.h) */
+    int32_t drafts;   /* 0: auto chose a plain round (no drafter, root-only trees; budget.h) */
+    int32_t captured; /* this round captured its graph: its wall time is not a round's cost */
+    int32_t flushed;  /* parked rows were appended before this round (events EV_FLUSH, +1) */
 } round_ctx;
 
 /* Inside a capture the event becomes an external record node (so replays time the stages too);
@@ -421,9 +459,13 @@ static kdt_status enqueue_verify_accept(kdt_engine *e, eng_gpu *g, const round_c
                                g->kl.layer_stride_bytes, g->d_bt, g->kl.max_pages, g->db.prefix, nodes, tau};
     KDT_TRY(kdt_kv_commit_cuda(&cp, g->stream));
     KDT_TRY(record(g, 4));
-    if (rc->want_taps)
+    const int64_t frow = (int64_t)g->outs.max_taps * g->D;
+    if (rc->want_taps && (rc->drafts || !g->d_pend))
         KDT_TRY(kdt_dflash_gpu_append_accepted(g->draft, rc->gr.n_draft, g->d_par, g->db.prefix, tau, nodes, N,
-                                               g->outs.taps, (int64_t)g->outs.max_taps * g->D));
+                                               g->outs.taps, frow));
+    else if (rc->want_taps) /* plain round: tau is 1 (root-only trees), park row s * N (the root) */
+        KDT_TRY(kdt_eng_scatter_rows(g->d_pend, frow, MS * PEND_MAX, g->outs.taps, (int64_t)N * frow,
+                                     g->d_par + 6 * MS, rc->gr.n_draft, e->n_taps * g->D, g->stream));
     KDT_TRY(record(g, 5));
     /* tau | error | bonus | emit rows are contiguous at stride MS: one copy */
     CU(cudaMemcpyAsync(g->h_acc, g->d_acc, sizeof(int32_t) * (size_t)(3 * MS + MS * KDT_MAX_PATH),
@@ -450,6 +492,7 @@ static kdt_status graph_for(kdt_engine *e, eng_gpu *g, round_ctx *rc, cudaGraphE
             return KDT_OK;
         }
     cudaGraph_t graph = NULL;
+    rc->captured = 1;
     CU(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeThreadLocal), "graph capture");
     g->capturing = 1;
     kdt_status st = enqueue_draft_build(e, g, rc);
@@ -500,6 +543,36 @@ static float elapsed_s(eng_gpu *g, int a, int b) {
     return ms * 1e-3f;
 }
 
+/* Appends every slot's parked rows to its drafter context in one batched call (items up in one
+ * copy), on the stream ahead of the round. */
+static kdt_status flush_pending(eng_gpu *g, round_ctx *rc) {
+    int32_t n = 0;
+    for (int32_t slot = 0; slot < g->MS; slot++) n += g->pend_n[slot];
+    if (n == 0) return KDT_OK;
+    if (n > g->append_max)
+        return kdt_fail(KDT_ERR_INTERNAL, "engine GPU: %d parked rows, an append takes %d", n, g->append_max);
+    /* the previous flush's copy out of h_flush is done (the event follows it) */
+    CU(cudaEventSynchronize(g->ev[EV_FLUSH]), "parked rows");
+    int32_t *h = g->h_flush, *hs = h + 1, *hp = hs + n, *hr = hp + n, i = 0;
+    h[0] = n;
+    for (int32_t slot = 0; slot < g->MS; slot++)
+        for (int32_t k = 0; k < g->pend_n[slot]; k++, i++) {
+            hs[i] = slot;
+            hp[i] = g->pend_first[slot] + k;
+            hr[i] = slot * PEND_MAX + k;
+        }
+    CU(cudaMemcpyAsync(g->d_flush, h, sizeof(int32_t) * (size_t)(1 + 3 * n), cudaMemcpyHostToDevice, g->stream),
+       "flush items");
+    CU(cudaEventRecord(g->ev[EV_FLUSH], g->stream), "event");
+    const int32_t *d = g->d_flush;
+    KDT_TRY(kdt_dflash_gpu_append(g->draft, d, n, d + 1, d + 1 + n, d + 1 + 2 * n, g->d_pend,
+                                  (int64_t)g->outs.max_taps * g->D));
+    CU(cudaEventRecord(g->ev[EV_FLUSH + 1], g->stream), "event");
+    memset(g->pend_n, 0, sizeof(int32_t) * (size_t)g->MS);
+    rc->flushed = 1;
+    return KDT_OK;
+}
+
 /* auto on the GPU: budgets from each stream's previous probe (lagged by one round, so the round
  * stays one graph with no mid-round sync); a stream without a probe yet uses its cap. The other
  * streams of the batch count with their budgets and the running mean of accepted tokens. */
@@ -541,11 +614,13 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
     if (rc.gr.n_auto > 0 && rc.drafts) {
         choose_lagged(e, g, &rc);
         /* the probe only needs to reach past the budgets worth trying next: twice the chosen
-         * one (at least 16), so a B 64 cap does not cost a 64-pop build every round */
+         * one (at least 16, rounded up to a power of two), so a B 64 cap does not cost a 64-pop
+         * build every round */
         int32_t K = 1;
         for (int32_t s = 0; s < rc.gr.n_tree; s++) {
             if (e->streams[e->slot_of[s]].params.spec == KDT_SPEC_AUTO) {
-                const int32_t want = 2 * e->b_budget[s] > 16 ? 2 * e->b_budget[s] : 16;
+                int32_t want = 16; /* a power of two, so the graph keys (K, caps) stay few */
+                while (want < 2 * e->b_budget[s]) want *= 2;
                 if (want < g->caps[s]) g->caps[s] = want;
             }
             const int32_t k = g->caps[s] > e->b_budget[s] ? g->caps[s] : e->b_budget[s];
@@ -565,6 +640,21 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
         rc.stride = b < g->MN ? b : g->MN;
     }
     rc.want_taps = rc.gr.n_draft > 0 && g->draft && e->n_taps > 0;
+    /* parked rows: a draft needs every context complete, a plain round one free row per slot */
+    const int park = rc.want_taps && !rc.drafts && g->d_pend;
+    if (rc.want_taps && g->d_pend) {
+        int flush = rc.drafts;
+        for (int32_t s = 0; s < rc.gr.n_draft && !flush; s++) flush = g->pend_n[e->slot_of[s]] >= PEND_MAX;
+        if (flush) KDT_TRY(flush_pending(g, &rc));
+    }
+    for (int32_t s = 0; park && s < rc.gr.n_draft; s++) {
+        const int32_t slot = e->slot_of[s];
+        if (g->pend_n[slot] == 0) g->pend_first[slot] = e->b_prefix[s];
+        else if (g->pend_first[slot] + g->pend_n[slot] != e->b_prefix[s])
+            return kdt_fail(KDT_ERR_INTERNAL, "engine GPU: slot %d: %d rows parked from %d, prefix %d", slot,
+                            g->pend_n[slot], g->pend_first[slot], e->b_prefix[s]);
+        g->h_par[6 * MS + s] = slot * PEND_MAX + g->pend_n[slot];
+    }
     /* per-stream parameters up */
     memcpy(g->h_par, e->slot_of, sizeof(int32_t) * (size_t)S);
     memcpy(g->h_par + MS, e->b_root, sizeof(int32_t) * (size_t)S);
@@ -572,7 +662,7 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
     memcpy(g->h_par + 3 * MS, e->b_depth_limit, sizeof(int32_t) * (size_t)S);
     memcpy(g->h_par + 4 * MS, e->b_budget, sizeof(int32_t) * (size_t)S);
     memcpy(g->h_par + 5 * MS, g->caps, sizeof(int32_t) * (size_t)S);
-    CU(cudaMemcpyAsync(g->d_par, g->h_par, sizeof(int32_t) * 6 * (size_t)MS, cudaMemcpyHostToDevice, g->stream),
+    CU(cudaMemcpyAsync(g->d_par, g->h_par, sizeof(int32_t) * 7 * (size_t)MS, cudaMemcpyHostToDevice, g->stream),
        "round parameters");
 
     const int use_graph = g->graphs_on && !e->test_draft && !rc.any_sampled;
@@ -601,7 +691,7 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
         const int32_t slot = e->slot_of[s];
         eng_stream *es = &e->streams[slot];
         const int32_t tau = h_tau[s];
-        if (tau < 1 || tau > KDT_MAX_PATH)
+        if (tau < 1 || tau > KDT_MAX_PATH || (park && s < rc.gr.n_draft && tau != 1))
             return kdt_fail(KDT_ERR_INTERNAL, "engine GPU: stream %d: tau %d", es->id, tau);
         nodes_total += 1 + e->b_budget[s];
         if (s < rc.gr.n_draft) realised += tau - 1;
@@ -624,6 +714,7 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
         emitted += n;
         e->stats.tau_hist[tau < 17 ? tau : 17]++;
         if (es->finish == KDT_FINISH_NONE) {
+            if (park && s < rc.gr.n_draft) g->pend_n[slot]++; /* a finished stream's row is dropped */
             es->prefix_len += tau;
             if (st == KDT_OK) st = kdt_gpu_kv_stream_set_length(g->kv, slot, es->prefix_len);
         }
@@ -638,12 +729,14 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
     }
     /* stats: GPU stage times; host work and syncs count as accept (the overhead share) */
     const double wall = t_end - t0;
-    const double t_draft = elapsed_s(g, 0, 1) + elapsed_s(g, 4, 5), t_verify = elapsed_s(g, 2, 3);
+    const double t_flush = rc.flushed ? elapsed_s(g, EV_FLUSH, EV_FLUSH + 1) : 0.0;
+    const double t_draft = elapsed_s(g, 0, 1) + elapsed_s(g, 4, 5) + t_flush, t_verify = elapsed_s(g, 2, 3);
     const double t_build = elapsed_s(g, 1, 2);
     double t_acc = wall - t_draft - t_verify - t_build;
     if (t_acc < 0) t_acc = 0;
     if (g->profile) {
-        const double stg[5] = {elapsed_s(g, 0, 1), t_build, t_verify, elapsed_s(g, 3, 4), elapsed_s(g, 4, 5)};
+        const double stg[5] = {elapsed_s(g, 0, 1), t_build, t_verify, elapsed_s(g, 3, 4),
+                               elapsed_s(g, 4, 5) + t_flush};
         double gpu = 0;
         for (int i = 0; i < 5; i++) {
             g->prof[i] += stg[i];
@@ -661,7 +754,8 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
     /* the controller's calibration sees the auto streams only: their trees are probe prefixes */
     const round_timing tm = {.S = S, .stride = rc.stride, .nodes = nodes_total, .drafts = rc.drafts,
                              .fixed_s = wall - t_verify, .verify_s = t_verify, .have_accept = rc.gr.n_auto > 0,
-                             .predicted = predicted, .realised = realised_auto, .emitted = emitted, .wall_s = wall};
+                             .predicted = predicted, .realised = realised_auto, .emitted = emitted, .wall_s = wall,
+                             .setup = rc.captured};
     kdt_round_observe(e, &rc.gr, &tm);
     if (rc.drafts && rc.gr.n_draft > 0) g->accept_mean = 0.9 * g->accept_mean + 0.1 * realised / rc.gr.n_draft;
     return KDT_OK;
