@@ -207,7 +207,7 @@ static void test_draft_or_not(void) {
     eff = sim_run(&c, &sixteen, 16, 1000, &nd);
     printf("  batch 16: %.1f %% of the better kind, %d of 1000 rounds drafted\n", 100 * eff, nd);
     CHECK(eff >= 0.97);
-    CHECK(nd < 50);
+    CHECK(nd < 80); /* the warm-up plus 3-round tries at most 64 leader rounds apart */
     /* batch sizes keep their own measurements: batch 1 still drafts */
     CHECK(kdt_budget_kind_rate(&c, 1, 1) > kdt_budget_kind_rate(&c, 1, 0));
     CHECK(kdt_budget_kind_rate(&c, 16, 0) > kdt_budget_kind_rate(&c, 16, 1));
@@ -219,6 +219,32 @@ static void test_draft_or_not(void) {
     printf("  batch 16 after the change: %.1f %% of the better kind, %d of 600 rounds drafted\n", 100 * eff, nd);
     CHECK(eff >= 0.95);
     CHECK(nd > 550);
+    /* drafted rounds in runs, as traced at batch 1 on the H200 (KDT_AUTO_TRACE): 30 rounds at
+     * tau 1 (sometimes 2; a drafted round then loses to a plain one), then 30 at tau 5-8; drafting
+     * always is 2.2x plain on average, and auto must stay within 3 % of it (the issue's target).
+     * The first controller, which judged each 3-round try on its own, made 75 % here. */
+    kdt_budget_ctl r;
+    kdt_budget_init(&r, 0, 0);
+    uint64_t rng = 21;
+    double tok = 0, sec = 0, always_tok = 0, always_sec = 0;
+    for (int i = 0; i < 3000; i++) {
+        const int hard = (i / 30) % 2 == 0;
+        const double tau = hard ? 1 + (t_rand_int(&rng, 5) == 0) : 5 + t_rand_int(&rng, 4);
+        const int d = kdt_budget_next_round_drafts(&r, 1);
+        const double t = d ? tau : 1.0, sd = d ? 720e-6 : 450e-6;
+        kdt_budget_observe_kind(&r, 1, d, t, sd);
+        tok += t, sec += sd, always_tok += tau, always_sec += 720e-6;
+    }
+    printf("  batch 1, tau in runs: %.1f %% of drafting always\n", 100 * (tok / sec) / (always_tok / always_sec));
+    CHECK(tok / sec >= 0.97 * always_tok / always_sec);
+    /* the CPU reference: a drafted round costs ~15 plain ones (tiny pair: 90 ms at tau 2.5
+     * against 6 ms), so tries must stay rare there: at least 85 % of plain's rate */
+    kdt_budget_ctl cpu;
+    kdt_budget_init(&cpu, 0, 0);
+    sim slow = {90e-3, 6e-3, 2.5, 13};
+    eff = sim_run(&cpu, &slow, 1, 2000, &nd);
+    printf("  CPU-like batch 1: %.1f %% of the better kind, %d of 2000 rounds drafted\n", 100 * eff, nd);
+    CHECK(eff >= 0.85);
     /* nonsense measurements are ignored */
     kdt_budget_observe_kind(&c, 1, 1, 5.0, 0.0);
     kdt_budget_observe_kind(&c, 1, 1, NAN, 1.0);

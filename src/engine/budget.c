@@ -8,15 +8,21 @@
 #define ACCEPT_DECAY 0.95
 #define PRIOR_WEIGHT 1.0    /* each prior point starts as one round's worth and decays */
 #define CALIB_PRIOR 4.0     /* pseudo-tokens behind the prior calibration 1.0 */
-#define KIND_DECAY 0.9      /* per round of a kind: its rate follows about the last 10 rounds */
+#define KIND_DECAY 0.99     /* per round of a kind: about the last 100 rounds. Runs of low tau last
+                               10-30 rounds; a leader that followed them switched to plain too late
+                               and stayed too long (H200, batch 1: auto's drafted rounds made 5,100
+                               tokens/s, its plain rounds 2,180, yet 20 % of rounds were plain) */
 #define WARM_PLAIN 2        /* a new bucket first runs this many plain rounds (cheap), */
 #define WARM_DRAFTED 3      /* then up to this many drafted ones, before choosing; */
 #define WARM_GIVE_UP 0.5    /* fewer once a drafted round ran below this share of plain's rate
                                (a drafted round with tau 1 still makes ~0.6 on an H200 at batch 1) */
-#define TRY_DRAFTED 3       /* a try of the trailing kind: drafted rounds vary with tau, so more */
+#define TRY_DRAFTED 4       /* a try of the trailing kind: drafted rounds vary with tau, so more */
 #define TRY_PLAIN 2
-#define TRY_COST 0.01       /* tries may cost at most this share of the time (see next_round) */
-#define TRY_MIN_ROUNDS 8    /* and come at most every this many leader rounds */
+#define TRY_COST 0.01       /* the spacing stops growing once tries cost this share of the time */
+#define TRY_COST_MAX 0.10   /* and drafted tries never cost more than this share */
+#define TRY_MIN_ROUNDS 8    /* first spacing in leader rounds, doubling with each try in a row that
+                               left the leader in place */
+#define TRY_MAX_STREAK 3    /* 8 << 3 = at most 64 leader rounds between tries */
 
 void kdt_budget_init(kdt_budget_ctl *c, double base_s, double per_node_s) {
     *c = (kdt_budget_ctl){0};
@@ -224,14 +230,29 @@ int kdt_budget_next_round_drafts(kdt_budget_ctl *c, int32_t S) {
      * CPU: 6x slower) is retried rarely, a close one often. */
     const double lr = arm_rate(&b->arm[lead]), tr = arm_rate(&b->arm[trail]);
     const double loss = lr > 0 && tr < lr ? 1.0 - tr / lr : 0.0;
+    /* Drafted rounds are noisy and come in runs (tau stays at 1-2 for dozens of rounds, then at
+     * L + 1: measured on the H200 at batch 1), so a try is judged on the kind's decayed history
+     * plus its new rounds rather than on its few rounds alone, and a drafted try that confirmed
+     * plain keeps drafting away for at most 64 plain rounds: the spacing starts at 8 and doubles
+     * per confirming try, and stops growing once the tries cost no more than 1 %; it is never
+     * so short that they cost more than 10 %. Plain tries (drafting leads) are spaced by the
+     * 1 % bound alone. */
     const int try_len = trail ? TRY_DRAFTED : TRY_PLAIN;
-    double interval = try_len * arm_round_s(&b->arm[trail]) * loss / TRY_COST;
+    const double try_loss_s = try_len * arm_round_s(&b->arm[trail]) * loss; /* what one try costs */
+    double interval = try_loss_s / TRY_COST;
+    if (trail) { /* plain's rate hardly varies: a plain try only ever needs the cost bound */
+        const double backoff = TRY_MIN_ROUNDS * arm_round_s(&b->arm[lead]) * (double)(1 << b->streak);
+        if (backoff < interval) interval = backoff;
+        /* but never more than TRY_COST_MAX of the time (on the CPU a drafted round costs ~15
+         * plain ones: there the spacing is set by this) */
+        if (interval < try_loss_s / TRY_COST_MAX) interval = try_loss_s / TRY_COST_MAX;
+    }
     if (interval < TRY_MIN_ROUNDS * arm_round_s(&b->arm[lead])) interval = TRY_MIN_ROUNDS * arm_round_s(&b->arm[lead]);
     if (b->since_s >= interval) {
         b->since_s = 0.0;
         b->try_kind = trail;
         b->trying = try_len;
-        b->arm[trail].tokens = b->arm[trail].seconds = b->arm[trail].weight = 0.0; /* a fresh look */
+        b->try_leader = lead;
         return trail;
     }
     return lead;
@@ -246,8 +267,14 @@ void kdt_budget_observe_kind(kdt_budget_ctl *c, int32_t S, int drafted, double t
     a->seconds = a->seconds * KIND_DECAY + seconds;
     a->weight = a->weight * KIND_DECAY + 1.0;
     a->rounds++;
-    if (b->trying > 0 && kind == b->try_kind) b->trying--;
-    else b->since_s += seconds;
+    if (b->trying > 0 && kind == b->try_kind) {
+        if (--b->trying == 0) { /* the try is over: did it change the leader? */
+            if (leader_of(b) == b->try_leader) b->streak += b->streak < TRY_MAX_STREAK;
+            else b->streak = 0;
+        }
+    } else {
+        b->since_s += seconds;
+    }
 }
 
 double kdt_budget_kind_rate(const kdt_budget_ctl *c, int32_t S, int drafted) {

@@ -5,7 +5,8 @@
  *    verify of a tree costs much more than a decode step, plain decoding emits more tokens per
  *    second. The controller measures both: per batch-size bucket it keeps the tokens per second
  *    that drafted and plain rounds achieved (decayed sums), runs the better kind and now and then
- *    tries the other for a few rounds, spaced so that the tries cost at most 1 % of the time.
+ *    tries the other for a few rounds: every 8 leader rounds at first, the spacing doubling with
+ *    each try that confirms the leader up to 64 rounds, or less once the tries cost only 1 %.
  *
  * 2. The tree budgets of a drafted round:
  *   expected tokens of stream s with budget B = 1 + min(L_s, c * sum_{i=1..B} exp(score_i))
@@ -39,6 +40,8 @@ typedef struct kdt_budget_bucket {
     double since_s;        /* seconds of leader rounds since the last try */
     int32_t trying;        /* rounds of the try still to run (0: no try running) */
     int32_t try_kind;      /* the kind being tried */
+    int32_t try_leader;    /* the leader when the try began */
+    int32_t streak;        /* tries in a row that left the leader in place (spacing x 2 each) */
 } kdt_budget_bucket;
 
 typedef struct kdt_budget_ctl {
