@@ -73,13 +73,24 @@ if [ $BENCH = 1 ] && [ -x "$BUILD/bench_model" ]; then
   timeout "$BENCH_LIMIT" "$BUILD/bench_model" $BENCH_FLAGS --md "$LOG/bench_model.md" 2>&1 | tee "$LOG/bench_model.log" || fail=1
   echo "bench_model: $(( $(date +%s) - s )) s"
 fi
+# KDT_AUTO_TRACE lines -> per batch size: plain and drafted rounds, tokens per round, mean wall
+auto_summary() {
+  grep -E '^auto S=' "$1" 2>/dev/null | grep -v ' setup ' | awk '{
+      split($2, a, "="); S = a[1] == "S" ? a[2] : 0; k = $3
+      for (i = 4; i <= NF; i++) { split($i, v, "="); if (v[1] == "tokens") t = v[2]; if (v[1] == "wall_us") w = v[2] }
+      n[S " " k]++; tok[S " " k] += t; us[S " " k] += w }
+    END { for (x in n) printf "  auto trace: S=%s rounds=%d tokens/round=%.2f us/round=%.0f tokens/s=%.0f\n",
+            x, n[x], tok[x] / n[x], us[x] / n[x], tok[x] / us[x] * 1e6 }' | sort -t= -k2 -n
+}
 if [ $BENCH = 1 ] && [ -x "$BUILD/kdtree" ]; then
   # the engine on the GPU with the bundled tiny pair: batch 1 and batch 16, greedy, held-out prompts
   s=$(date +%s)
   for b in 1 16; do
-    timeout "$BENCH_LIMIT" "$BUILD/kdtree" bench --device cuda --model models/tiny-target --draft models/tiny-dflash \
-      --prompt-file bench/prompts_heldout_ids.txt --budgets ${KDT_ENGINE_BUDGETS:-4,7,8,15,16,31,32,64} --auto \
-      --max-tokens ${KDT_ENGINE_TOKENS:-256} --ignore-eos --batch $b 2>/dev/null | tee "$LOG/bench_engine_b$b.log" || fail=1
+    KDT_AUTO_TRACE=1 timeout "$BENCH_LIMIT" "$BUILD/kdtree" bench --device cuda --model models/tiny-target \
+      --draft models/tiny-dflash --prompt-file bench/prompts_heldout_ids.txt \
+      --budgets ${KDT_ENGINE_BUDGETS:-4,7,8,15,16,31,32,64} --auto --max-tokens ${KDT_ENGINE_TOKENS:-256} \
+      --ignore-eos --batch $b 2>"$LOG/auto_trace_b$b.txt" | tee "$LOG/bench_engine_b$b.log" || fail=1
+    auto_summary "$LOG/auto_trace_b$b.txt"
   done
   echo "engine bench: $(( $(date +%s) - s )) s"
 fi
@@ -88,8 +99,8 @@ if [ $BENCH = 1 ] && [ -x "$BUILD/kdtree" ] && command -v python3 >/dev/null 2>&
   # the server on the GPU: 64 streaming clients, ar vs ddtree B 8 vs auto (cap 32)
   s=$(date +%s)
   port=$(( 20000 + RANDOM % 20000 ))
-  "$BUILD/kdtree" serve --device ${KDT_LOAD_DEVICE:-cuda} --model models/tiny-target --draft models/tiny-dflash --max-streams 64 \
-    --port $port >"$LOG/serve.log" 2>&1 &
+  KDT_AUTO_TRACE=1 "$BUILD/kdtree" serve --device ${KDT_LOAD_DEVICE:-cuda} --model models/tiny-target \
+    --draft models/tiny-dflash --max-streams 64 --port $port >"$LOG/serve.log" 2>&1 &
   spid=$!
   http_get() { python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' "$1"; }
   for _ in $(seq 60); do http_get "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break; sleep 1; done
@@ -100,6 +111,7 @@ if [ $BENCH = 1 ] && [ -x "$BUILD/kdtree" ] && command -v python3 >/dev/null 2>&
   done
   http_get "http://127.0.0.1:$port/metrics" | grep -E '^kdtree_engine_(rounds_total|auto_plain_rounds_total)' | tee -a "$LOG/server_load.log"
   kill $spid 2>/dev/null; wait $spid 2>/dev/null
+  auto_summary "$LOG/serve.log"
   echo "server load: $(( $(date +%s) - s )) s"
 fi
 if [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
