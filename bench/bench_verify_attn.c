@@ -211,6 +211,12 @@ int bench_verify_attn(const bench_opts *o) {
     if (one && sscanf(one, "%d,%d,%d", &oS, &oP, &oq) == 3 && oS >= 1 && oS <= 64 && oP >= 0 && oP <= 16384 &&
         oq >= 1 && oq <= 65) {
         rc = bench_row(&b, o, stream, oS, oP, oq);
+        const char *prof = getenv("KDT_VA_PROFILE");
+        if (prof && prof[0] == '1') { /* the phase stamps of the last call (sm_90a kernel only) */
+            char text[1024];
+            if (kdt_verify_attn_cuda_profile(text, sizeof text) == KDT_OK) printf("%s\n", text);
+            else printf("profile: %s\n", kdt_last_error());
+        }
     } else if (o->quick) {
         for (size_t i = 0; i < sizeof quick / sizeof quick[0]; i++)
             rc |= bench_row(&b, o, stream, quick[i][0], quick[i][1], quick[i][2]);

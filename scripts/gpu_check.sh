@@ -66,6 +66,9 @@ if [ $BENCH = 1 ] && [ -x "$BUILD/bench_kernels" ]; then
     echo "verify_attn, portable path (KDT_VERIFY_ATTN=mma):"
     KDT_VERIFY_ATTN=mma timeout "$BENCH_LIMIT" "$BUILD/bench_kernels" $BENCH_FLAGS --only verify_attn --md "$LOG/bench_mma.md" 2>&1 |
       tee "$LOG/bench_mma.log" || fail=1
+    # where the sm_90a kernel's cycles go on the headline shape (phase stamps of one CTA)
+    KDT_VA_PROFILE=1 KDT_BENCH_VA_SHAPE=64,4096,33 timeout 60 "$BUILD/bench_kernels" --only verify_attn 2>&1 |
+      grep -A2 'phases' | tee "$LOG/va_phases.txt"
   fi
 fi
 if [ $BENCH = 1 ] && [ -x "$BUILD/bench_model" ]; then

@@ -238,6 +238,10 @@ kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void *stream);
 /* Which kernel kdt_verify_attn_cuda runs on the current device with the current environment:
  * "sm_90a (wgmma)", "portable (mma.sync)", or an error text starting with "error:". */
 const char *kdt_verify_attn_cuda_path(void);
+/* Diagnostics: with KDT_VA_PROFILE=1 in the environment the sm_90a kernel stamps the clock at its
+ * phase boundaries (CTA 0, first item); this formats the last call's mean cycles per phase into
+ * out (one line per warpgroup). KDT_ERR_CUDA if the stamps cannot be read. */
+kdt_status kdt_verify_attn_cuda_profile(char *out, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -36,3 +36,7 @@ kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void *stream) {
 }
 
 const char *kdt_verify_attn_cuda_path(void) { return "error: built without CUDA"; }
+kdt_status kdt_verify_attn_cuda_profile(char *out, size_t cap) {
+    (void)out, (void)cap;
+    return KDT_NO_CUDA("kdt_verify_attn_cuda_profile");
+}

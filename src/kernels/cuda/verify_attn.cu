@@ -49,6 +49,7 @@
 #include <stdint.h>
 
 #include <atomic>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -82,6 +83,7 @@ struct VaArgs {
     long long slot_capacity;      /* 0: no workspace, nothing is split */
     int S, H, max_nodes, words, n_pages, page_size, max_pages;
     float scale_log2;             /* softmax_scale * log2(e) */
+    int prof;                     /* KDT_VA_PROFILE=1: the sm_90a kernel stamps its phases (below) */
 };
 
 struct VaPlan {
@@ -563,6 +565,14 @@ struct WRows {
 };
 constexpr size_t W_SMEM = 1024 + 3 * (size_t)W_TILE + ROWS * 4 + sizeof(WRows) + sizeof(WalkShared);
 
+/* KDT_VA_PROFILE=1 (diagnostics, kdt_verify_attn_cuda_profile): the first thread of each
+ * warpgroup of CTA 0 stamps clock64() at the phase boundaries of the first VA_PROF_TILES tiles of
+ * its first item. WG0: tile start, KV landed, scores done, P written, PREADY passed, P V done;
+ * WG1: tile start, PREADY passed, P V done, next tile landed, KV passed, loads issued. */
+constexpr int VA_PROF_TILES = 32, VA_PROF_PHASES = 6;
+__device__ long long g_va_prof[2][VA_PROF_TILES][VA_PROF_PHASES];
+__device__ int g_va_prof_tiles;
+
 #if KDT_HAS_WGMMA
 constexpr int WG_THREADS = 128;
 /* Byte offset of 16-byte chunk c (0..71) of row r in 9 slabs of [64][64] bf16. */
@@ -582,6 +592,8 @@ __device__ __forceinline__ void w_load_kv(const VaArgs &a, const int32_t *table,
 }
 #endif
 
+/* PROF: the KDT_VA_PROFILE build of the kernel (phase stamps); the default one has none. */
+template <bool PROF>
 __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaArgs a) {
 #if KDT_HAS_WGMMA
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -594,13 +606,17 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wgi = warp >> 2, wq = warp & 3, g = lane >> 2, tq = lane & 3;
     const int r0 = 16 * wq + g; /* this thread's accumulator rows: r0, r0 + 8 */
+    bool stamp = PROF && blockIdx.x == 0 && (tid & (WG_THREADS - 1)) == 0; /* first item only */
+#define W_STAMP(ph) \
+    if (PROF && stamp && it < VA_PROF_TILES) g_va_prof[wgi][it][ph] = clock64()
 
     WalkState walk;
     VaItem itm;
-    for (long long i = blockIdx.x;; i += gridDim.x) {
+    for (long long i = blockIdx.x;; i += gridDim.x, stamp = false) {
         const int next = va_next_item(a, i, walk, sWalk, sNode, &itm);
         if (next <= 0) { if (next == 0) break; continue; }
         const int rows_valid = itm.rows_valid, P = itm.P, kb = itm.kb, ke = itm.ke, n_tiles = (ke - kb + 63) / 64;
+        if (stamp && tid == 0) g_va_prof_tiles = n_tiles < VA_PROF_TILES ? n_tiles : VA_PROF_TILES;
         const long long row0 = itm.row0, slot = itm.slot;
         const int32_t *table = itm.table;
         int bad = 0;
@@ -631,7 +647,9 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
             for (int it = 0; it < n_tiles; it++) {
                 const int t0 = kb + it * 64, b = it & 1;
                 const uint32_t kv_cur = kv_base + (uint32_t)b * W_TILE;
+                W_STAMP(0);
                 wg::bar_sync(BAR_KV, THREADS);
+                W_STAMP(1);
 
                 float sc[32];
 #pragma unroll
@@ -642,6 +660,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
                     wg::mma_m64n64k16_ss(sc, wg::desc_kmajor(q_base, ROWS, kk), wg::desc_kmajor(kv_cur, 64, kk), kk > 0);
                 wg::commit();
                 wg::wait<0>();
+                W_STAMP(2);
 
                 /* scale into the log2 domain; the ancestor mask only where a tile reaches the tree
                  * slots or the split end */
@@ -691,7 +710,9 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
                 }
                 if (tq == 0) sRows->alpha[b][r0] = alpha[0], sRows->alpha[b][r0 + 8] = alpha[1];
                 wg::fence_proxy_async();
+                W_STAMP(3);
                 wg::bar_sync(BAR_PREADY, THREADS);
+                W_STAMP(4);
 #pragma unroll
                 for (int e = 0; e < 128; e++) o[e] *= alpha[(e >> 1) & 1];
                 wg::fence();
@@ -700,12 +721,15 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
                     wg::mma_m64n256k16_rs_tb(o, pa[kk], wg::desc_v(kv_cur, 64, 0, kk, 64u * 128u, 1024u), 1);
                 wg::commit();
                 wg::wait<0>();
+                W_STAMP(5);
             }
         } else {
             for (int it = 0; it < n_tiles; it++) {
                 const int b = it & 1;
                 const uint32_t kv_cur = kv_base + (uint32_t)b * W_TILE;
+                W_STAMP(0);
                 wg::bar_sync(BAR_PREADY, THREADS);
+                W_STAMP(1);
                 const float al0 = sRows->alpha[b][r0], al1 = sRows->alpha[b][r0 + 8];
 #pragma unroll
                 for (int e = 0; e < 128; e++) o[e] *= (e & 2) ? al1 : al0;
@@ -717,14 +741,18 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
                                              wg::desc_v(kv_cur, 64, 4, kk, 64u * 128u, 1024u), 1);
                 wg::commit();
                 wg::wait<0>();
+                W_STAMP(2);
                 if (it + 1 < n_tiles) {
                     /* tile it + 1 (issued a tile ago) landed: hand it over; WG0 meets us here only
                      * after its own product on tile it, so buffer b is free for tile it + 2 after */
                     va::cp_async_wait<0>();
                     wg::fence_proxy_async();
+                    W_STAMP(3);
                     wg::bar_sync(BAR_KV, THREADS);
+                    W_STAMP(4);
                     if (it + 2 < n_tiles) w_load_kv(a, table, kb + 64 * (it + 2), ke, kv_cur, bad);
                     va::cp_async_commit();
+                    W_STAMP(5);
                 }
             }
             va::cp_async_wait_all();
@@ -778,6 +806,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
             }
         }
     }
+#undef W_STAMP
 #else
     (void)a;
     __trap(); /* no wgmma in this build: the launcher never starts it (sm90_ready checks the PTX arch) */
@@ -906,10 +935,12 @@ int sm90_ready(const char **why) {
     cudaFuncAttributes fa;
     int ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
              cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
-             cudaFuncGetAttributes(&fa, verify_attn_sm90_kernel) == cudaSuccess;
+             cudaFuncGetAttributes(&fa, verify_attn_sm90_kernel<false>) == cudaSuccess;
     ok = ok && major == 9 && fa.ptxVersion >= 90 && (size_t)optin >= W_SMEM &&
-         cudaFuncSetAttribute(verify_attn_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)W_SMEM) ==
-             cudaSuccess;
+         cudaFuncSetAttribute(verify_attn_sm90_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)W_SMEM) == cudaSuccess &&
+         cudaFuncSetAttribute(verify_attn_sm90_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)W_SMEM) == cudaSuccess;
     (void)cudaGetLastError();
     if (dev >= 0 && dev < MAX_DEVICES) g_dev_sm90[dev].store(ok ? 2 : 1, std::memory_order_release);
     *why = ok ? NULL : "the device is not an sm_90 GPU, the binary lacks sm_90a code, or shared memory is short";
@@ -934,6 +965,36 @@ kdt_status choose_path(const char *who, int *use_wgmma) {
 }
 
 } // namespace
+
+extern "C" kdt_status kdt_verify_attn_cuda_profile(char *out, size_t cap) {
+    long long st[2][VA_PROF_TILES][VA_PROF_PHASES];
+    int tiles = 0;
+    cudaError_t e = cudaMemcpyFromSymbol(st, g_va_prof, sizeof st);
+    if (e == cudaSuccess) e = cudaMemcpyFromSymbol(&tiles, g_va_prof_tiles, sizeof tiles);
+    if (e != cudaSuccess)
+        return kdt_fail(KDT_ERR_CUDA, "kdt_verify_attn_cuda_profile: %s", cudaGetErrorString(e));
+    KDT_CHECK_ARG(out && cap > 0, "kdt_verify_attn_cuda_profile: no output buffer");
+    /* mean cycles between consecutive stamps over the middle tiles (the first and last differ) */
+    static const char *names[2][VA_PROF_PHASES] = {
+        {"wait KV", "scores", "softmax + P out", "wait PREADY", "P V", "to next tile"},
+        {"wait PREADY", "P V", "wait next tile", "wait KV", "issue loads", "to next tile"}};
+    size_t n = (size_t)snprintf(out, cap, "verify_attn sm_90a phases (CTA 0, first item, tiles 1..%d), mean cycles:",
+                                tiles - 2);
+    for (int w = 0; w < 2; w++) {
+        n += (size_t)snprintf(out + (n < cap ? n : cap), n < cap ? cap - n : 0, "\n  WG%d:", w);
+        for (int ph = 0; ph < VA_PROF_PHASES; ph++) {
+            double sum = 0;
+            int cnt = 0;
+            for (int t = 1; t + 1 < tiles; t++) {
+                const long long end = ph + 1 < VA_PROF_PHASES ? st[w][t][ph + 1] : st[w][t + 1][0];
+                if (end > 0 && st[w][t][ph] > 0) sum += (double)(end - st[w][t][ph]), cnt++;
+            }
+            n += (size_t)snprintf(out + (n < cap ? n : cap), n < cap ? cap - n : 0, " %s %.0f;", names[w][ph],
+                                  cnt ? sum / cnt : 0.0);
+        }
+    }
+    return KDT_OK;
+}
 
 extern "C" const char *kdt_verify_attn_cuda_path(void) {
     int use_wgmma = 0;
@@ -992,13 +1053,16 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
     a.S = p->n_streams, a.H = p->n_heads, a.max_nodes = p->max_nodes, a.words = KDT_MASK_WORDS(p->max_nodes);
     a.n_pages = p->n_pages, a.page_size = p->page_size, a.max_pages = p->max_pages;
     a.scale_log2 = (float)((double)p->softmax_scale * 1.4426950408889634);
+    const char *prof = getenv("KDT_VA_PROFILE");
+    a.prof = prof && prof[0] == '1';
 
     cudaStream_t cs = (cudaStream_t)stream;
     int use_wgmma = 0;
     st = choose_path(who, &use_wgmma);
     if (st != KDT_OK) return st;
     if (use_wgmma) {
-        verify_attn_sm90_kernel<<<sms, THREADS, W_SMEM, cs>>>(a);
+        if (a.prof) verify_attn_sm90_kernel<true><<<sms, THREADS, W_SMEM, cs>>>(a);
+        else verify_attn_sm90_kernel<false><<<sms, THREADS, W_SMEM, cs>>>(a);
     } else {
         switch (cfg) {
         case CFG_BN64_2STAGE: verify_attn_kernel<64, 2><<<sms, THREADS, Cfg<64, 2>::SMEM, cs>>>(a); break;
