@@ -156,14 +156,12 @@ __device__ __forceinline__ void mma_m64n256k16_ss_tb(float d[128], uint64_t da, 
 #undef KDT_WG_ACC128
 #undef KDT_WG_D8
 
-/* Named barriers (ids 1..15; 0 is __syncthreads) between warpgroups of one CTA: `n` threads take
- * part; arrive does not wait. Shared-memory writes before an arrive are seen after the sync
- * (plus fence_proxy_async first when wgmma reads them). */
+/* A named barrier (ids 1..15; 0 is __syncthreads) of `n` threads, e.g. two warpgroups of one CTA:
+ * shared-memory writes before it are seen after it (plus fence_proxy_async first when wgmma reads
+ * them). Only full barriers: compute-sanitizer's racecheck does not order accesses across a
+ * bar.arrive (verify_attn v3a). */
 __device__ __forceinline__ void bar_sync(int id, int n) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ void bar_arrive(int id, int n) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
