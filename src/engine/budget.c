@@ -225,29 +225,26 @@ int kdt_budget_next_round_drafts(kdt_budget_ctl *c, int32_t S) {
         return 1;
     if (b->trying > 0) return b->try_kind;
     const int lead = leader_of(b), trail = !lead;
-    /* A try of the trailing kind loses (1 - its rate / the leader's) of its own duration; space
-     * the tries so that this stays under TRY_COST of the time. A kind far behind (drafting on the
-     * CPU: 6x slower) is retried rarely, a close one often. */
+    /* A try of the trailing kind loses (1 - its rate / the leader's) of its own duration. Plain
+     * tries (drafting leads) are spaced so that this stays under TRY_COST of the time: plain's
+     * rate hardly varies, so a far-behind plain is retried rarely, a close one often. Drafted
+     * rounds are noisy and come in runs (tau stays at 1-2 for dozens of rounds, then at L + 1:
+     * measured on the H200 at batch 1), so a drafted try is judged on the kind's decayed history
+     * plus its new rounds, and one that confirmed plain keeps drafting away for at most 64 plain
+     * rounds: the spacing starts at TRY_MIN_ROUNDS and doubles per confirming try, stops growing
+     * at the TRY_COST bound, and never gets so short that tries cost more than TRY_COST_MAX. */
     const double lr = arm_rate(&b->arm[lead]), tr = arm_rate(&b->arm[trail]);
     const double loss = lr > 0 && tr < lr ? 1.0 - tr / lr : 0.0;
-    /* Drafted rounds are noisy and come in runs (tau stays at 1-2 for dozens of rounds, then at
-     * L + 1: measured on the H200 at batch 1), so a try is judged on the kind's decayed history
-     * plus its new rounds rather than on its few rounds alone, and a drafted try that confirmed
-     * plain keeps drafting away for at most 64 plain rounds: the spacing starts at 8 and doubles
-     * per confirming try, and stops growing once the tries cost no more than 1 %; it is never
-     * so short that they cost more than 10 %. Plain tries (drafting leads) are spaced by the
-     * 1 % bound alone. */
     const int try_len = trail ? TRY_DRAFTED : TRY_PLAIN;
     const double try_loss_s = try_len * arm_round_s(&b->arm[trail]) * loss; /* what one try costs */
+    const double min_spacing = TRY_MIN_ROUNDS * arm_round_s(&b->arm[lead]);
     double interval = try_loss_s / TRY_COST;
-    if (trail) { /* plain's rate hardly varies: a plain try only ever needs the cost bound */
-        const double backoff = TRY_MIN_ROUNDS * arm_round_s(&b->arm[lead]) * (double)(1 << b->streak);
+    if (trail) { /* drafted tries: backoff, within [TRY_COST_MAX, TRY_COST] of the time */
+        const double backoff = min_spacing * (double)(1 << b->streak);
         if (backoff < interval) interval = backoff;
-        /* but never more than TRY_COST_MAX of the time (on the CPU a drafted round costs ~15
-         * plain ones: there the spacing is set by this) */
         if (interval < try_loss_s / TRY_COST_MAX) interval = try_loss_s / TRY_COST_MAX;
     }
-    if (interval < TRY_MIN_ROUNDS * arm_round_s(&b->arm[lead])) interval = TRY_MIN_ROUNDS * arm_round_s(&b->arm[lead]);
+    if (interval < min_spacing) interval = min_spacing;
     if (b->since_s >= interval) {
         b->since_s = 0.0;
         b->try_kind = trail;

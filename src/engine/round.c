@@ -256,8 +256,9 @@ void kdt_round_choose_budgets(kdt_engine *e, int32_t n, const kdt_budget_stream 
 
 /* Draft or not (budget.h): asked only when every drafting stream of the round is auto, since
  * the drafter pass is one batched call. A plain round gives the auto streams root-only trees and
- * skips the drafter, top-K and the probe, but still appends the accepted path's taps to their
- * drafter contexts, so the next drafted round finds them complete. Returns 1 to draft. */
+ * skips the drafter, top-K and the probe, but still keeps the accepted token's taps for their
+ * drafter contexts (appended at once here, parked until the next draft on the GPU: engine_gpu.c),
+ * so the next drafted round finds them complete. Returns 1 to draft. */
 static int auto_decides(const round_groups *g) { return g->n_auto > 0 && g->n_auto == g->n_draft; }
 
 int kdt_round_auto_drafts(kdt_engine *e, const round_groups *g, int32_t S) {
@@ -279,7 +280,10 @@ void kdt_round_observe(kdt_engine *e, const round_groups *g, const round_timing 
     if (auto_decides(g) && !t->setup) kdt_budget_observe_kind(&e->budget, t->S, t->drafts, t->emitted, t->wall_s);
     /* KDT_AUTO_TRACE=1: one stderr line per auto round, to see the draft-or-not choices */
     static int trace = -1;
-    if (trace < 0) trace = getenv("KDT_AUTO_TRACE") && getenv("KDT_AUTO_TRACE")[0] == '1';
+    if (trace < 0) {
+        const char *v = getenv("KDT_AUTO_TRACE");
+        trace = v && v[0] == '1';
+    }
     if (trace && auto_decides(g))
         fprintf(stderr, "auto S=%d %s%s tokens=%.0f wall_us=%.1f verify_us=%.1f rate plain=%.0f drafted=%.0f\n",
                 t->S, t->drafts ? "drafted" : "plain", t->setup ? " setup" : "", t->emitted, t->wall_s * 1e6,
