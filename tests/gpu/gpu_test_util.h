@@ -27,6 +27,12 @@ static inline int gpu_test_have_device(const char *test) {
     return 0;
 }
 
+/* The compute capability major of device 0 (0 if it cannot be read). */
+static inline int gpu_test_cc_major(void) {
+    int major = 0;
+    return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess ? major : 0;
+}
+
 /* A device copy of host bytes (at least 4 bytes allocated, so a zero-size array is still a valid
  * pointer); the test frees it or exits. */
 static inline void *dev_copy(const void *h, size_t bytes) {

@@ -184,15 +184,7 @@ static void pair_run(kdt_engine *e, int32_t n, kdt_spec_mode spec, int32_t budge
     CHECK_MSG(st == KDT_OK, "pair %s B %d: %s", kdt_spec_mode_name(spec), budget, kdt_last_error());
 }
 
-static int same_outputs(const et_run *a, const et_run *b) {
-    if (a->n != b->n) return 0;
-    for (int i = 0; i < a->n; i++) {
-        if (a->n_out[i] != b->n_out[i]) return 0;
-        if (memcmp(a->out[i], b->out[i], sizeof(int32_t) * (size_t)a->n_out[i]) != 0) return 0;
-    }
-    return 1;
-}
-
+/* The first n streams of two runs emitted the same tokens. */
 static int same_streams(const et_run *a, const et_run *b, int n) {
     for (int i = 0; i < n; i++) {
         if (a->n_out[i] != b->n_out[i]) return 0;
@@ -200,6 +192,8 @@ static int same_streams(const et_run *a, const et_run *b, int n) {
     }
     return 1;
 }
+
+static int same_outputs(const et_run *a, const et_run *b) { return a->n == b->n && same_streams(a, b, a->n); }
 
 /* ---- auto with plain runs longer than the parked-row buffer ------------------------------------
  * Plain rounds park each stream's feature row (PEND_MAX = 16 per slot in engine_gpu.c) instead of

@@ -1157,8 +1157,7 @@ static void test_kimi_dims(void) {
      * shared memory) vs alone (16); verify vs decode; forced 16 vs 64 heads per item */
     decode_invariance(&m, 20, 31);
     verify_vs_decode(&m, 3, 24, 0, 32);
-    int cc_major = 0;
-    cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0);
+    const int cc_major = gpu_test_cc_major();
     kdt_gpu_runner_options o64 = {3 * 40, 0, 40, 0, 1, 64, NULL};
     kdt_gpu_runner *r64 = NULL;
     if (kdt_gpu_runner_create(m.g, &o64, &r64) == KDT_OK) {

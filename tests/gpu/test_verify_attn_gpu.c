@@ -462,10 +462,7 @@ static void run_suite(const char *label) {
     printf("worst relative error (%s) %.3g\n", label, g_worst_err);
 }
 
-static int is_hopper(void) {
-    int major = 0;
-    return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess && major == 9;
-}
+static int is_hopper(void) { return gpu_test_cc_major() == 9; }
 
 /* Without KDT_VERIFY_ATTN the sm_90a kernel runs on a Hopper (this binary is built with sm_90a
  * code by gpu_check.sh), the portable one elsewhere; mma forces the portable one. */
