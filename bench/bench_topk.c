@@ -113,6 +113,13 @@ int bench_topk(const bench_opts *o) {
         fprintf(o->md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     }
     int rc = 0;
+    /* KDT_BENCH_TOPK_SHAPE=R,K: that bf16 shape alone (for a profiler run) */
+    const char *one = getenv("KDT_BENCH_TOPK_SHAPE");
+    int oR, oK;
+    if (one && sscanf(one, "%d,%d", &oR, &oK) == 2 && oR >= 1 && oR <= R_max && oK >= 1 && oK <= K_max) {
+        rc = bench_one(o, d16, KDT_BF16, oR, V, oK, 0, d_ids, d_logp, stream);
+        goto done;
+    }
     for (int ri = 0; ri < 3 && !rc; ri++)
         for (int ki = 0; ki < 4 && !rc; ki++)
             rc = bench_one(o, d16, KDT_BF16, Rs[ri], V, Ks[ki], 0, d_ids, d_logp, stream);
@@ -124,6 +131,7 @@ int bench_topk(const bench_opts *o) {
             rc = bench_one(o, d16, KDT_BF16, 56, V, 32, sweep[i] * 2, d_ids, d_logp, stream);
         if (!rc) rc = bench_one(o, d32, KDT_F32, 56, V, 32, 0, d_ids, d_logp, stream);
     }
+done:
     cudaFree(d16);
     cudaFree(d32);
     cudaFree(d_ids);

@@ -195,6 +195,16 @@ int bench_tree_build(const bench_opts *o) {
     }
     const int Ls[2] = {7, 15}, Ss[3] = {1, 8, 64}, Bs[4] = {8, 32, 64, 128};
     int rc = 0;
+    /* KDT_BENCH_TB_SHAPE=S,L,B: that ddtree shape alone (for a profiler run) */
+    const char *one = getenv("KDT_BENCH_TB_SHAPE");
+    int oS, oL, oB;
+    if (one && sscanf(one, "%d,%d,%d", &oS, &oL, &oB) == 3 && oS >= 1 && oS <= 64 && oL >= 1 && oL <= 15 &&
+        oB >= 1 && oB <= 128) {
+        rc = bench_one(o, tab, oS, oL, oB, 0, stream);
+        cudaStreamDestroy(stream);
+        free(tab);
+        return rc;
+    }
     for (int li = 0; li < 2 && !rc; li++)
         for (int si = 0; si < 3 && !rc; si++)
             for (int bi = 0; bi < 4 && !rc; bi++) {

@@ -156,6 +156,7 @@ static void stats_delta(const kdt_engine_stats *a, const kdt_engine_stats *b, kd
     d->t_build = b->t_build - a->t_build;
     d->t_verify = b->t_verify - a->t_verify;
     d->t_accept = b->t_accept - a->t_accept;
+    d->plain_rounds = b->plain_rounds - a->plain_rounds;
 }
 
 int cli_run(const char *cmd, kdt_engine *e, int32_t n_prompts, int32_t *const *prompts,

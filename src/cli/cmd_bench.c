@@ -111,7 +111,7 @@ int cli_bench(int argc, char **argv) {
     const char *cmd = "bench";
     cli_engine_args ea = {0};
     const char *prompt_file = NULL, *budgets_s = "8,16,32";
-    int32_t max_tokens = 128, batch = 1;
+    int32_t max_tokens = 128, batch = 1, warmup = 0;
     double temperature = 0.0;
     uint64_t seed = 0;
     int with_auto = 0, ignore_eos = 0, chat = 0;
@@ -123,6 +123,7 @@ int cli_bench(int argc, char **argv) {
         {"auto", 0, CLI_FLAG, NULL, "also run auto (upper bound: the largest budget)", &with_auto, 0, 0},
         {"max-tokens", 'n', CLI_INT, "N", "tokens per prompt [128]", &max_tokens, 1, 1 << 24},
         {"batch", 0, CLI_INT, "S", "prompts decoded together (1..64) [1]", &batch, 1, 64},
+        {"warmup", 0, CLI_INT, "N", "before each mode, decode the first N prompts untimed: graph captures and auto's first measurements out of the timing [0]", &warmup, 0, 1 << 20},
         {"temperature", 't', CLI_FLOAT, "T", "sampling temperature [0]", &temperature, 0, 100},
         {"seed", 0, CLI_U64, "S", "random seed [0]", &seed, 0, 0},
         {"chat", 0, CLI_FLAG, NULL, "wrap text prompts in the chat template", &chat, 0, 0},
@@ -195,6 +196,13 @@ int cli_bench(int argc, char **argv) {
         fprintf(stderr, "kdtree bench: %s%s%.0d ...\n", plan[i].mode, plan[i].budget ? " " : "", plan[i].budget);
         rows[n_rows].mode = plan[i].mode;
         rows[n_rows].budget = plan[i].budget;
+        if (warmup > 0) { /* the same mode on the first prompts, results dropped */
+            cli_run_result w = {0};
+            const int32_t nw = warmup < n ? warmup : n;
+            const int wrc = cli_run(cmd, e, nw, prompts, n_prompt, &q, NULL, NULL, &w);
+            cli_run_result_free(&w, nw);
+            if (wrc != 0) goto out;
+        }
         if (cli_run(cmd, e, n, prompts, n_prompt, &q, NULL, NULL, &rows[n_rows].res) != 0) {
             n_rows++;
             goto out;

@@ -16,10 +16,12 @@
 #define WARM_DRAFTED 3      /* then up to this many drafted ones, before choosing; */
 #define WARM_GIVE_UP 0.5    /* fewer once a drafted round ran below this share of plain's rate
                                (a drafted round with tau 1 still makes ~0.6 on an H200 at batch 1) */
+#define LEAD_MIN_WEIGHT 8.0 /* drafting keeps the lead until its history holds this many rounds */
 #define TRY_DRAFTED 4       /* a try of the trailing kind: drafted rounds vary with tau, so more */
-#define TRY_PLAIN 2
-#define TRY_COST 0.01       /* the spacing stops growing once tries cost this share of the time */
-#define TRY_COST_MAX 0.10   /* and drafted tries never cost more than this share */
+#define TRY_PLAIN 1         /* plain rounds take the same time each (H200: 458 +- 5 us at batch 1) */
+#define TRY_COST_PLAIN 0.005 /* plain tries are spaced to cost this share of the time */
+#define TRY_COST 0.01       /* drafted tries: the spacing stops growing once tries cost this share */
+#define TRY_COST_MAX 0.10   /* and they never cost more than this share (less when far behind) */
 #define TRY_MIN_ROUNDS 8    /* first spacing in leader rounds, doubling with each try in a row that
                                left the leader in place */
 #define TRY_MAX_STREAK 3    /* 8 << 3 = at most 64 leader rounds between tries */
@@ -28,6 +30,7 @@ void kdt_budget_init(kdt_budget_ctl *c, double base_s, double per_node_s) {
     *c = (kdt_budget_ctl){0};
     c->prior_a = base_s > 0 ? base_s : 1e-3;
     c->prior_b = per_node_s > 0 ? per_node_s : 1e-4;
+    for (int i = 0; i < KDT_BUDGET_BUCKETS; i++) c->bucket[i].leader = -1;
 }
 
 void kdt_budget_set_padding(kdt_budget_ctl *c, int32_t pad_first, int32_t pad_step) {
@@ -64,6 +67,7 @@ double kdt_budget_calibration(const kdt_budget_ctl *c) {
     return r < 0.05 ? 0.05 : r > 4.0 ? 4.0 : r;
 }
 
+
 typedef struct gain_item {
     double gain;
     int32_t stream, index;
@@ -94,10 +98,10 @@ static int32_t fill_stream(const kdt_budget_stream *st, int32_t bmax, double cal
  * stream up to stride - 1 (fill_stream). */
 static double choose_padded(const kdt_budget_ctl *c, int32_t n, const kdt_budget_stream *st,
                             const kdt_budget_others *o, double a, double b, int32_t *budget) {
-    const double calib = kdt_budget_calibration(c);
     int32_t max_cap = 0;
     for (int32_t s = 0; s < n; s++)
         if (st[s].cap > max_cap) max_cap = st[s].cap;
+    const double calib = kdt_budget_calibration(c);
     int32_t sigma = 2;
     while (sigma < o->min_stride) sigma *= 2;
     const int32_t S = n + o->n_streams;
@@ -208,7 +212,6 @@ static int bucket_index(int32_t S) {
 
 static double arm_rate(const kdt_budget_arm *a) { return a->seconds > 0 ? a->tokens / a->seconds : 0.0; }
 static double arm_round_s(const kdt_budget_arm *a) { return a->weight > 0 ? a->seconds / a->weight : 0.0; }
-static int leader_of(const kdt_budget_bucket *b) { return arm_rate(&b->arm[1]) >= arm_rate(&b->arm[0]); }
 
 void kdt_budget_test_kinds(kdt_budget_ctl *c, uint32_t kinds, int32_t len) {
     c->test_kinds = kinds;
@@ -224,32 +227,38 @@ int kdt_budget_next_round_drafts(kdt_budget_ctl *c, int32_t S) {
         (b->arm[1].rounds == 0 || arm_rate(&b->arm[1]) >= WARM_GIVE_UP * arm_rate(&b->arm[0])))
         return 1;
     if (b->trying > 0) return b->try_kind;
-    const int lead = leader_of(b), trail = !lead;
-    /* A try of the trailing kind loses (1 - its rate / the leader's) of its own duration. Plain
-     * tries (drafting leads) are spaced so that this stays under TRY_COST of the time: plain's
-     * rate hardly varies, so a far-behind plain is retried rarely, a close one often. Drafted
-     * rounds are noisy and come in runs (tau stays at 1-2 for dozens of rounds, then at L + 1:
-     * measured on the H200 at batch 1), so a drafted try is judged on the kind's decayed history
-     * plus its new rounds, and one that confirmed plain keeps drafting away for at most 64 plain
-     * rounds: the spacing starts at TRY_MIN_ROUNDS and doubles per confirming try, stops growing
-     * at the TRY_COST bound, and never gets so short that tries cost more than TRY_COST_MAX. */
-    const double lr = arm_rate(&b->arm[lead]), tr = arm_rate(&b->arm[trail]);
+    const double plain = arm_rate(&b->arm[0]), drafted = arm_rate(&b->arm[1]);
+    if (b->leader < 0) b->leader = drafted >= plain;
+    else if (b->leader == 1 && drafted < plain && b->arm[1].weight >= LEAD_MIN_WEIGHT) b->leader = 0;
+    else if (b->leader == 0 && drafted > plain) b->leader = 1;
+    const int lead = b->leader, trail = !lead;
+    /* A try of the trailing kind loses (1 - its rate / the leader's) of its own duration; tries
+     * are spaced by that loss (see budget.h). Drafted tries back off: tau stays at 1-2 for dozens
+     * of rounds, then at L + 1 (H200, batch 1), so a try that confirmed plain waits 8, 16, 32, 64
+     * leader rounds, within [share, TRY_COST] of the time; share falls from TRY_COST_MAX at a
+     * close race to TRY_COST at half plain's rate (64 streams on the H200: drafted 30k tokens/s
+     * against plain 78k, where 10 % of the time in tries cost 6 % of the throughput). */
+    const double lr = lead ? drafted : plain, tr = lead ? plain : drafted;
     const double loss = lr > 0 && tr < lr ? 1.0 - tr / lr : 0.0;
     const int try_len = trail ? TRY_DRAFTED : TRY_PLAIN;
     const double try_loss_s = try_len * arm_round_s(&b->arm[trail]) * loss; /* what one try costs */
     const double min_spacing = TRY_MIN_ROUNDS * arm_round_s(&b->arm[lead]);
-    double interval = try_loss_s / TRY_COST;
-    if (trail) { /* drafted tries: backoff, within [TRY_COST_MAX, TRY_COST] of the time */
-        const double backoff = min_spacing * (double)(1 << b->streak);
-        if (backoff < interval) interval = backoff;
-        if (interval < try_loss_s / TRY_COST_MAX) interval = try_loss_s / TRY_COST_MAX;
+    double interval;
+    if (trail) {
+        double share = TRY_COST_MAX * (1.0 - 2.0 * loss);
+        if (share < TRY_COST) share = TRY_COST;
+        interval = min_spacing * (double)(1 << b->streak);
+        if (interval > try_loss_s / TRY_COST) interval = try_loss_s / TRY_COST;
+        if (interval < try_loss_s / share) interval = try_loss_s / share;
+    } else {
+        interval = try_loss_s / TRY_COST_PLAIN;
     }
     if (interval < min_spacing) interval = min_spacing;
     if (b->since_s >= interval) {
         b->since_s = 0.0;
         b->try_kind = trail;
         b->trying = try_len;
-        b->try_leader = lead;
+        b->try_tokens = b->try_seconds = 0.0;
         return trail;
     }
     return lead;
@@ -265,13 +274,36 @@ void kdt_budget_observe_kind(kdt_budget_ctl *c, int32_t S, int drafted, double t
     a->weight = a->weight * KIND_DECAY + 1.0;
     a->rounds++;
     if (b->trying > 0 && kind == b->try_kind) {
-        if (--b->trying == 0) { /* the try is over: did it change the leader? */
-            if (leader_of(b) == b->try_leader) b->streak += b->streak < TRY_MAX_STREAK;
-            else b->streak = 0;
+        b->try_tokens += tokens;
+        b->try_seconds += seconds;
+        if (--b->trying > 0) return;
+        /* the try is over. A drafted try that beat plain on its own means tau has changed (a
+         * slow start, a hard passage over): drafting leads from now, judged on the new rounds */
+        const int won = kind == 1 ? b->try_tokens / b->try_seconds > arm_rate(&b->arm[0])
+                                  : arm_rate(&b->arm[0]) > arm_rate(&b->arm[1]) &&
+                                        b->arm[1].weight >= LEAD_MIN_WEIGHT;
+        if (won && kind == 1) {
+            a->tokens = b->try_tokens;
+            a->seconds = b->try_seconds;
+            a->weight = TRY_DRAFTED;
+        }
+        if (won) {
+            b->leader = kind;
+            b->streak = 0;
+        } else {
+            b->streak += b->streak < TRY_MAX_STREAK;
         }
     } else {
         b->since_s += seconds;
     }
+}
+
+void kdt_budget_observe_setup(kdt_budget_ctl *c, int32_t S, int drafted, double seconds) {
+    if (!(seconds > 0) || !isfinite(seconds)) return;
+    kdt_budget_bucket *b = &c->bucket[bucket_index(S)];
+    const int kind = drafted ? 1 : 0;
+    if (b->leader < 0 || kind == b->leader) return;
+    b->since_s -= seconds / (kind ? TRY_COST : TRY_COST_PLAIN);
 }
 
 double kdt_budget_kind_rate(const kdt_budget_ctl *c, int32_t S, int drafted) {

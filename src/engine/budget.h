@@ -4,9 +4,13 @@
  * 1. Draft or not. A drafted round costs a drafter pass; with many streams, or a target whose
  *    verify of a tree costs much more than a decode step, plain decoding emits more tokens per
  *    second. The controller measures both: per batch-size bucket it keeps the tokens per second
- *    that drafted and plain rounds achieved (decayed sums), runs the better kind and now and then
- *    tries the other for a few rounds: every 8 leader rounds at first, the spacing doubling with
- *    each try that confirms the leader up to 64 rounds, or less once the tries cost only 1 %.
+ *    that drafted and plain rounds achieved (decayed sums), runs the better kind (the leader) and
+ *    now and then tries the other. Plain rounds hardly vary: one-round plain tries, spaced so that
+ *    they cost 0.5 % of the time. Drafted rounds vary with tau: 4-round drafted tries every 8
+ *    leader rounds at first, the spacing doubling with each try that confirms plain, costing at
+ *    most 1-10 % of the time (the farther behind, the less). A drafted try that beats plain on
+ *    its own makes drafting the leader at once and replaces the drafted history (tau changed);
+ *    drafting loses the lead only on its decayed history of 8 or more rounds.
  *
  * 2. The tree budgets of a drafted round:
  *   expected tokens of stream s with budget B = 1 + min(L_s, c * sum_{i=1..B} exp(score_i))
@@ -37,10 +41,11 @@ typedef struct kdt_budget_arm {
 
 typedef struct kdt_budget_bucket {
     kdt_budget_arm arm[2]; /* [0] plain rounds, [1] drafted rounds */
+    int32_t leader;        /* the kind run between tries; -1 until the warm-up is over */
     double since_s;        /* seconds of leader rounds since the last try */
     int32_t trying;        /* rounds of the try still to run (0: no try running) */
     int32_t try_kind;      /* the kind being tried */
-    int32_t try_leader;    /* the leader when the try began */
+    double try_tokens, try_seconds; /* what the running try's rounds emitted, and took */
     int32_t streak;        /* tries in a row that left the leader in place (spacing x 2 each) */
 } kdt_budget_bucket;
 
@@ -108,6 +113,11 @@ int kdt_budget_next_round_drafts(kdt_budget_ctl *c, int32_t S);
 void kdt_budget_test_kinds(kdt_budget_ctl *c, uint32_t kinds, int32_t len);
 /* The round over S streams emitted `tokens` in `seconds` (wall time), drafted or not. */
 void kdt_budget_observe_kind(kdt_budget_ctl *c, int32_t S, int drafted, double tokens, double seconds);
+/* A round over S streams that paid one-time setup (a CUDA graph captured, a new shape run
+ * eagerly): not a measurement of its kind, but when it was a try of the trailing kind its time
+ * is the try's cost, so the next try waits accordingly (on a server every batch size is a new
+ * shape: a drafted try at 60 streams captured for 8 ms). */
+void kdt_budget_observe_setup(kdt_budget_ctl *c, int32_t S, int drafted, double seconds);
 /* Measured tokens per second of one kind at S streams (0 if none measured yet). */
 double kdt_budget_kind_rate(const kdt_budget_ctl *c, int32_t S, int drafted);
 

@@ -183,7 +183,10 @@ int32_t kdt_round_plan(kdt_engine *e, const int32_t *slots, int32_t n_slots, rou
         for (int32_t i = 0; i < n_slots; i++) {
             const eng_stream *s = &e->streams[slots[i]];
             const int32_t remaining = s->params.max_new_tokens - s->n_emitted;
-            const int draft = s->drafts && L > 0 && remaining >= 2;
+            /* A drafting stream with one token left stays in its group with a root-only tree: a
+             * group change would make a new round shape (a new CUDA graph) whenever streams
+             * finish, which on a busy server is nearly every round. */
+            const int draft = s->drafts && L > 0;
             const int chain = s->params.spec == KDT_SPEC_CHAIN;
             const int group = !draft ? 2 : chain ? 1 : 0;
             if (group != pass) continue;
@@ -191,8 +194,8 @@ int32_t kdt_round_plan(kdt_engine *e, const int32_t *slots, int32_t n_slots, rou
             e->b_root[S] = s->tokens[s->n_tokens - 1];
             e->b_prefix[S] = s->prefix_len;
             /* a round emits at most depth + 1 tokens: deeper nodes could never be kept */
-            e->b_depth_limit[S] = draft ? (remaining - 1 < L ? remaining - 1 : L) : 1;
-            e->b_budget[S] = !draft ? 0 : chain ? e->b_depth_limit[S] : s->budget_cap;
+            e->b_depth_limit[S] = draft && remaining >= 2 ? (remaining - 1 < L ? remaining - 1 : L) : 1;
+            e->b_budget[S] = !draft || remaining < 2 ? 0 : chain ? e->b_depth_limit[S] : s->budget_cap;
             if (group == 0) g.n_tree++;
             else if (group == 1) g.n_chain++;
             else g.n_plain++;
@@ -278,6 +281,7 @@ void kdt_round_observe(kdt_engine *e, const round_groups *g, const round_timing 
     if (t->drafts && t->have_accept) kdt_budget_observe_accept(&e->budget, t->predicted, t->realised);
     if (!t->drafts) e->stats.plain_rounds++;
     if (auto_decides(g) && !t->setup) kdt_budget_observe_kind(&e->budget, t->S, t->drafts, t->emitted, t->wall_s);
+    if (auto_decides(g) && t->setup) kdt_budget_observe_setup(&e->budget, t->S, t->drafts, t->wall_s);
     /* KDT_AUTO_TRACE=1: one stderr line per auto round, to see the draft-or-not choices */
     static int trace = -1;
     if (trace < 0) {
@@ -285,8 +289,8 @@ void kdt_round_observe(kdt_engine *e, const round_groups *g, const round_timing 
         trace = v && v[0] == '1';
     }
     if (trace && auto_decides(g))
-        fprintf(stderr, "auto S=%d %s%s tokens=%.0f wall_us=%.1f verify_us=%.1f rate plain=%.0f drafted=%.0f\n",
-                t->S, t->drafts ? "drafted" : "plain", t->setup ? " setup" : "", t->emitted, t->wall_s * 1e6,
+        fprintf(stderr, "auto S=%d %s%s tokens=%.0f stride=%d wall_us=%.1f verify_us=%.1f rate plain=%.0f drafted=%.0f\n",
+                t->S, t->drafts ? "drafted" : "plain", t->setup ? " setup" : "", t->emitted, t->stride, t->wall_s * 1e6,
                 t->verify_s * 1e6, kdt_budget_kind_rate(&e->budget, t->S, 0), kdt_budget_kind_rate(&e->budget, t->S, 1));
 }
 

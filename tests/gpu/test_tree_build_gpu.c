@@ -216,6 +216,27 @@ static void test_random_seeds(void) {
     CHECK_EQ_INT(fails, 0);
 }
 
+/* B <= 32 (max_nodes <= 33): the sorted-list pop loop. 64 streams a case, each with its own
+ * budget and depth limit; plain, tied and special (NaN / inf / -0) log-probs, the specials
+ * making rows non-monotone (a successor can outscore the node that pushed it). */
+static void test_small_budgets(void) {
+    uint64_t rng = 3303;
+    int n_cases = g_quick ? 40 : 400, fails = 0;
+    for (int it = 0; it < n_cases; it++) {
+        int32_t M = 2 + t_rand_int(&rng, 32);
+        int32_t L = 1 + t_rand_int(&rng, KDT_MAX_DEPTH);
+        int32_t K = it % 4 == 0 ? M : 1 + t_rand_int(&rng, 40);
+        inputs in;
+        gen_inputs(&in, &rng, 64, L, K, M, 0, it % 3 == 1, it % 2 == 1);
+        char what[64];
+        snprintf(what, sizeof what, "small budget case %d", it);
+        if (!compare_case(&in, in.budget, in.depth_limit, what)) fails++;
+        free_inputs(&in);
+        if (fails >= 5) break;
+    }
+    CHECK_EQ_INT(fails, 0);
+}
+
 /* The largest trees: B = 1024 (32 frontier registers per lane, 17 mask words), K = 1024,
  * L = 16: the staged log-probs need more than 48 KB of shared memory. */
 static void test_max_shapes(void) {
@@ -295,6 +316,7 @@ int main(int argc, char **argv) {
     g_quick = argc > 1 && !strcmp(argv[1], "--quick");
     if (!gpu_test_have_device("test_tree_build_gpu")) return 1;
     T_RUN(test_random_seeds);
+    T_RUN(test_small_budgets);
     T_RUN(test_max_shapes);
     T_RUN(test_device_values_clamped);
     T_RUN(test_launcher_errors);

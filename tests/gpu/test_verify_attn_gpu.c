@@ -485,7 +485,10 @@ int main(void) {
     T_RUN(test_default_path);
     if (is_hopper()) {
         setenv("KDT_VERIFY_ATTN", "wgmma", 1);
-        run_suite("sm_90a path (wgmma)");
+        run_suite("sm_90a path (wgmma, KV by TMA)");
+        setenv("KDT_VA_TMA", "0", 1); /* its cp.async loads, used where pages are not 64-key tiles */
+        run_suite("sm_90a path (wgmma, KV by cp.async)");
+        unsetenv("KDT_VA_TMA");
         unsetenv("KDT_VERIFY_ATTN");
     } else {
         printf("== sm_90a path (wgmma): skipped, the device is not sm_90\n");

@@ -38,6 +38,7 @@
 
 #include "common.h"
 #include "kdtree/kernels.h"
+#include "pdl.cuh"
 
 extern "C" kdt_status kdt_tree_accept_check_args(const kdt_tree_accept_params *p, const char *who);
 
@@ -50,17 +51,6 @@ constexpr uint64_t EMPTY_KEY = ~0ull;    /* keys have a parent >= 0, so bit 63 i
 
 constexpr unsigned FULL = 0xffffffffu;
 
-/* Programmatic dependent launch (sm_90+; no-ops elsewhere and when launched without PDL). */
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 
 /* Per-warp shared layout, sized by max_nodes on the host. */
 struct WarpSmemLayout {
@@ -190,8 +180,8 @@ tree_accept_kernel(const TreeArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int s = blockIdx.x * a.warps_per_cta + warp;
-    pdl_wait(); /* no-op unless launched as a PDL secondary (the v2 path's large-tree fallback) */
-    pdl_launch_dependents();
+    pdl::wait(); /* no-op unless launched as a PDL secondary (the v2 path's large-tree fallback) */
+    pdl::launch_dependents();
     if (s >= a.n_streams) return; /* whole warp leaves together */
     unsigned char *ws = smem_raw + (size_t)warp * a.smem.bytes;
     unsigned long long *dup_set = reinterpret_cast<unsigned long long *>(ws);
@@ -285,8 +275,8 @@ __global__ void __launch_bounds__(32) tree_accept_v2_kernel(const TreeArgs a) {
     const int maxn = a.max_nodes;
     const int64_t base = (int64_t)s * maxn;
 
-    pdl_wait(); /* the tree and targets may come from the previous kernel in the stream */
-    pdl_launch_dependents();
+    pdl::wait(); /* the tree and targets may come from the previous kernel in the stream */
+    pdl::launch_dependents();
 
     /* 1. One global round trip: n_nodes and all six arrays of every slot (clamped to slot 0
      *    past max_nodes, so always in bounds); nothing waits for n_nodes. */
@@ -445,19 +435,6 @@ bool env_flag(const char *name, bool dflt) {
     return strcmp(v, "0") != 0;
 }
 
-/* PDL needs an sm_90+ device running code compiled for sm_90+ (which contains the wait). */
-bool pdl_usable() {
-    if (!env_flag("KDT_TREE_PDL", true)) return false;
-    int dev = 0, major = 0;
-    cudaFuncAttributes fa;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaFuncGetAttributes(&fa, tree_accept_v2_kernel<1>) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    return major >= 9 && fa.ptxVersion >= 90;
-}
 
 } // namespace
 
@@ -466,7 +443,7 @@ extern "C" kdt_status kdt_tree_accept_cuda(const kdt_tree_accept_params *p, void
     if (st != KDT_OK) return st;
     /* Read once (thread-safe statics): KDT_TREE_ACCEPT_V1=1 selects v1 everywhere, without PDL. */
     static const bool use_v1 = env_flag("KDT_TREE_ACCEPT_V1", false);
-    static const bool use_pdl = !use_v1 && pdl_usable();
+    static const bool use_pdl = !use_v1 && pdl::usable(tree_accept_v2_kernel<1>);
     const kdt_tree *t = p->tree;
     TreeArgs a;
     a.n_nodes = t->n_nodes;
@@ -508,12 +485,7 @@ extern "C" kdt_status kdt_tree_accept_cuda(const kdt_tree_accept_params *p, void
         cfg.dynamicSmemBytes = (size_t)warps * a.smem.bytes;
     }
     cudaLaunchAttribute attr[1] = {};
-    if (use_pdl) {
-        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-    }
+    if (use_pdl) pdl::enable(&cfg, attr);
     cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, a);
     if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess)

@@ -6,19 +6,32 @@
  *   1. Stage the stream's usable log-probs, top_logp[s][0..L)[0..min(K, B+1)), in shared memory
  *      (ranks above B can never be scored: a rank-r node needs r earlier siblings), and the
  *      matching top_ids too when everything fits in 48 KB (saves a global round trip later).
- *   2. Pops. The frontier lives in registers: slot j is register j/32 of lane j%32, M registers
- *      per lane (M = 1 for B <= 32). Each lane caches the best key of its slots. A pop is two
- *      warp reductions (__reduce_max_sync) over the packed key: the high words (score order
- *      keys), then the low words (depth/parent/rank tie bits) among lanes holding that high word.
- *      Every lane then knows the popped candidate and its score (the key is invertible) and
- *      computes the child's key identically; the lane that held it writes the node record and
- *      refills that slot with the next sibling, whose key was precomputed when the slot was
- *      filled (or with the child when there is no sibling); when there are both, the child goes
- *      to the next free slot. Slots carry their parent's score, so no lane reads a record
- *      written by another lane during the pops: no shared-memory frontier, no barrier per pop,
- *      and nothing for racecheck to flag.
+ *   2. Pops, one of two loops; both order candidates by the same packed key.
+ *      B <= 32 (max_nodes <= 33): run_list. The frontier is one list sorted by key, lane k
+ *      holding the k-th largest, and every lane has a copy of the top. A pop takes the top,
+ *      computes its two successors (next sibling, first child) identically in all lanes, and
+ *      picks the next top as the larger of the larger successor and the list's second entry;
+ *      the successors are merged into the list (shuffles of it, per-lane compares) during the
+ *      next pop, beside its log-prob loads. So a pop is a chain of a shared-memory load, the
+ *      key math and a compare-select, with no reduction. KDT_TREE_BUILD_SLOTS=1 (read once per
+ *      process) runs run_heap<1> instead, for A/B timing; both give the same bits.
+ *      B > 32: run_heap<M>. Slot j of the frontier is register j/32 of lane j%32, M registers
+ *      per lane. Each lane caches the best key of its slots. A pop is two warp reductions
+ *      (__reduce_max_sync) over the packed key: the high words (score order keys), then the low
+ *      words (depth/parent/rank tie bits) among lanes holding that high word. Every lane then
+ *      knows the popped candidate and its score (the key is invertible) and computes the
+ *      child's key identically; the lane that held it writes the node record and refills that
+ *      slot with the next sibling, whose key was precomputed when the slot was filled (or with
+ *      the child when there is no sibling); when there are both, the child goes to the next
+ *      free slot. Slots carry their parent's score.
+ *      So no lane reads a record written by another lane during the pops (run_list keeps the
+ *      node scores in registers, node k's in lane k): no shared-memory frontier, no barrier per
+ *      pop, and nothing for racecheck to flag.
  *   3. After the pops, lanes write the nodes in parallel: token gathered from top_ids, links,
- *      position, score, and the ancestor mask row by walking up the parents (depth <= 16).
+ *      position, score, and the ancestor mask row: run_list carries each node's mask in a
+ *      register (parent's | self, one word), run_heap's rows walk up the parents (depth <= 16).
+ * Launch: with programmatic dependent launch (pdl.cuh) where the device allows it, so the launch
+ * overlaps the previous kernel's tail (0.4 us of a ~5 us call at 64 streams x B 32).
  * Per-stream values live in device memory and cannot be checked by the launcher; the kernel
  * clamps them so that nothing out of bounds is ever touched and the tree is well formed:
  *   budget -> clamp(budget, 0, max_nodes - 1), depth_limit -> clamp(depth_limit, 1, max_depth),
@@ -28,10 +41,12 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "common.h"
 #include "kdtree/kernels.h"
 #include "kernels/tree_build_internal.h"
+#include "pdl.cuh"
 
 namespace {
 
@@ -166,10 +181,124 @@ __device__ int run_heap(const Smem &sm, int budget, int depth_limit, int kc, int
     return n;
 }
 
-template <int M>
+/* add_score + the score half of make_key, for run_list: the same bits in fewer dependent steps.
+ * fmaxf(s, -inf) is -inf for a NaN s and s otherwise. There is no -0 fold because no sum is -0
+ * there: a sum is -0 only when both terms are, and no parent score is (the root's is +0, every
+ * other is a sum, recovered exactly from its key; a missing successor's is -inf). */
+__device__ __forceinline__ uint32_t list_score_key(float parent_score, float logp) {
+    const uint32_t u = __float_as_uint(fmaxf(__fadd_rn(parent_score, logp), -INFINITY));
+    return u ^ ((uint32_t)((int32_t)u >> 31) | 0x80000000u); /* kdt_tb_order_key_bits */
+}
+
+/* kdt_tb_key_to_bits in two steps: a key with its top bit set flips it, any other flips all. */
+__device__ __forceinline__ float list_key_score(uint32_t key) {
+    return __uint_as_float(key ^ (~(uint32_t)((int32_t)key >> 31) | 0x80000000u));
+}
+
+/* Builds one stream's pop sequence into sm when budget <= 32 (M = 1); returns the node count.
+ * Same pops, node records and count as run_heap<1> (and the CPU heap), from another frontier:
+ * one list sorted by key, lane k holding the k-th largest (`own`), and its top (lane 0's) in
+ * every lane (`top`). Lane k also holds node k's score and where its next child gets linked,
+ * so the popped candidate's parent score and link are a shuffle away and the list holds keys
+ * only.
+ * A pop makes `top` node i and computes, in every lane, its successors: the sibling (d, par,
+ * r+1) and the child (d+1, i, 0), the CPU's pushes; a > b are the two. The next top is old lane
+ * 1 if it beats both, else a: a chain of the log-prob loads, the key math and one
+ * compare-select per pop. Merging a and b into the list minus its top waits for the next pop,
+ * beside its loads: with pa / pb = the number of keys at lanes >= 1 above a / b (pa <= pb),
+ * new lane k takes old lane k+1 for k < pa, a at pa, its own key for pa < k <= pb, b at pb+1
+ * and old lane k-1 above. The list is sorted, so "k < pa" is "old lane k+1 > a", and so on:
+ * per-lane compares against shuffles of the old list. Lane 0's list key is never read (the
+ * top is `top`; lane 1's up compare is skipped), so the merge leaves whatever it gets there.
+ * A missing successor, and every free place of the list, is `none` = (-inf, tie bits 0):
+ * below every real key (a real -inf key has tie bits > 0), and a top of `none` means the
+ * frontier is empty. The first pop's merge puts two of them into an all-`none` list.
+ * Nothing falls off the list: before pop p the frontier holds at most p candidates (a pop
+ * takes one and adds at most two), and pops stop at p = budget <= 32. So lane 31 holds `none`
+ * at every merge, and its shuffle-down (its own key) never beats a. */
+__device__ int run_list(const Smem &sm, int budget, int depth_limit, int kc, int lane, uint64_t &mask_lane,
+                        uint64_t &mask_32) {
+    /* Tie bits are edited in place (tree_build_internal.h): a candidate's sibling is its tie
+     * bits - 1 (rank + 1), its child its depth field - 1 plus child_pr, the parent and rank
+     * fields of (parent i, rank 0). Log-prob rows are addressed from the depth field
+     * dq = 16 - d and the rank field rf = 1023 - r. */
+    const uint64_t none = (uint64_t)list_score_key(0.0f, -INFINITY) << 32;
+    uint64_t top = ((uint64_t)list_score_key(0.0f, sm.logp[0]) << 32) | kdt_tb_tie_bits(1, 0, 0);
+    uint64_t own = none, a = none, b = none; /* a, b: the previous pop's successors */
+    uint32_t child_pr = kdt_tb_tie_bits(16, 1, 0);
+    const uint32_t dq_min = 16 - depth_limit; /* has a child: dq > dq_min (d < depth_limit) */
+    const uint32_t rf_min = 1024 - kc;        /* has a sibling: rf > rf_min (r + 1 < kc) */
+    const int row16 = 16 * kc, row15_col1024 = 15 * kc + 1024;
+    float node_sc = 0.0f; /* score of node `lane`; the root's is 0 */
+    /* where node `lane`'s next child is linked, as an index from first_child: its first_child,
+     * then its last child's next_sib (next_sib = first_child + max_nodes, one buffer) */
+    int link_at = lane;
+    const int to_next_sib = (int)(sm.next_sib - sm.first_child);
+    /* ancestor-or-self masks (max_nodes <= 33: one word): node `lane`'s, and node 32's in every
+     * lane; a pop's is its parent's plus itself, so phase 3 needs no walk up the parents */
+    mask_lane = lane == 0 ? 1ull : 0ull;
+    mask_32 = 0;
+    int n = 1;
+    for (;;) {
+        const uint64_t dn = __shfl_down_sync(FULL, own, 1), up = __shfl_up_sync(FULL, own, 1);
+        const uint32_t lo = (uint32_t)top;
+        const uint32_t dq = lo >> KDT_TB_DEPTH_SHIFT, rf = lo & 1023u;
+        const int par = kdt_tb_parent(lo);
+        const float sp = list_key_score((uint32_t)(top >> 32));
+        const float ps = __shfl_sync(FULL, node_sc, par);
+        const int link = __shfl_sync(FULL, link_at, par);
+        const uint64_t pmask = __shfl_sync(FULL, mask_lane, par);
+        const int i = n++;
+        /* Both loads are made whether or not the successor exists, so they wait only for
+         * their address: row d, and column r + 1 <= kc of row d - 1, are at most d * kc <=
+         * max_depth * kc_max: inside the shared buffer (log-probs, then ids or node_tie[0],
+         * which is never written). A missing successor gets the parent score -inf instead,
+         * and -inf + anything scores -inf (NaN included). */
+        const bool has_child = dq > dq_min, has_sib = rf > rf_min;
+        const float lp_child = sm.logp[row16 - (int)dq * kc];
+        const float lp_sib = sm.logp[row15_col1024 - (int)dq * kc - (int)rf];
+        const float base_child = has_child ? sp : -INFINITY, base_sib = has_sib ? ps : -INFINITY;
+        /* the previous pop's merge, beside the loads */
+        const bool below_pa = dn > a;              /* k < pa */
+        const bool upto_pa = own > a;              /* k <= pa */
+        const bool upto_pb = own > b;              /* k <= pb */
+        const bool upto_pb1 = lane <= 1 || up > b; /* k <= pb + 1 (lane 1's up is lane 0's) */
+        own = below_pa ? dn : upto_pa ? a : upto_pb ? own : upto_pb1 ? b : up;
+        const uint64_t l1 = __shfl_sync(FULL, own, 1);
+        /* this pop's successors, `none` when missing */
+        const uint64_t c = (uint64_t)list_score_key(base_child, lp_child) << 32 |
+                           (has_child ? (lo & (15u << KDT_TB_DEPTH_SHIFT)) -
+                                            (1u << KDT_TB_DEPTH_SHIFT) + child_pr
+                                      : 0u);
+        const uint64_t sib = (uint64_t)list_score_key(base_sib, lp_sib) << 32 |
+                             (has_sib ? lo - 1u : 0u);
+        child_pr -= 1u << KDT_TB_PARENT_SHIFT;
+        if (lane == 0) { /* node record */
+            sm.node_tie[i] = lo;
+            sm.node_score[i] = sp;
+            sm.first_child[link] = i;
+        }
+        if (lane == i) node_sc = sp, mask_lane = pmask | 1ull << i;
+        if (i == 32) mask_32 = pmask | 1ull << 32;
+        if (lane == par) link_at = to_next_sib + i;
+        a = c > sib ? c : sib;
+        b = a ^ c ^ sib;                    /* the other one */
+        top = l1 > c && l1 > sib ? l1 : a; /* compares beside c > sib */
+        /* the last pop's successors are never needed; a `none` top: the frontier is empty */
+        if (n > budget || (uint32_t)top == 0) break;
+    }
+    return n;
+}
+
+/* LIST: run_list instead of run_heap<M> (M = 1 only). */
+template <int M, bool LIST>
 __global__ void __launch_bounds__(32) tree_build_kernel(const Args a) {
+    static_assert(!LIST || M == 1, "run_list holds at most 32 candidates");
     extern __shared__ __align__(16) unsigned char smem_raw[];
+    pdl::wait(); /* the top-K input may come from the previous kernel in the stream */
+    pdl::launch_dependents();
     const int s = blockIdx.x, lane = threadIdx.x;
+    uint64_t mask_lane = 0, mask_32 = 0; /* run_list's ancestor masks */
     const int max_nodes = a.max_nodes, K = a.top_k;
     const int budget = min(max(__ldg(a.budget + s), 0), max_nodes - 1);
     const int depth_limit = min(max(__ldg(a.depth_limit + s), 1), a.max_depth);
@@ -228,8 +357,10 @@ __global__ void __launch_bounds__(32) tree_build_kernel(const Args a) {
         }
         n = last + 1;
     } else if (budget > 0) {
-        n = run_heap<M>(sm, budget, depth_limit, kc, lane);
+        n = LIST ? run_list(sm, budget, depth_limit, kc, lane, mask_lane, mask_32)
+                 : run_heap<M>(sm, budget, depth_limit, kc, lane);
     }
+    const bool masks_known = LIST && !a.chain && budget > 0; /* warp-uniform */
     __syncwarp();
 
     /* 3. write the nodes and padding; mask rows by walking up the parents */
@@ -272,6 +403,10 @@ __global__ void __launch_bounds__(32) tree_build_kernel(const Args a) {
         a.next_sibling[base + i] = sm.next_sib[i];
         a.position[base + i] = (int32_t)((uint32_t)prefix + (uint32_t)dep);
         a.score[base + i] = sc;
+        if (masks_known) { /* max_nodes <= 33: W == 1 */
+            row[0] = i < 32 ? mask_lane : mask_32;
+            continue;
+        }
         /* Words above i's are zero; then ancestors come in decreasing index order, so each
          * word is finished before a lower one starts. */
         int cw = W - 1;
@@ -298,14 +433,25 @@ __global__ void __launch_bounds__(32) tree_build_kernel(const Args a) {
 
 typedef void (*kernel_fn)(const Args);
 
+bool read_slots_env() {
+    const char *e = getenv("KDT_TREE_BUILD_SLOTS");
+    return e != nullptr && e[0] == '1';
+}
+
+/* KDT_TREE_BUILD_SLOTS=1: run_heap for B <= 32 too, for A/B timing (read once per process). */
+bool use_slots() {
+    static const bool slots = read_slots_env();
+    return slots;
+}
+
 kernel_fn pick_kernel(int max_nodes) {
     const int slots = max_nodes - 1 > 1 ? max_nodes - 1 : 1; /* frontier never exceeds B */
-    if (slots <= 32) return tree_build_kernel<1>;
-    if (slots <= 64) return tree_build_kernel<2>;
-    if (slots <= 128) return tree_build_kernel<4>;
-    if (slots <= 256) return tree_build_kernel<8>;
-    if (slots <= 512) return tree_build_kernel<16>;
-    return tree_build_kernel<32>;
+    if (slots <= 32) return use_slots() ? tree_build_kernel<1, false> : tree_build_kernel<1, true>;
+    if (slots <= 64) return tree_build_kernel<2, false>;
+    if (slots <= 128) return tree_build_kernel<4, false>;
+    if (slots <= 256) return tree_build_kernel<8, false>;
+    if (slots <= 512) return tree_build_kernel<16, false>;
+    return tree_build_kernel<32, false>;
 }
 
 } // namespace
@@ -356,8 +502,16 @@ extern "C" kdt_status kdt_tree_build_cuda(const kdt_tree_build_params *p, kdt_tr
     a.position = out->position;
     a.score = out->score;
     a.anc_mask = out->anc_mask;
-    kernel<<<(unsigned)p->n_streams, 32, smem, (cudaStream_t)stream>>>(a);
-    e = cudaGetLastError();
+    static const bool use_pdl = pdl::usable(tree_build_kernel<1, true>);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)p->n_streams);
+    cfg.blockDim = dim3(32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = (cudaStream_t)stream;
+    cudaLaunchAttribute attr[1] = {};
+    if (use_pdl) pdl::enable(&cfg, attr);
+    e = cudaLaunchKernelEx(&cfg, kernel, a);
+    if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess)
         return kdt_fail(KDT_ERR_CUDA, "%s: launch failed: %s", who, cudaGetErrorString(e));
     return KDT_OK;

@@ -44,6 +44,8 @@
  * 0..clamp(n_nodes, 1, max_nodes)-1). Masked tree slots must hold finite values (they are other
  * nodes' KV rows): P = 0 times an infinite V element would still be NaN in the tensor-core sum.
  */
+#include <cuda.h> /* CUtensorMap and its enums only: the encoder comes via the runtime */
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -84,6 +86,7 @@ struct VaArgs {
     int S, H, max_nodes, words, n_pages, page_size, max_pages;
     float scale_log2;             /* softmax_scale * log2(e) */
     int prof;                     /* KDT_VA_PROFILE=1: the sm_90a kernel stamps its phases (below) */
+    int use_tma;                  /* sm_90a kernel: KV tiles by TMA (the kv_map parameter) */
 };
 
 struct VaPlan {
@@ -252,6 +255,15 @@ __device__ __forceinline__ bool va_visible(const VaArgs &a, const VaItem &it, co
     if (node < 0) return true; /* a padding row: its output is never written */
     const int j = key - it.P;
     return (__ldg(it.mask + (long long)node * a.words + (j >> 6)) >> (j & 63)) & 1ull;
+}
+
+/* 2^x for x <= 0 (scores minus their running max, log2 domain): one MUFU.EX2. Results below
+ * 2^-126 flush to 0, where exp2f would spend four more instructions per element on keeping a
+ * denormal that a sum of values near 1 cannot see. */
+__device__ __forceinline__ float va_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
 /* Normalisation of one finished row: 1 / l and the natural-log lse from the running max m (log2
@@ -426,13 +438,13 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel(const VaArgs a)
 #pragma unroll
                     for (int w = 1; w < NW; w++) tm = fmaxf(tm, sRed[w * ROWS + row]);
                     const float mn = fmaxf(mq[mi][h], tm);
-                    const float alpha = mn == -INFINITY ? 1.f : exp2f(mq[mi][h] - mn);
+                    const float alpha = mn == -INFINITY ? 1.f : va_ex2(mq[mi][h] - mn);
                     const float mu = mn == -INFINITY ? 0.f : mn;
                     mq[mi][h] = mn;
                     float ls = 0.f;
 #pragma unroll
                     for (int ni = 0; ni < NT; ni++) {
-                        const float p0 = exp2f(sc[mi][ni][2 * h] - mu), p1 = exp2f(sc[mi][ni][2 * h + 1] - mu);
+                        const float p0 = va_ex2(sc[mi][ni][2 * h] - mu), p1 = va_ex2(sc[mi][ni][2 * h + 1] - mu);
                         const uint32_t pk = va::pack_bf16x2(p0, p1);
                         ls += p0 + p1; /* fp32 weights: lse stays accurate to fp32 rounding */
                         *reinterpret_cast<uint32_t *>(sP + row * P_STRIDE + nw * WN + ni * 8 + va_frag_col(lane, 0)) = pk;
@@ -450,7 +462,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel(const VaArgs a)
 #pragma unroll
                     for (int w = 1; w < NW; w++) tm = fmaxf(tm, sRed[w * ROWS + row]);
                     const float mn = fmaxf(mp[mi][h], tm);
-                    ap[mi][h] = mn == -INFINITY ? 1.f : exp2f(mp[mi][h] - mn);
+                    ap[mi][h] = mn == -INFINITY ? 1.f : va_ex2(mp[mi][h] - mn);
                     mp[mi][h] = mn;
                 }
             __syncthreads(); /* C: P is complete */
@@ -543,14 +555,16 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel(const VaArgs a)
  *     tile's rope slab (slab 8: V is slabs 0-7, so it is free once S is formed) and the row
  *     rescale factors into shared memory, then O[:, 0:256] += P V (4 x m64n256k16, P from its
  *     registers).
- *   WG1 (threads 128-255): the KV loads (cp.async, two tile buffers), then per tile
- *     O[:, 256:512] = alpha O + P V with P read from the slab (m64n256k16, both operands shared).
+ *   WG1 (threads 128-255): the KV loads (two tile buffers: TMA from one thread, completing on an
+ *     mbarrier per buffer, where pages are whole 64-key tiles; cp.async otherwise or with
+ *     KDT_VA_TMA=0), then per tile O[:, 256:512] = alpha O + P V with P read from the slab
+ *     (m64n256k16, both operands shared).
  * Hand-offs are two named barriers, both full barriers of the two warpgroups (each side waits
  * there anyway, and compute-sanitizer's racecheck orders accesses only across full barriers):
- * PREADY (P and alpha of tile it written by WG0) and KV (tile it + 1 landed; WG1 reaches it after
- * its product on tile it, WG0 after its own, so both are done with buffer it % 2, which WG1
- * refills with tile it + 2 while WG0 forms the next scores). P and alpha live in the tile's own
- * buffer / parity slot.
+ * PREADY (P and alpha of tile it written by WG0) and KV (tile it + 1 landed; WG0 reaches it after
+ * its product on tile it, WG1 with its product still running, which then overlaps WG0's next
+ * scores; WG1 waits for it after KV, so buffer it % 2 is free of both when WG1 refills it with
+ * tile it + 2). P and alpha live in the tile's own buffer / parity slot.
  * Without sm_90a code (another arch's PTX JIT-compiled for a Hopper) the body is a trap; the
  * launcher never starts it then (sm90_ready checks the PTX arch). Prediction and outcome of each
  * version: docs/verify_attn_notes.md. */
@@ -559,6 +573,7 @@ constexpr uint32_t W_SLAB = 64 * 128;                                 /* [64 row
 constexpr uint32_t W_TILE = W_SLABS * W_SLAB;                          /* 73,728 B: Q or one KV tile */
 enum { BAR_KV = 1, BAR_PREADY = 2 };
 struct WRows {
+    uint64_t kv_full[2];  /* TMA: mbarrier of each KV buffer (the tile landed) */
     float alpha[2][ROWS]; /* per tile parity: the rescale WG1 applies to its O half */
     float inv[ROWS];      /* 1 / l of the finished rows (NaN: bad item) */
     int zero[ROWS];       /* the row saw no key: output 0 */
@@ -568,7 +583,7 @@ constexpr size_t W_SMEM = 1024 + 3 * (size_t)W_TILE + ROWS * 4 + sizeof(WRows) +
 /* KDT_VA_PROFILE=1 (diagnostics, kdt_verify_attn_cuda_profile): the first thread of each
  * warpgroup of CTA 0 stamps clock64() at the phase boundaries of the first VA_PROF_TILES tiles of
  * its first item. WG0: tile start, KV landed, scores done, P written, PREADY passed, P V done;
- * WG1: tile start, PREADY passed, P V done, next tile landed, KV passed, loads issued. */
+ * WG1: tile start, PREADY passed, P V issued, next tile landed, KV passed, P V done + loads issued. */
 constexpr int VA_PROF_TILES = 32, VA_PROF_PHASES = 6;
 __device__ long long g_va_prof[2][VA_PROF_TILES][VA_PROF_PHASES];
 __device__ int g_va_prof_tiles;
@@ -590,11 +605,36 @@ __device__ __forceinline__ void w_load_kv(const VaArgs &a, const int32_t *table,
 #pragma unroll
     for (int c = t & 1; c < QK_CHUNKS; c += 2) va::cp_async_16(dst + w_slab_offset(r, c), src + c * 8, bytes);
 }
+
+/* The same tile by TMA, issued by one thread: 9 boxes of 64 keys x 64 columns, landing swizzled
+ * like the cp.async path; bar completes when all 73,728 bytes are in. A tile never crosses a page
+ * (page_size % 64 == 0 and splits are whole 64-key blocks: the launcher checks), so its keys are
+ * rows page * page_size + t0 % page_size + 0..63 of the [n_pages * page_size][576] cache. Keys
+ * past ke come from the page as they are; w_zero_tail clears their V. */
+__device__ __forceinline__ void w_tma_kv(const VaArgs &a, const CUtensorMap *map, const int32_t *table, int t0,
+                                         uint32_t dst, uint32_t bar, int &bad) {
+    int page = __ldg(table + t0 / a.page_size);
+    if (page < 0 || page >= a.n_pages) bad = 1, page = 0;
+    const int y = page * a.page_size + t0 % a.page_size;
+    wg::mbar_arrive_expect_tx(bar, W_TILE);
+#pragma unroll
+    for (int sl = 0; sl < W_SLABS; sl++) wg::tma_load_2d(dst + (uint32_t)sl * W_SLAB, map, 64 * sl, y, bar);
+}
+
+/* WG1 after a TMA tile landed: zero the V part (slabs 0-7) of keys [first, 64), which are masked
+ * but would still meet P = 0 in P V (0 x NaN = NaN); slab 8 becomes P anyway. */
+__device__ __forceinline__ void w_zero_tail(unsigned char *tile, int first) {
+    const int t = threadIdx.x - WG_THREADS;
+    for (int i = first * 64 + t; i < 64 * 64; i += WG_THREADS) { /* (key, 16-byte chunk of V) */
+        const int r = i >> 6, c = i & 63;
+        *reinterpret_cast<uint4 *>(tile + w_slab_offset(r, c)) = make_uint4(0, 0, 0, 0);
+    }
+}
 #endif
 
 /* PROF: the KDT_VA_PROFILE build of the kernel (phase stamps); the default one has none. */
 template <bool PROF>
-__global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaArgs a) {
+__global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaArgs a, const __grid_constant__ CUtensorMap kv_map) {
 #if KDT_HAS_WGMMA
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const uint32_t raw = va::smem_addr(smem_raw), pad = (1024u - (raw & 1023u)) & 1023u;
@@ -607,6 +647,14 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
     const int wgi = warp >> 2, wq = warp & 3, g = lane >> 2, tq = lane & 3;
     const int r0 = 16 * wq + g; /* this thread's accumulator rows: r0, r0 + 8 */
     bool stamp = PROF && blockIdx.x == 0 && (tid & (WG_THREADS - 1)) == 0; /* first item only */
+    const uint32_t bar0 = va::smem_addr(&sRows->kv_full[0]);
+    const bool tma = a.use_tma != 0, issuer = tid == WG_THREADS; /* WG1's first thread issues TMA */
+    uint32_t kv_par = 0; /* bit b: parity of the next wait on buffer b's barrier (every thread) */
+    if (tma) {
+        if (tid == 0) wg::mbar_init(bar0, 1), wg::mbar_init(bar0 + 8, 1);
+        wg::fence_proxy_async();
+        __syncthreads();
+    }
 #define W_STAMP(ph) \
     if (PROF && stamp && it < VA_PROF_TILES) g_va_prof[wgi][it][ph] = clock64()
 
@@ -625,11 +673,23 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
         va::cp_async_commit();
         if (wgi == 1) {
             for (int it = 0; it < 2; it++) {
-                if (it < n_tiles) w_load_kv(a, table, kb + 64 * it, ke, kv_base + (uint32_t)it * W_TILE, bad);
-                va::cp_async_commit();
+                if (tma) {
+                    if (it < n_tiles && issuer)
+                        w_tma_kv(a, &kv_map, table, kb + 64 * it, kv_base + (uint32_t)it * W_TILE, bar0 + 8 * it, bad);
+                } else {
+                    if (it < n_tiles) w_load_kv(a, table, kb + 64 * it, ke, kv_base + (uint32_t)it * W_TILE, bad);
+                    va::cp_async_commit();
+                }
             }
             if (n_tiles > 0) {
-                va::cp_async_wait<1>(); /* Q and tile 0 landed (tile 1 may be in flight) */
+                if (tma) {
+                    va::cp_async_wait_all(); /* Q */
+                    wg::mbar_wait(bar0, kv_par & 1u);
+                    kv_par ^= 1u;
+                    if (ke - kb < 64) w_zero_tail(smem + (kv_base - q_base), ke - kb);
+                } else {
+                    va::cp_async_wait<1>(); /* Q and tile 0 landed (tile 1 may be in flight) */
+                }
                 wg::fence_proxy_async();
                 wg::bar_sync(BAR_KV, THREADS);
             }
@@ -649,6 +709,10 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
                 const uint32_t kv_cur = kv_base + (uint32_t)b * W_TILE;
                 W_STAMP(0);
                 wg::bar_sync(BAR_KV, THREADS);
+                if (tma) { /* complete already (WG1 saw it); this thread's view of the TMA bytes */
+                    wg::mbar_wait(bar0 + 8 * b, (kv_par >> b) & 1u);
+                    kv_par ^= 1u << b;
+                }
                 W_STAMP(1);
 
                 float sc[32];
@@ -663,33 +727,36 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
                 W_STAMP(2);
 
                 /* scale into the log2 domain; the ancestor mask only where a tile reaches the tree
-                 * slots or the split end */
+                 * slots or the split end, as a separate loop: a per-element test of need_mask
+                 * compiled to 32 branches around the mask code in every tile */
                 const bool need_mask = t0 + 64 > P || t0 + 64 > ke;
+#pragma unroll
+                for (int e = 0; e < 32; e++) sc[e] *= a.scale_log2;
+                if (need_mask) {
+#pragma unroll
+                    for (int j = 0; j < 8; j++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            if (!va_visible(a, itm, sNode, r0 + 8 * (e >> 1), t0 + 8 * j + 2 * tq + (e & 1)))
+                                sc[4 * j + e] = -INFINITY;
+                }
                 float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-                for (int j = 0; j < 8; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        float v = sc[4 * j + e] * a.scale_log2;
-                        if (need_mask && !va_visible(a, itm, sNode, r0 + 8 * (e >> 1), t0 + 8 * j + 2 * tq + (e & 1)))
-                            v = -INFINITY;
-                        sc[4 * j + e] = v;
-                        mx[e >> 1] = fmaxf(mx[e >> 1], v);
-                    }
+                for (int e = 0; e < 32; e++) mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], sc[e]);
                 float alpha[2], mu[2];
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
                     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
                     const float mn = fmaxf(m[h], mx[h]);
-                    alpha[h] = mn == -INFINITY ? 1.f : exp2f(m[h] - mn);
+                    alpha[h] = mn == -INFINITY ? 1.f : va_ex2(m[h] - mn);
                     mu[h] = mn == -INFINITY ? 0.f : mn;
                     m[h] = mn;
                 }
                 float ls[2] = {0.f, 0.f};
 #pragma unroll
                 for (int e = 0; e < 32; e++) {
-                    const float pv = exp2f(sc[e] - mu[(e >> 1) & 1]);
+                    const float pv = va_ex2(sc[e] - mu[(e >> 1) & 1]);
                     sc[e] = pv;
                     ls[(e >> 1) & 1] += pv; /* fp32 weights: lse stays accurate to fp32 rounding */
                 }
@@ -740,19 +807,35 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
                     wg::mma_m64n256k16_ss_tb(o, wg::desc_kmajor(p_slab, 64, kk),
                                              wg::desc_v(kv_cur, 64, 4, kk, 64u * 128u, 1024u), 1);
                 wg::commit();
-                wg::wait<0>();
+                /* no wait here: this product runs on while WG0, past KV, forms the next scores */
                 W_STAMP(2);
                 if (it + 1 < n_tiles) {
                     /* tile it + 1 (issued a tile ago) landed: hand it over; WG0 meets us here only
-                     * after its own product on tile it, so buffer b is free for tile it + 2 after */
-                    va::cp_async_wait<0>();
+                     * after its own product on tile it, so once ours is done too, buffer b is free
+                     * for tile it + 2 */
+                    if (tma) {
+                        const int nb = b ^ 1, t1 = kb + 64 * (it + 1);
+                        wg::mbar_wait(bar0 + 8 * nb, (kv_par >> nb) & 1u);
+                        kv_par ^= 1u << nb;
+                        if (ke - t1 < 64) w_zero_tail(smem + (kv_base - q_base) + (size_t)nb * W_TILE, ke - t1);
+                    } else {
+                        va::cp_async_wait<0>();
+                    }
                     wg::fence_proxy_async();
                     W_STAMP(3);
                     wg::bar_sync(BAR_KV, THREADS);
                     W_STAMP(4);
-                    if (it + 2 < n_tiles) w_load_kv(a, table, kb + 64 * (it + 2), ke, kv_cur, bad);
-                    va::cp_async_commit();
+                    wg::wait<0>();
+                    if (tma) {
+                        if (it + 2 < n_tiles && issuer)
+                            w_tma_kv(a, &kv_map, table, kb + 64 * (it + 2), kv_cur, bar0 + 8 * b, bad);
+                    } else {
+                        if (it + 2 < n_tiles) w_load_kv(a, table, kb + 64 * (it + 2), ke, kv_cur, bad);
+                        va::cp_async_commit();
+                    }
                     W_STAMP(5);
+                } else {
+                    wg::wait<0>();
                 }
             }
             va::cp_async_wait_all();
@@ -808,7 +891,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
     }
 #undef W_STAMP
 #else
-    (void)a;
+    (void)a, (void)kv_map;
     __trap(); /* no wgmma in this build: the launcher never starts it (sm90_ready checks the PTX arch) */
 #endif
 }
@@ -964,6 +1047,35 @@ kdt_status choose_path(const char *who, int *use_wgmma) {
     return KDT_OK;
 }
 
+/* The TMA map of one layer's KV cache, [n_pages * page_size rows][576] bf16 in boxes of 64 x 64
+ * with the 128B swizzle, for the sm_90a kernel. 0 (the kernel then loads by cp.async) if pages
+ * are not whole 64-key tiles, KDT_VA_TMA=0, or the driver has no encoder (it comes through the
+ * runtime's entry-point query, so nothing links libcuda). */
+int make_kv_map(const kdt_verify_attn_params *p, CUtensorMap *map) {
+    static std::atomic<PFN_cuTensorMapEncodeTiled_v12000> encode{nullptr};
+    static std::atomic<int> probed{0};
+    const char *env = getenv("KDT_VA_TMA");
+    if ((env && !strcmp(env, "0")) || p->page_size % 64 != 0 || (int64_t)p->n_pages * p->page_size > INT32_MAX)
+        return 0;
+    if (!probed.load(std::memory_order_acquire)) {
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            encode.store((PFN_cuTensorMapEncodeTiled_v12000)fn, std::memory_order_release);
+        (void)cudaGetLastError();
+        probed.store(1, std::memory_order_release);
+    }
+    PFN_cuTensorMapEncodeTiled_v12000 f = encode.load(std::memory_order_acquire);
+    if (!f) return 0;
+    const cuuint64_t dims[2] = {(cuuint64_t)D_QK, (cuuint64_t)p->n_pages * (cuuint64_t)p->page_size};
+    const cuuint64_t strides[1] = {(cuuint64_t)D_QK * 2};
+    const cuuint32_t box[2] = {64, 64}, elem[2] = {1, 1};
+    return f(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p->kv_cache, dims, strides, box, elem,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 } // namespace
 
 extern "C" kdt_status kdt_verify_attn_cuda_profile(char *out, size_t cap) {
@@ -977,7 +1089,7 @@ extern "C" kdt_status kdt_verify_attn_cuda_profile(char *out, size_t cap) {
     /* mean cycles between consecutive stamps over the middle tiles (the first and last differ) */
     static const char *names[2][VA_PROF_PHASES] = {
         {"wait KV", "scores", "softmax + P out", "wait PREADY", "P V", "to next tile"},
-        {"wait PREADY", "P V", "wait next tile", "wait KV", "issue loads", "to next tile"}};
+        {"wait PREADY", "P V issue", "wait next tile", "wait KV", "P V rest + issue loads", "to next tile"}};
     size_t n = (size_t)snprintf(out, cap, "verify_attn sm_90a phases (CTA 0, first item, tiles 1..%d), mean cycles:",
                                 tiles - 2);
     for (int w = 0; w < 2; w++) {
@@ -1055,14 +1167,18 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
     a.scale_log2 = (float)((double)p->softmax_scale * 1.4426950408889634);
     const char *prof = getenv("KDT_VA_PROFILE");
     a.prof = prof && prof[0] == '1';
+    a.use_tma = 0;
 
     cudaStream_t cs = (cudaStream_t)stream;
     int use_wgmma = 0;
     st = choose_path(who, &use_wgmma);
     if (st != KDT_OK) return st;
     if (use_wgmma) {
-        if (a.prof) verify_attn_sm90_kernel<true><<<sms, THREADS, W_SMEM, cs>>>(a);
-        else verify_attn_sm90_kernel<false><<<sms, THREADS, W_SMEM, cs>>>(a);
+        CUtensorMap kv_map;
+        memset(&kv_map, 0, sizeof kv_map);
+        a.use_tma = make_kv_map(p, &kv_map);
+        if (a.prof) verify_attn_sm90_kernel<true><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
+        else verify_attn_sm90_kernel<false><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
     } else {
         switch (cfg) {
         case CFG_BN64_2STAGE: verify_attn_kernel<64, 2><<<sms, THREADS, Cfg<64, 2>::SMEM, cs>>>(a); break;

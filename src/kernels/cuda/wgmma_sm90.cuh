@@ -164,6 +164,39 @@ __device__ __forceinline__ void bar_sync(int id, int n) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
 
+/* ---- TMA (cp.async.bulk.tensor) and the mbarriers it completes -------------------------------
+ * One thread issues a tile's copies; the copies land in the 128B-swizzled slab layout above when
+ * the tensor map says CU_TENSOR_MAP_SWIZZLE_128B (the same XOR of chunk and row % 8 inside each
+ * 1024-byte block) and the destination is 1024-byte aligned. Waiters pass the parity of the phase
+ * they wait for (0 for a barrier's first completion, then alternating). */
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+#if KDT_HAS_WGMMA
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+/* The calling thread's arrival, announcing `bytes` of copies that will complete the phase. */
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+#if KDT_HAS_WGMMA
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+#if KDT_HAS_WGMMA
+    /* the label is local to the braces, so every inlined copy may use it */
+    asm volatile("{\n.reg .pred p;\nKDT_MBAR_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra KDT_MBAR_WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+#endif
+}
+/* Box (x = column, y = row) of a 2-D tensor map into shared memory at dst; completes on bar. */
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void *tmap, int x, int y, uint32_t bar) {
+#if KDT_HAS_WGMMA
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(dst), "l"(tmap), "r"(x), "r"(y), "r"(bar) : "memory");
+#endif
+}
+
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* lo -> lower address */
     return *reinterpret_cast<uint32_t *>(&v);
