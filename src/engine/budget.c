@@ -154,7 +154,7 @@ double kdt_budget_choose(const kdt_budget_ctl *c, int32_t n, const kdt_budget_st
         }
     /* pop order gives non-increasing gains per stream, so the sorted order keeps each stream's
      * nodes in pop order (ties by index) and every prefix is a valid set of per-stream budgets */
-    qsort(items, (size_t)m, sizeof *items, cmp_gain);
+    if (m > 0) qsort(items, (size_t)m, sizeof *items, cmp_gain); /* m = 0: every cap is 0 (streams with one token left) */
     double tokens = o->tokens + n;  /* every stream emits at least its bonus */
     int64_t nodes = o->nodes + n;   /* roots */
     double best = tokens / (c->fixed_s + a + b * (double)nodes);

@@ -29,11 +29,12 @@ extern int kdt_topk_bench_chunks;
  * BINARY is 0 or 1 at random: thousands of tied top values per tile overflow the buffer in one
  * round, and the ids still pending after a compaction interleave with the kept ones.
  * NEGINF_MIX has -inf among finite values but no NaN / +inf, so it stays on the fast path
- * (SPECIALS, with NaN, takes the sanitizing path). */
+ * (SPECIALS, with NaN, takes the sanitizing path). NEGATIVE is all below zero (thresholds raised
+ * from the running maxima are then negative, between bf16 values for bf16). */
 typedef enum fill_kind { FILL_NORMAL, FILL_TIES, FILL_SPECIALS, FILL_ALL_NEGINF, FILL_ASCENDING,
                          FILL_PEAKY, FILL_SPREAD_TOP, FILL_TREND, FILL_PLATEAU, FILL_BINARY,
-                         FILL_NEGINF_MIX } fill_kind;
-#define N_FILL_KINDS 11
+                         FILL_NEGINF_MIX, FILL_NEGATIVE } fill_kind;
+#define N_FILL_KINDS 12
 
 static float draw(uint64_t *rng, fill_kind kind, int64_t i, int32_t V, int32_t K) {
     switch (kind) {
@@ -47,6 +48,7 @@ static float draw(uint64_t *rng, fill_kind kind, int64_t i, int32_t V, int32_t K
     case FILL_BINARY: return (float)t_rand_int(rng, 2);
     case FILL_NEGINF_MIX: return t_rand_int(rng, 4) ? (float)(2.0 * t_rand_normal(rng)) : -INFINITY;
     case FILL_NORMAL: return (float)(2.5 * t_rand_normal(rng));
+    case FILL_NEGATIVE: return (float)(-50.0 + 2.5 * t_rand_normal(rng));
     case FILL_TIES: return (float)(t_rand_int(rng, 4) - 2) * 0.25f;
     case FILL_SPECIALS: {
         int c = t_rand_int(rng, 64);
@@ -249,6 +251,9 @@ static void test_edge_shapes(void) {
         {3, 50000, 500, 50000, KDT_F32, FILL_NEGINF_MIX},
         {1, 163840, 32, 163840, KDT_BF16, FILL_NEGINF_MIX},
         {2, 60000, 700, 60000, KDT_F32, FILL_BINARY},
+        {3, 60000, 32, 60000, KDT_BF16, FILL_NEGATIVE},
+        {2, 163840, 64, 163841, KDT_BF16, FILL_NEGATIVE},
+        {3, 50000, 200, 50000, KDT_F32, FILL_NEGATIVE},
         {300, 3000, 16, 3001, KDT_BF16, FILL_NORMAL},
         {1200, 9000, 8, 9000, KDT_BF16, FILL_PEAKY},
     };
