@@ -153,6 +153,64 @@ static void test_padded_choice(void) {
     CHECK_EQ_INT(b, 3);
 }
 
+/* Per pop-index calibration: the surrogate overrates a big tree's last pops (here pops 8-15 are
+ * accepted at 0.2 of their surrogate, pops 1-7 at 1.0). One global calibration, fitted on the
+ * rounds it chose (mostly 16-row trees), underrates the 8-row tree and keeps choosing 16; the
+ * per-bin calibration sees every verified pop in its own bin and settles on 8, the better one. */
+static void run_rank_sim(int with_ranks, int *n8, int *n16) {
+    kdt_budget_ctl c;
+    kdt_budget_init(&c, 0, 0);
+    kdt_budget_set_padding(&c, 8, 16);
+    for (int r = 0; r < 200; r++) { /* the measured cost line: 300 us + 10 us per padded row */
+        const int64_t rows = 8 << (r % 3);
+        kdt_budget_observe_round(&c, 250e-6, rows, 300e-6 + 10e-6 * (double)rows);
+    }
+    float sc[32];
+    scores_geometric(sc, 32, 0.9, 0.85);
+    *n8 = *n16 = 0;
+    for (int r = 0; r < 600; r++) {
+        kdt_budget_stream st = {sc, 31, 7};
+        int32_t b = -1;
+        kdt_budget_choose(&c, 1, &st, NULL, &b);
+        int32_t stride = 2;
+        while (stride < 1 + b) stride *= 2;
+        double pred = 0, real = 0, bp[KDT_BUDGET_RANK_BINS] = {0}, br[KDT_BUDGET_RANK_BINS] = {0};
+        for (int i = 0; i < b; i++) {
+            const double g = exp(sc[i]), a = g * (i < 7 ? 1.0 : 0.2);
+            pred += g, real += a;
+            bp[kdt_budget_rank_bin(i + 1)] += g, br[kdt_budget_rank_bin(i + 1)] += a;
+        }
+        const int64_t rows = kdt_budget_cost_rows(&c, 1, stride, 0);
+        kdt_budget_observe_round(&c, 250e-6, rows, 300e-6 + 10e-6 * (double)rows);
+        kdt_budget_observe_accept(&c, pred < 7 ? pred : 7, real < 7 ? real : 7);
+        if (with_ranks) kdt_budget_observe_ranks(&c, bp, br);
+        if (r >= 300) *n8 += stride == 8, *n16 += stride == 16;
+    }
+}
+
+static void test_rank_calibration(void) {
+    CHECK_EQ_INT(kdt_budget_rank_bin(1), 0);
+    CHECK_EQ_INT(kdt_budget_rank_bin(3), 1);
+    CHECK_EQ_INT(kdt_budget_rank_bin(4), 2);
+    CHECK_EQ_INT(kdt_budget_rank_bin(15), 3);
+    CHECK_EQ_INT(kdt_budget_rank_bin(16), 4);
+    CHECK_EQ_INT(kdt_budget_rank_bin(1024), KDT_BUDGET_RANK_BINS - 1);
+    int n8, n16;
+    run_rank_sim(0, &n8, &n16);
+    printf("  global calibration: stride 8 in %d, stride 16 in %d of the last 300 rounds\n", n8, n16);
+    CHECK(n16 >= 270); /* the failure the bins fix */
+    run_rank_sim(1, &n8, &n16);
+    printf("  per pop-index calibration: stride 8 in %d, stride 16 in %d of the last 300 rounds\n", n8, n16);
+    CHECK(n8 >= 290);
+    /* bad input is ignored */
+    kdt_budget_ctl c;
+    kdt_budget_init(&c, 0, 0);
+    double bad[KDT_BUDGET_RANK_BINS] = {1, NAN}, ok[KDT_BUDGET_RANK_BINS] = {1};
+    kdt_budget_observe_ranks(&c, bad, ok);
+    CHECK_EQ_INT(c.have_ranks, 0);
+    CHECK_NEAR(kdt_budget_calibration_rank(&c, 5), kdt_budget_calibration(&c), 1e-12);
+}
+
 /* A simulated engine: per round, tokens and seconds of a drafted or a plain round at S streams.
  * Drafted rounds vary (tau from a fixed pseudo-random sequence); plain rounds emit S tokens. */
 typedef struct sim {
@@ -298,6 +356,7 @@ int main(void) {
     T_RUN(test_depth_cap_and_calibration);
     T_RUN(test_cost_rows);
     T_RUN(test_padded_choice);
+    T_RUN(test_rank_calibration);
     T_RUN(test_draft_or_not);
     return t_summary();
 }

@@ -1,6 +1,8 @@
 /* budget.c - the auto budget controller (see budget.h for the rule). */
 #include "budget.h"
 
+#include "kdtree/kernels.h" /* KDT_MAX_NODES */
+
 #include <math.h>
 #include <stdlib.h>
 
@@ -8,6 +10,8 @@
 #define ACCEPT_DECAY 0.95
 #define PRIOR_WEIGHT 1.0    /* each prior point starts as one round's worth and decays */
 #define CALIB_PRIOR 4.0     /* pseudo-tokens behind the prior calibration 1.0 */
+#define RANK_PRIOR 4.0      /* pseudo-tokens of the global calibration behind a rank bin's own */
+#define RANK_STALE_DECAY 0.995 /* per round, for a bin no verified pop reached */
 #define KIND_DECAY 0.99     /* per round of a kind: about the last 100 rounds. Runs of low tau last
                                10-30 rounds; a leader that followed them switched to plain too late
                                and stayed too long (H200, batch 1: auto's drafted rounds made 5,100
@@ -68,6 +72,40 @@ double kdt_budget_calibration(const kdt_budget_ctl *c) {
 }
 
 
+int kdt_budget_rank_bin(int32_t i) {
+    int j = 0;
+    while (j < KDT_BUDGET_RANK_BINS - 1 && (2 << j) <= i) j++;
+    return j;
+}
+
+void kdt_budget_observe_ranks(kdt_budget_ctl *c, const double *predicted, const double *realised) {
+    for (int j = 0; j < KDT_BUDGET_RANK_BINS; j++) {
+        if (!(predicted[j] >= 0) || !(realised[j] >= 0) || !isfinite(predicted[j]) || !isfinite(realised[j]))
+            return;
+    }
+    for (int j = 0; j < KDT_BUDGET_RANK_BINS; j++) {
+        if (!(predicted[j] > 0)) { /* a bin no pop reached keeps what it knew, fading slowly
+                                        (at the round rate it would be back at the global value
+                                        at once and undo the choice it led to; slowly, a bin is
+                                        retried every few hundred rounds) */
+            c->rank_pred[j] *= RANK_STALE_DECAY;
+            c->rank_real[j] *= RANK_STALE_DECAY;
+            continue;
+        }
+        c->rank_pred[j] = c->rank_pred[j] * ACCEPT_DECAY + predicted[j];
+        c->rank_real[j] = c->rank_real[j] * ACCEPT_DECAY + realised[j];
+    }
+    c->have_ranks = 1;
+}
+
+double kdt_budget_calibration_rank(const kdt_budget_ctl *c, int32_t i) {
+    const double g = kdt_budget_calibration(c);
+    if (!c->have_ranks) return g;
+    const int j = kdt_budget_rank_bin(i);
+    const double r = (c->rank_real[j] + RANK_PRIOR * g) / (c->rank_pred[j] + RANK_PRIOR);
+    return r < 0.05 ? 0.05 : r > 4.0 ? 4.0 : r;
+}
+
 typedef struct gain_item {
     double gain;
     int32_t stream, index;
@@ -81,12 +119,13 @@ static int cmp_gain(const void *pa, const void *pb) {
 }
 
 /* Stream st's first pops up to bmax, stopping once its expected accepted tokens reach the depth
- * limit (more nodes add nothing then): returns how many, and the expected tokens (capped) in *e. */
-static int32_t fill_stream(const kdt_budget_stream *st, int32_t bmax, double calib, double *e) {
+ * limit (more nodes add nothing then): returns how many, and the expected tokens (capped) in *e.
+ * calib[k]: the calibration of pop k + 1. */
+static int32_t fill_stream(const kdt_budget_stream *st, int32_t bmax, const double *calib, double *e) {
     double sum = 0.0;
     int32_t k = 0;
     while (k < bmax && sum < st->depth_limit) {
-        const double g = exp((double)st->score[k]) * calib;
+        const double g = exp((double)st->score[k]) * calib[k];
         sum += isfinite(g) ? g : 0.0;
         k++;
     }
@@ -101,7 +140,9 @@ static double choose_padded(const kdt_budget_ctl *c, int32_t n, const kdt_budget
     int32_t max_cap = 0;
     for (int32_t s = 0; s < n; s++)
         if (st[s].cap > max_cap) max_cap = st[s].cap;
-    const double calib = kdt_budget_calibration(c);
+    double calib[KDT_MAX_NODES];
+    if (max_cap > KDT_MAX_NODES - 1) max_cap = KDT_MAX_NODES - 1; /* caps are budgets <= KDT_MAX_BUDGET */
+    for (int32_t k = 0; k < max_cap; k++) calib[k] = kdt_budget_calibration_rank(c, k + 1);
     int32_t sigma = 2;
     while (sigma < o->min_stride) sigma *= 2;
     const int32_t S = n + o->n_streams;

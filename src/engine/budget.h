@@ -24,14 +24,16 @@
  *   the best allocation for any total takes the largest gains over all streams: the controller
  *   scans the total and keeps the best ratio. With padded rows (the GPU forward: S x stride rows
  *   rounded up to its GEMM tiles, power-of-two strides), a pass costs the same whatever nodes fill
- *   the stride, so it scans the strides and fills each stream up to stride - 1.
+ *   the stride, so it scans the strides and fills each stream up to stride - 1, each pop with the
+ *   calibration of its pop-index bin (below).
  */
 #ifndef KDT_ENGINE_BUDGET_H
 #define KDT_ENGINE_BUDGET_H
 
 #include <stdint.h>
 
-#define KDT_BUDGET_BUCKETS 7 /* batch sizes 1, 2, 3-4, 5-8, 9-16, 17-32, 33-64 */
+#define KDT_BUDGET_BUCKETS 7    /* batch sizes 1, 2, 3-4, 5-8, 9-16, 17-32, 33-64 */
+#define KDT_BUDGET_RANK_BINS 8  /* pop index 1, 2-3, 4-7, 8-15, 16-31, 32-63, 64-127, 128+ */
 
 /* Measured throughput of one kind of round (drafted or plain) in one batch-size bucket. */
 typedef struct kdt_budget_arm {
@@ -55,6 +57,8 @@ typedef struct kdt_budget_ctl {
     double fixed_s;                   /* running mean of the non-verify time of drafted rounds */
     int32_t n_rounds;
     double acc_real, acc_pred;        /* decayed sums of realised / predicted accepted tokens */
+    double rank_real[KDT_BUDGET_RANK_BINS], rank_pred[KDT_BUDGET_RANK_BINS]; /* the same per pop-index bin */
+    int32_t have_ranks;               /* rank bins observed (the GPU engine reports them) */
     int32_t pad_first, pad_step;      /* 0: cost rows = verified nodes; else see cost_rows */
     kdt_budget_bucket bucket[KDT_BUDGET_BUCKETS];
     uint32_t test_kinds;              /* tests only: bit r % test_len = kind of round r */
@@ -76,6 +80,17 @@ int64_t kdt_budget_cost_rows(const kdt_budget_ctl *c, int32_t S, int32_t stride,
 void kdt_budget_verify_line(const kdt_budget_ctl *c, double *a, double *b);
 /* The current calibration c (realised / predicted accepted tokens), in [0.05, 4]. */
 double kdt_budget_calibration(const kdt_budget_ctl *c);
+
+/* Per pop-index calibration. The surrogate overrates a big tree's last pops more than its first
+ * ones (H200, tiny pair: one calibration over all nodes made auto verify 16-row trees where 8-row
+ * ones were 4 % faster). A round reports, per bin of pop index (kdt_budget_rank_bin: 1, 2-3, 4-7,
+ * ...), the surrogate of its verified nodes and how many of them were accepted. Every verified
+ * node counts in its own bin whatever budget was chosen, so the bins compare pops, not the
+ * rounds' choices. A bin's calibration is shrunk towards the global one while it has little
+ * data; without bin data it is the global one. Used by the padded (GPU) choice. */
+int kdt_budget_rank_bin(int32_t pop_index);
+void kdt_budget_observe_ranks(kdt_budget_ctl *c, const double *predicted, const double *realised);
+double kdt_budget_calibration_rank(const kdt_budget_ctl *c, int32_t pop_index);
 
 /* One auto stream's candidates: gain[i] = exp(score of pop i+1), non-increasing, i < cap. */
 typedef struct kdt_budget_stream {

@@ -211,7 +211,7 @@ static kdt_status create_buffers(kdt_engine *e, eng_gpu *g) {
     g->probe = calloc(MS * MN, sizeof(float));
     g->n_probe = calloc(MS, sizeof(int32_t));
     if (!g->probe || !g->n_probe) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine GPU: probe scores");
-    KDT_TRY(halloc((void **)&g->h_acc, (3 * MS + MS * KDT_MAX_PATH) * I4, "accept outputs"));
+    KDT_TRY(halloc((void **)&g->h_acc, (3 * MS + 2 * MS * KDT_MAX_PATH) * I4, "accept outputs"));
     KDT_TRY(halloc((void **)&g->h_items, (1 + 3 * PREFILL_CHUNK) * I4, "context items"));
     if (g->draft && e->n_taps > 0) {
         const size_t rows = MS * PEND_MAX;
@@ -475,8 +475,9 @@ static kdt_status enqueue_verify_accept(kdt_engine *e, eng_gpu *g, const round_c
         KDT_TRY(kdt_eng_scatter_rows(g->d_pend, frow, MS * PEND_MAX, g->outs.taps, (int64_t)N * frow,
                                      g->d_par + 6 * MS, rc->gr.n_draft, e->n_taps * g->D, g->stream));
     KDT_TRY(record(g, 5));
-    /* tau | error | bonus | emit rows are contiguous at stride MS: one copy */
-    CU(cudaMemcpyAsync(g->h_acc, g->d_acc, sizeof(int32_t) * (size_t)(3 * MS + MS * KDT_MAX_PATH),
+    /* tau | error | bonus | emit rows | accepted nodes are contiguous at stride MS: one copy (the
+     * nodes feed auto's per-pop-index calibration) */
+    CU(cudaMemcpyAsync(g->h_acc, g->d_acc, sizeof(int32_t) * (size_t)(3 * MS + 2 * MS * KDT_MAX_PATH),
                        cudaMemcpyDeviceToHost, g->stream),
        "results");
     return KDT_OK;
@@ -711,7 +712,10 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
     const double t_end = kdt_engine_now();
 
     const int32_t *h_tau = g->h_acc, *h_err = g->h_acc + MS, *h_emit = g->h_acc + 3 * MS;
+    const int32_t *h_nodes = h_emit + (int64_t)MS * KDT_MAX_PATH;
     KDT_TRY(kdt_tree_errors_check(h_err, S));
+    double rank_pred[KDT_BUDGET_RANK_BINS] = {0}, rank_real[KDT_BUDGET_RANK_BINS] = {0};
+    int any_ranks = 0;
     int64_t nodes_total = 0;
     double realised = 0.0, predicted = 0.0, realised_auto = 0.0, emitted = 0.0;
     const int32_t *probe_n = (const int32_t *)g->h_probe;
@@ -731,7 +735,16 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
             const int32_t np = probe_n[s] - 1 < 0 ? 0 : probe_n[s] - 1 > g->MN - 1 ? g->MN - 1 : probe_n[s] - 1;
             const float *sc = probe_sc + (int64_t)s * rc.pstride + 1;
             double sum = 0.0;
-            for (int32_t i = 0; i < np && i < e->b_budget[s]; i++) sum += exp((double)sc[i]);
+            for (int32_t i = 0; i < np && i < e->b_budget[s]; i++) {
+                const double g_i = exp((double)sc[i]);
+                sum += g_i;
+                rank_pred[kdt_budget_rank_bin(i + 1)] += g_i; /* node i + 1 was verified */
+            }
+            for (int32_t k = 1; k < tau; k++) { /* the accepted nodes past the root */
+                const int32_t node = h_nodes[(int64_t)s * KDT_MAX_PATH + k];
+                if (node >= 1 && node <= e->b_budget[s]) rank_real[kdt_budget_rank_bin(node)] += 1.0;
+            }
+            any_ranks = 1;
             predicted += sum < e->b_depth_limit[s] ? sum : e->b_depth_limit[s];
             realised_auto += tau - 1;
             memcpy(g->probe + (int64_t)slot * g->MN, sc, sizeof(float) * (size_t)np);
@@ -786,6 +799,7 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
                              .fixed_s = wall - t_verify, .verify_s = t_verify, .have_accept = rc.gr.n_auto > 0,
                              .predicted = predicted, .realised = realised_auto, .emitted = emitted, .wall_s = wall,
                              .setup = rc.captured};
+    if (any_ranks) kdt_budget_observe_ranks(&e->budget, rank_pred, rank_real);
     kdt_round_observe(e, &rc.gr, &tm);
     if (rc.drafts && rc.gr.n_draft > 0) g->accept_mean = 0.9 * g->accept_mean + 0.1 * realised / rc.gr.n_draft;
     return KDT_OK;
