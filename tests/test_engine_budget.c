@@ -249,6 +249,15 @@ static double sim_run(kdt_budget_ctl *c, sim *m, int32_t S, int n, int *n_drafte
     return tok / sec / best;
 }
 
+/* sim_run on a fresh controller, printed */
+static double fresh_run(kdt_budget_ctl *c, sim *m, int32_t S, int n, const char *what) {
+    kdt_budget_init(c, 0, 0);
+    int nd = 0;
+    const double eff = sim_run(c, m, S, n, &nd);
+    printf("  %s: %.1f %% of the better kind, %d of %d rounds drafted\n", what, 100 * eff, nd, n);
+    return eff;
+}
+
 static void test_draft_or_not(void) {
     kdt_budget_ctl c;
     kdt_budget_init(&c, 0, 0);
@@ -321,11 +330,8 @@ static void test_draft_or_not(void) {
     /* far behind (64 streams on the H200 server: drafted 30k tokens/s, plain 78k): the drafted
      * tries must cost little, about 1 % of the time */
     kdt_budget_ctl f;
-    kdt_budget_init(&f, 0, 0);
     sim wide = {5200e-6, 815e-6, 2.5, 14};
-    eff = sim_run(&f, &wide, 64, 4000, &nd);
-    printf("  batch 64, drafting far behind: %.1f %% of the better kind, %d of 4000 rounds drafted\n", 100 * eff, nd);
-    CHECK(eff >= 0.98);
+    CHECK(fresh_run(&f, &wide, 64, 4000, "batch 64, drafting far behind") >= 0.98);
     /* a drafted try that captured a graph (8 ms at 60 streams) pushes the next try back by its
      * time over the try budget; the leader's own setup rounds do not */
     kdt_budget_bucket *fb = &f.bucket[KDT_BUDGET_BUCKETS - 1];
@@ -338,11 +344,8 @@ static void test_draft_or_not(void) {
     /* the CPU reference: a drafted round costs ~15 plain ones (tiny pair: 90 ms at tau 2.5
      * against 6 ms), so tries must stay rare there: at least 85 % of plain's rate */
     kdt_budget_ctl cpu;
-    kdt_budget_init(&cpu, 0, 0);
     sim slow = {90e-3, 6e-3, 2.5, 13};
-    eff = sim_run(&cpu, &slow, 1, 2000, &nd);
-    printf("  CPU-like batch 1: %.1f %% of the better kind, %d of 2000 rounds drafted\n", 100 * eff, nd);
-    CHECK(eff >= 0.85);
+    CHECK(fresh_run(&cpu, &slow, 1, 2000, "CPU-like batch 1") >= 0.85);
     /* nonsense measurements are ignored */
     kdt_budget_observe_kind(&c, 1, 1, 5.0, 0.0);
     kdt_budget_observe_kind(&c, 1, 1, NAN, 1.0);

@@ -18,9 +18,11 @@
  *   splits = 1                                   if rt >= TARGET_ITEMS (132, one H200 wave)
  *   splits = min(TARGET/rt, blocks/MIN_BLOCKS, MAX_SPLITS), at least 1, otherwise
  * then rebalanced to equal chunks of whole 64-key blocks. TARGET/rt fills the GPU for a lone
- * stream; MIN_BLOCKS = 4 (256 keys) caps the partial traffic (64 rows x 512 fp32 written and read
- * back per item) at roughly a quarter of the item's tensor work when a large batch repeats the
- * split for every stream. See docs/verify_attn_notes.md for the trade-off. A NULL workspace (or 0
+ * stream; MIN_BLOCKS = 16 (1,024 keys) caps the partial traffic (64 rows x 512 fp32 written and
+ * read back per item, 128 KB against 16 x 72 KB of keys) when a large batch repeats the split for
+ * every stream. It was 4: with the faster sm_90a kernel the partials dominated decode (H200, S 64,
+ * P 16384, q 1: 700 us with 4, 560 with 8, 455 with 16; S 64 P 4096 q 9 1,231 -> 775; the S = 1
+ * shapes within +-4 %). See docs/verify_attn_notes.md for the trade-off. A NULL workspace (or 0
  * bytes) runs every stream unsplit: correct, only slower for small batches.
  *
  * Launch: a persistent grid (one CTA per SM) walks the item list: items are numbered stream by

@@ -35,7 +35,7 @@ enum {
     VA_QK_CHUNKS = 72,       /* 16-byte chunks per 576-wide bf16 row */
     VA_SCHED_BLOCK = 64,     /* keys per schedule block: splits are whole blocks */
     VA_TARGET_ITEMS = 132,   /* items a lone stream aims for (the H200's 132 SMs) */
-    VA_MIN_BLOCKS = 4,       /* schedule blocks per split, at least (256 keys) */
+    VA_MIN_BLOCKS = 16,      /* schedule blocks per split, at least (1,024 keys): see verify_attn.cu */
     VA_MAX_SPLITS = 64
 };
 
