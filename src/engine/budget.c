@@ -66,11 +66,11 @@ void kdt_budget_verify_line(const kdt_budget_ctl *c, double *a, double *b) {
     *b = bb;
 }
 
-double kdt_budget_calibration(const kdt_budget_ctl *c) {
-    double r = (c->acc_real + CALIB_PRIOR) / (c->acc_pred + CALIB_PRIOR);
-    return r < 0.05 ? 0.05 : r > 4.0 ? 4.0 : r;
-}
+static double clamp_calibration(double r) { return r < 0.05 ? 0.05 : r > 4.0 ? 4.0 : r; }
 
+double kdt_budget_calibration(const kdt_budget_ctl *c) {
+    return clamp_calibration((c->acc_real + CALIB_PRIOR) / (c->acc_pred + CALIB_PRIOR));
+}
 
 int kdt_budget_rank_bin(int32_t i) {
     int j = 0;
@@ -102,8 +102,7 @@ double kdt_budget_calibration_rank(const kdt_budget_ctl *c, int32_t i) {
     const double g = kdt_budget_calibration(c);
     if (!c->have_ranks) return g;
     const int j = kdt_budget_rank_bin(i);
-    const double r = (c->rank_real[j] + RANK_PRIOR * g) / (c->rank_pred[j] + RANK_PRIOR);
-    return r < 0.05 ? 0.05 : r > 4.0 ? 4.0 : r;
+    return clamp_calibration((c->rank_real[j] + RANK_PRIOR * g) / (c->rank_pred[j] + RANK_PRIOR));
 }
 
 typedef struct gain_item {
@@ -253,6 +252,10 @@ static int bucket_index(int32_t S) {
 
 static double arm_rate(const kdt_budget_arm *a) { return a->seconds > 0 ? a->tokens / a->seconds : 0.0; }
 static double arm_round_s(const kdt_budget_arm *a) { return a->weight > 0 ? a->seconds / a->weight : 0.0; }
+/* Drafting loses the lead: slower than plain on a history of at least LEAD_MIN_WEIGHT rounds. */
+static int drafting_lost(const kdt_budget_bucket *b) {
+    return arm_rate(&b->arm[1]) < arm_rate(&b->arm[0]) && b->arm[1].weight >= LEAD_MIN_WEIGHT;
+}
 
 void kdt_budget_test_kinds(kdt_budget_ctl *c, uint32_t kinds, int32_t len) {
     c->test_kinds = kinds;
@@ -270,7 +273,7 @@ int kdt_budget_next_round_drafts(kdt_budget_ctl *c, int32_t S) {
     if (b->trying > 0) return b->try_kind;
     const double plain = arm_rate(&b->arm[0]), drafted = arm_rate(&b->arm[1]);
     if (b->leader < 0) b->leader = drafted >= plain;
-    else if (b->leader == 1 && drafted < plain && b->arm[1].weight >= LEAD_MIN_WEIGHT) b->leader = 0;
+    else if (b->leader == 1 && drafting_lost(b)) b->leader = 0;
     else if (b->leader == 0 && drafted > plain) b->leader = 1;
     const int lead = b->leader, trail = !lead;
     /* A try of the trailing kind loses (1 - its rate / the leader's) of its own duration; tries
@@ -320,9 +323,7 @@ void kdt_budget_observe_kind(kdt_budget_ctl *c, int32_t S, int drafted, double t
         if (--b->trying > 0) return;
         /* the try is over. A drafted try that beat plain on its own means tau has changed (a
          * slow start, a hard passage over): drafting leads from now, judged on the new rounds */
-        const int won = kind == 1 ? b->try_tokens / b->try_seconds > arm_rate(&b->arm[0])
-                                  : arm_rate(&b->arm[0]) > arm_rate(&b->arm[1]) &&
-                                        b->arm[1].weight >= LEAD_MIN_WEIGHT;
+        const int won = kind == 1 ? b->try_tokens / b->try_seconds > arm_rate(&b->arm[0]) : drafting_lost(b);
         if (won && kind == 1) {
             a->tokens = b->try_tokens;
             a->seconds = b->try_seconds;

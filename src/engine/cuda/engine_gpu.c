@@ -13,8 +13,8 @@
  * Everything after the staging is one CUDA graph per round shape (streams per group, tree
  * stride, K), captured on first use and kept in an LRU cache of MAX_GRAPHS; once the cache is
  * full, a new shape is captured only the second time it comes up (the first runs eagerly), so
- * shapes that come once do not evict the ones that recur. T > 0 streams, `auto` and the test drafter hook run the
- * same steps eagerly with one extra host round trip each (see engine_gpu.h).
+ * shapes that come once do not evict the ones that recur. T > 0 streams, `auto` and the test
+ * drafter hook run the same steps eagerly with one extra host round trip each (engine_gpu.h).
  * Stage times come from CUDA events; the round's wall time minus the draft and verify passes is
  * the per-round overhead the stats report as build + accept.
  */
@@ -692,20 +692,18 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
        "round parameters");
 
     const int use_graph = g->graphs_on && !e->test_draft && !rc.any_sampled;
+    cudaGraphExec_t exec = NULL;
     if (use_graph) {
-        /* staging needs only the lengths: done first, then the whole device round as one graph */
+        /* staging needs only the lengths: done first, then the whole device round as one graph
+         * (NULL for a shape not captured yet: the same work eagerly below) */
         KDT_TRY(stage(e, g, &rc));
-        cudaGraphExec_t exec = NULL;
         KDT_TRY(graph_for(e, g, &rc, &exec));
-        if (exec) {
-            CU(cudaGraphLaunch(exec, g->stream), "graph launch");
-        } else { /* a new shape: the same work, eagerly (captured if it comes again) */
-            KDT_TRY(enqueue_draft_build(e, g, &rc));
-            KDT_TRY(enqueue_verify_accept(e, g, &rc));
-        }
+    }
+    if (exec) {
+        CU(cudaGraphLaunch(exec, g->stream), "graph launch");
     } else {
         KDT_TRY(enqueue_draft_build(e, g, &rc));
-        KDT_TRY(stage(e, g, &rc));
+        if (!use_graph) KDT_TRY(stage(e, g, &rc));
         KDT_TRY(enqueue_verify_accept(e, g, &rc));
     }
     CU(cudaStreamSynchronize(g->stream), "round");
