@@ -485,10 +485,13 @@ int main(void) {
     T_RUN(test_default_path);
     if (is_hopper()) {
         setenv("KDT_VERIFY_ATTN", "wgmma", 1);
-        run_suite("sm_90a path (wgmma, KV by TMA)");
-        setenv("KDT_VA_TMA", "0", 1); /* its cp.async loads, used where pages are not 64-key tiles */
-        run_suite("sm_90a path (wgmma, KV by cp.async)");
+        run_suite("sm_90a path v4 (KV by TMA)");
+        setenv("KDT_VA_TMA", "0", 1); /* v4's cp.async loads, used where pages are not 64-key tiles */
+        run_suite("sm_90a path v4 (KV by cp.async)");
         unsetenv("KDT_VA_TMA");
+        setenv("KDT_VA_SEESAW", "1", 1); /* v5, opt-in */
+        run_suite("sm_90a path v5 (seesaw, KV by TMA)");
+        unsetenv("KDT_VA_SEESAW");
         unsetenv("KDT_VERIFY_ATTN");
     } else {
         printf("== sm_90a path (wgmma): skipped, the device is not sm_90\n");

@@ -589,6 +589,7 @@ constexpr size_t W_SMEM = 1024 + 3 * (size_t)W_TILE + ROWS * 4 + sizeof(WRows) +
 constexpr int VA_PROF_TILES = 32, VA_PROF_PHASES = 6;
 __device__ long long g_va_prof[2][VA_PROF_TILES][VA_PROF_PHASES];
 __device__ int g_va_prof_tiles;
+int g_va_prof_kind; /* host: 0 = v4 stamps (per tile), 1 = seesaw stamps (per pair of tiles) */
 
 #if KDT_HAS_WGMMA
 constexpr int WG_THREADS = 128;
@@ -898,6 +899,8 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
 #endif
 }
 
+#include "verify_attn_seesaw.cuh" /* v5 (KDT_VA_SEESAW=1): correct, slower than v4 on the H200 */
+
 /* Merges the partials of split streams: per row, lse = log sum_k exp(lse_k) and
  * out = sum_k exp(lse_k - lse) o_k, summed in split order (bitwise reproducible). One warp per
  * row; a CTA walks over (stream, row tile) items of split streams. */
@@ -1025,7 +1028,12 @@ int sm90_ready(const char **why) {
          cudaFuncSetAttribute(verify_attn_sm90_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               (int)W_SMEM) == cudaSuccess &&
          cudaFuncSetAttribute(verify_attn_sm90_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)W_SMEM) == cudaSuccess;
+                              (int)W_SMEM) == cudaSuccess &&
+         (size_t)optin >= SS_SMEM &&
+         cudaFuncSetAttribute(verify_attn_seesaw_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)SS_SMEM) == cudaSuccess &&
+         cudaFuncSetAttribute(verify_attn_seesaw_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)SS_SMEM) == cudaSuccess;
     (void)cudaGetLastError();
     if (dev >= 0 && dev < MAX_DEVICES) g_dev_sm90[dev].store(ok ? 2 : 1, std::memory_order_release);
     *why = ok ? NULL : "the device is not an sm_90 GPU, the binary lacks sm_90a code, or shared memory is short";
@@ -1089,10 +1097,17 @@ extern "C" kdt_status kdt_verify_attn_cuda_profile(char *out, size_t cap) {
         return kdt_fail(KDT_ERR_CUDA, "kdt_verify_attn_cuda_profile: %s", cudaGetErrorString(e));
     KDT_CHECK_ARG(out && cap > 0, "kdt_verify_attn_cuda_profile: no output buffer");
     /* mean cycles between consecutive stamps over the middle tiles (the first and last differ) */
-    static const char *names[2][VA_PROF_PHASES] = {
+    static const char *names_v4[2][VA_PROF_PHASES] = {
         {"wait KV", "scores", "softmax + P out", "wait PREADY", "P V", "to next tile"},
         {"wait PREADY", "P V issue", "wait next tile", "wait KV", "P V rest + issue loads", "to next tile"}};
-    size_t n = (size_t)snprintf(out, cap, "verify_attn sm_90a phases (CTA 0, first item, tiles 1..%d), mean cycles:",
+    static const char *names_v5[2][VA_PROF_PHASES] = {
+        {"softmax0", "wait SCALE0 + P0 V0L issue", "wait SCALE1 + P0' out + P1 V1L issue", "wait P0", "next S0",
+         "to next pair"},
+        {"wait SCALE0", "softmax1 + P1 out", "wait SCALE1", "wait P0 + P V issue + waits", "next S1",
+         "to next pair"}};
+    const char *(*names)[VA_PROF_PHASES] = g_va_prof_kind ? names_v5 : names_v4;
+    size_t n = (size_t)snprintf(out, cap, "verify_attn sm_90a %s phases (CTA 0, first item, %s 1..%d), mean cycles:",
+                                g_va_prof_kind ? "v5 (seesaw)" : "v4", g_va_prof_kind ? "pairs of tiles" : "tiles",
                                 tiles - 2);
     for (int w = 0; w < 2; w++) {
         n += (size_t)snprintf(out + (n < cap ? n : cap), n < cap ? cap - n : 0, "\n  WG%d:", w);
@@ -1179,8 +1194,19 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
         CUtensorMap kv_map;
         memset(&kv_map, 0, sizeof kv_map);
         a.use_tma = make_kv_map(p, &kv_map);
-        if (a.prof) verify_attn_sm90_kernel<true><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
-        else verify_attn_sm90_kernel<false><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
+        /* v4 by default; KDT_VA_SEESAW=1 runs v5 (seesaw, TMA loads only), which is correct but
+         * slower than v4 on the H200 (docs/verify_attn_notes.md, v5) */
+        const char *seesaw = getenv("KDT_VA_SEESAW");
+        const int use_seesaw = a.use_tma && seesaw && !strcmp(seesaw, "1");
+        g_va_prof_kind = use_seesaw;
+        if (use_seesaw) {
+            if (a.prof) verify_attn_seesaw_kernel<true><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
+            else verify_attn_seesaw_kernel<false><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
+        } else if (a.prof) {
+            verify_attn_sm90_kernel<true><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
+        } else {
+            verify_attn_sm90_kernel<false><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
+        }
     } else {
         switch (cfg) {
         case CFG_BN64_2STAGE: verify_attn_kernel<64, 2><<<sms, THREADS, Cfg<64, 2>::SMEM, cs>>>(a); break;
