@@ -4,13 +4,16 @@
  * stream's expected tokens, and the choice maximises expected tokens per second (checked against
  * brute force over every budget pair, with costs per node and with padded GPU rows). The
  * draft-or-not choice, run against simulated rounds, keeps throughput within 3 % of the better
- * kind, whichever it is, and follows a change of leader. */
+ * kind, whichever it is, and follows a change of leader. One tree build serves auto's choice and
+ * its verify pass: the prefix of the tree at the cap equals a build at the budget, bit for bit. */
 #ifdef KDT_WITH_MODEL /* the engine is built with the model (jansson) */
 #include "t.h"
 
 #include "engine/budget.h"
+#include "engine/engine_internal.h"
 
 #include <math.h>
+#include <string.h>
 
 static void test_fit(void) {
     kdt_budget_ctl c;
@@ -352,6 +355,99 @@ static void test_draft_or_not(void) {
     CHECK(isfinite(kdt_budget_kind_rate(&c, 1, 1)));
 }
 
+
+/* ---- one build at the caps serves every budget ------------------------------------------------ */
+
+typedef struct tree_buf {
+    kdt_tree t;
+    int32_t *ints; /* 7 arrays */
+} tree_buf;
+
+static void tree_alloc(tree_buf *b, int32_t S, int32_t N) {
+    const size_t sn = (size_t)S * N;
+    b->ints = xmalloc(sizeof(int32_t) * (S + 6 * sn));
+    b->t = (kdt_tree){S, N, b->ints, b->ints + S, b->ints + S + sn, b->ints + S + 2 * sn, b->ints + S + 3 * sn,
+                      b->ints + S + 4 * sn, b->ints + S + 5 * sn, xmalloc(sizeof(float) * sn),
+                      xmalloc(sizeof(uint64_t) * sn * KDT_MASK_WORDS(N))};
+    memset(b->ints, 0x5a, sizeof(int32_t) * (S + 6 * sn)); /* nothing left unwritten passes */
+    memset(b->t.score, 0x5a, sizeof(float) * sn);
+    memset(b->t.anc_mask, 0x5a, sizeof(uint64_t) * sn * KDT_MASK_WORDS(N));
+}
+
+static void tree_free(tree_buf *b) {
+    free(b->ints);
+    free(b->t.score);
+    free(b->t.anc_mask);
+}
+
+static int trees_equal(const kdt_tree *a, const kdt_tree *b) {
+    const size_t S = (size_t)a->n_streams, sn = S * (size_t)a->max_nodes;
+    return a->max_nodes == b->max_nodes && !memcmp(a->n_nodes, b->n_nodes, sizeof(int32_t) * S) &&
+           !memcmp(a->token, b->token, sizeof(int32_t) * sn) && !memcmp(a->parent, b->parent, sizeof(int32_t) * sn) &&
+           !memcmp(a->depth, b->depth, sizeof(int32_t) * sn) &&
+           !memcmp(a->first_child, b->first_child, sizeof(int32_t) * sn) &&
+           !memcmp(a->next_sibling, b->next_sibling, sizeof(int32_t) * sn) &&
+           !memcmp(a->position, b->position, sizeof(int32_t) * sn) && !memcmp(a->score, b->score, sizeof(float) * sn) &&
+           !memcmp(a->anc_mask, b->anc_mask, sizeof(uint64_t) * sn * KDT_MASK_WORDS(a->max_nodes));
+}
+
+/* Random top-K rows (descending, often tied, some -inf tails), caps up to 100 (two mask words),
+ * budgets up to the cap, verify strides narrower and wider than the cap's, both build modes:
+ * kdt_round_tree_prefix of the cap tree equals tree_build at the budgets in every byte. */
+static void test_tree_prefix(void) {
+    uint64_t rng = 77;
+    int bad = 0;
+    for (int it = 0; it < 400; it++) {
+        const int32_t S = 1 + t_rand_int(&rng, 5), L = 1 + t_rand_int(&rng, 8), K = 1 + t_rand_int(&rng, 24);
+        const int chain = t_rand_int(&rng, 6) == 0;
+        const int32_t max_cap = it % 8 == 0 ? 100 : 31;
+        int32_t *ids = xmalloc(sizeof(int32_t) * S * L * K), *caps = xmalloc(sizeof(int32_t) * S);
+        int32_t *budget = xmalloc(sizeof(int32_t) * S), *dl = xmalloc(sizeof(int32_t) * S);
+        int32_t *root = xmalloc(sizeof(int32_t) * S), *prefix = xmalloc(sizeof(int32_t) * S);
+        float *lp = xmalloc(sizeof(float) * S * L * K);
+        const double quant = t_rand_int(&rng, 2) ? 0.25 : 0.0;
+        for (int32_t r = 0; r < S * L; r++) {
+            double acc = -t_rand_unit(&rng);
+            for (int32_t k = 0; k < K; k++) {
+                ids[r * K + k] = 100 * r + k;
+                acc -= 2.0 * t_rand_unit(&rng) * t_rand_unit(&rng);
+                float v = (float)(quant > 0 ? quant * floor(acc / quant) : acc);
+                if (k > 0 && v > lp[r * K + k - 1]) v = lp[r * K + k - 1];
+                lp[r * K + k] = k >= 3 && t_rand_int(&rng, 10) == 0 ? -INFINITY : v;
+                if (k > 0 && lp[r * K + k - 1] == -INFINITY) lp[r * K + k] = -INFINITY;
+            }
+        }
+        int32_t pstride = 1, bmax = 0;
+        for (int32_t s = 0; s < S; s++) {
+            caps[s] = t_rand_int(&rng, max_cap + 1);
+            budget[s] = t_rand_int(&rng, caps[s] + 1);
+            dl[s] = 1 + t_rand_int(&rng, L);
+            root[s] = 7 + s;
+            prefix[s] = 40 * s + t_rand_int(&rng, 30);
+            if (1 + caps[s] > pstride) pstride = 1 + caps[s];
+            if (budget[s] > bmax) bmax = budget[s];
+        }
+        const int32_t stride = 1 + bmax + (t_rand_int(&rng, 2) ? t_rand_int(&rng, 80) : 0);
+        tree_buf cap_tree, direct, cut;
+        tree_alloc(&cap_tree, S, pstride);
+        tree_alloc(&direct, S, stride);
+        tree_alloc(&cut, S, stride);
+        kdt_tree_build_params p = {S, L, K, ids, lp, dl, caps, root, prefix, chain};
+        CHECK_EQ_INT(kdt_tree_build_cpu(&p, &cap_tree.t), KDT_OK);
+        p.budget = budget;
+        CHECK_EQ_INT(kdt_tree_build_cpu(&p, &direct.t), KDT_OK);
+        kdt_round_tree_prefix(&cap_tree.t, &cut.t, budget);
+        if (!trees_equal(&direct.t, &cut.t) && bad++ < 3)
+            fprintf(stderr, "  case %d: S %d L %d K %d chain %d strides %d -> %d: prefix != build\n", it, S, L, K,
+                    chain, pstride, stride);
+        tree_free(&cap_tree);
+        tree_free(&direct);
+        tree_free(&cut);
+        free(ids), free(caps), free(budget), free(dl), free(root), free(prefix), free(lp);
+    }
+    CHECK_EQ_INT(bad, 0);
+}
+
 int main(void) {
     T_RUN(test_fit);
     T_RUN(test_extremes);
@@ -361,6 +457,7 @@ int main(void) {
     T_RUN(test_padded_choice);
     T_RUN(test_rank_calibration);
     T_RUN(test_draft_or_not);
+    T_RUN(test_tree_prefix);
     return t_summary();
 }
 #else

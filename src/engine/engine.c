@@ -104,6 +104,10 @@ static kdt_status alloc_buffers(kdt_engine *e) {
     e->commit_tau = xcalloc(S, sizeof(int32_t), &st);
     e->ev_tokens = xcalloc(S * KDT_MAX_PATH, sizeof(int32_t), &st);
     e->auto_scores = xcalloc(S * MN, sizeof(float), &st);
+    e->p_n_nodes = xcalloc(S, sizeof(int32_t), &st);
+    e->p_tree = xcalloc(6 * S * MN, sizeof(int32_t), &st);
+    e->p_score = xcalloc(S * MN, sizeof(float), &st);
+    e->p_mask = xcalloc(S * MN * W, sizeof(uint64_t), &st);
     if (st == KDT_OK && kdt_sampler_scratch_reserve(&e->sampler, e->mc->vocab_size) != 0)
         st = kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine: sampler scratch");
     return st;
@@ -228,7 +232,8 @@ void kdt_engine_free(kdt_engine *e) {
                     e->slot_of, e->b_depth_limit, e->b_budget, e->b_root, e->b_prefix, e->top_ids,
                     e->top_logp, e->draft_logits, e->argmax, e->target_token, e->logits, e->taps,
                     e->feat, e->acc_nodes, e->acc_emit, e->acc_tau, e->acc_bonus, e->acc_error,
-                    e->commit_tau, e->ev_tokens, e->auto_scores};
+                    e->commit_tau, e->ev_tokens, e->auto_scores, e->p_n_nodes, e->p_tree, e->p_score,
+                    e->p_mask};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     kdt_sampler_scratch_free(&e->sampler);
     free(e);

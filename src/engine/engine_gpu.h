@@ -4,8 +4,9 @@
  * (one small copy) and the accepted tokens with tau come back (one small copy, one sync); the
  * drafter, top-K, tree build, verify, accept, KV commit and drafter-context update all stay on
  * the device, replayed as a CUDA graph once a round shape has been seen. `auto` stays in the
- * graph: each round also builds probe trees at the caps, whose scores come down with the results
- * and choose the next round's budgets (one round of lag, no mid-round sync). Exceptions, run
+ * graph: a drafted round builds its trees at the caps, verifies their prefixes at the chosen
+ * budgets, and the caps trees' scores come down with the results and choose the next round's
+ * budgets (one round of lag, no mid-round sync). Exceptions, run
  * eagerly with one more host round trip: T > 0 streams (their per-node draws use the host sampler
  * on the logits) and the test-only drafter hook (its logits go up). Internal to the engine.
  */

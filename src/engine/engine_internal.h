@@ -115,6 +115,11 @@ struct kdt_engine {
     int32_t *commit_tau;                         /* [S] tau, or 0 for streams that leave */
     int32_t *ev_tokens;                          /* [slot][KDT_MAX_PATH] event tokens */
     float *auto_scores;                          /* [S][MN] copy of the probe tree's scores */
+    /* auto's probe trees at the caps (CPU round): the round's trees are their prefixes */
+    int32_t *p_n_nodes;                          /* [S] */
+    int32_t *p_tree;                             /* 6 x [S][MN]: token, parent, depth, links, position */
+    float *p_score;                              /* [S][MN] */
+    uint64_t *p_mask;                            /* [S][MN][W] */
     kdt_sampler_scratch sampler;
 
     kdt_budget_ctl budget;
@@ -143,6 +148,8 @@ typedef struct round_bufs {
 int32_t kdt_round_plan(kdt_engine *e, const int32_t *slots, int32_t n_slots, round_groups *g);
 int32_t kdt_round_topk_k(const kdt_engine *e, const round_groups *g);
 round_bufs kdt_round_host_bufs(kdt_engine *e);
+/* The host buffers of auto's probe trees (CPU round), with the same inputs as kdt_round_host_bufs. */
+round_bufs kdt_round_probe_bufs(kdt_engine *e);
 kdt_tree kdt_round_tree_view(const round_bufs *b, int32_t s0, int32_t n, int32_t stride);
 /* tree_build of every group at the budgets in b->budget; budget_host is the host copy of them
  * (for the stride). *stride: in, the smallest stride wanted (1 = as the budgets need); out, the
@@ -150,7 +157,16 @@ kdt_tree kdt_round_tree_view(const round_bufs *b, int32_t s0, int32_t n, int32_t
 kdt_status kdt_round_build_trees(const kdt_engine *e, const round_bufs *b, const int32_t *budget_host,
                                  const kdt_engine_kernels *kern, void *stream, const round_groups *g, int32_t S,
                                  int32_t K, int32_t *stride);
-void kdt_round_auto_choose(kdt_engine *e, const round_groups *g, int32_t S, int32_t stride);
+/* The best-first tree of budget B is the first B pops of the tree at any larger budget (same
+ * top-K input): dst stream s = the first min(src n_nodes, 1 + budget[s]) nodes of src stream s,
+ * links to later nodes cut, padded as tree_build pads (budget clamped to 0..dst->max_nodes - 1,
+ * as tree_build clamps it). So one build at the caps serves auto's choice and its verify pass,
+ * bit for bit equal to a second build at the chosen budgets. Host arrays; the GPU round's twin is
+ * kdt_eng_tree_prefix (cuda/engine_gpu_ops.cu). src and dst must not overlap. */
+void kdt_round_tree_prefix(const kdt_tree *src, const kdt_tree *dst, const int32_t *budget);
+/* The auto streams' budgets into e->b_budget, from the probe trees in `probe` (stride pstride,
+ * built at the caps). */
+void kdt_round_auto_choose(kdt_engine *e, const round_groups *g, int32_t S, const kdt_tree *probe);
 /* kdt_budget_choose over the auto streams bs[i] (tree stream idx[i]), then their budgets into
  * e->b_budget and stats.last_budget: the CPU round and the GPU round's lagged choice both end here. */
 void kdt_round_choose_budgets(kdt_engine *e, int32_t n, const kdt_budget_stream *bs, const int32_t *idx,
@@ -171,7 +187,8 @@ typedef struct round_timing {
 /* Feeds the round to the controller: the verify cost line, the calibration and fixed time of
  * drafted rounds, the plain-round count, and the draft-or-not rates (CPU and GPU rounds alike). */
 void kdt_round_observe(kdt_engine *e, const round_groups *g, const round_timing *t);
-double kdt_round_surrogate(const kdt_engine *e, int32_t s, int32_t stride);
+/* expected accepted draft tokens of stream s of `tree` under the drafter's surrogate (§1.2) */
+double kdt_round_surrogate(const kdt_engine *e, const kdt_tree *tree, int32_t s);
 /* Grows a host float buffer (engine-owned, e.g. e->logits) to at least `need` floats. */
 kdt_status kdt_round_grow_f32(float **buf, int64_t *cap, int64_t need, const char *what);
 kdt_sampler_params kdt_round_sampler_of(const eng_stream *s);

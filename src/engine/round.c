@@ -139,6 +139,49 @@ round_bufs kdt_round_host_bufs(kdt_engine *e) {
     return b;
 }
 
+round_bufs kdt_round_probe_bufs(kdt_engine *e) {
+    const int64_t sm = (int64_t)e->max_streams * e->max_nodes;
+    int32_t *t = e->p_tree;
+    round_bufs b = {e->p_n_nodes, t, t + sm, t + 2 * sm, t + 3 * sm, t + 4 * sm, t + 5 * sm,
+                    e->p_score, e->p_mask, e->top_ids, e->top_logp, e->b_depth_limit,
+                    e->b_budget, e->b_root, e->b_prefix};
+    return b;
+}
+
+void kdt_round_tree_prefix(const kdt_tree *src, const kdt_tree *dst, const int32_t *budget) {
+    const int32_t Ns = src->max_nodes, Nd = dst->max_nodes;
+    const int32_t Ws = KDT_MASK_WORDS(Ns), Wd = KDT_MASK_WORDS(Nd);
+    for (int32_t s = 0; s < dst->n_streams; s++) {
+        const int32_t b = budget[s] < 0 ? 0 : budget[s] > Nd - 1 ? Nd - 1 : budget[s];
+        int32_t n = src->n_nodes[s] < 1 + b ? src->n_nodes[s] : 1 + b;
+        if (n > Ns) n = Ns;
+        if (n < 1) n = 1;
+        const int64_t si = (int64_t)s * Ns, di = (int64_t)s * Nd;
+        for (int32_t i = 0; i < Nd; i++) {
+            uint64_t *row = dst->anc_mask + (di + i) * Wd;
+            if (i >= n) { /* tree_build's padding */
+                dst->token[di + i] = dst->parent[di + i] = dst->depth[di + i] = -1;
+                dst->first_child[di + i] = dst->next_sibling[di + i] = dst->position[di + i] = -1;
+                dst->score[di + i] = -INFINITY;
+                for (int32_t w = 0; w < Wd; w++) row[w] = 0;
+                continue;
+            }
+            /* children and later siblings come later in pop order: a link past the prefix ends */
+            const int32_t fc = src->first_child[si + i], ns = src->next_sibling[si + i];
+            dst->token[di + i] = src->token[si + i];
+            dst->parent[di + i] = src->parent[si + i];
+            dst->depth[di + i] = src->depth[si + i];
+            dst->first_child[di + i] = fc < n ? fc : -1;
+            dst->next_sibling[di + i] = ns < n ? ns : -1;
+            dst->position[di + i] = src->position[si + i];
+            dst->score[di + i] = src->score[si + i];
+            const uint64_t *srow = src->anc_mask + (si + i) * Ws;
+            for (int32_t w = 0; w < Wd; w++) row[w] = w < Ws ? srow[w] : 0; /* ancestors are < i < Nd */
+        }
+        dst->n_nodes[s] = n;
+    }
+}
+
 kdt_status kdt_round_build_trees(const kdt_engine *e, const round_bufs *b, const int32_t *budget_host,
                                  const kdt_engine_kernels *kern, void *stream, const round_groups *g, int32_t S,
                                  int32_t K, int32_t *stride_out) {
@@ -166,10 +209,9 @@ kdt_status kdt_round_build_trees(const kdt_engine *e, const round_bufs *b, const
     return KDT_OK;
 }
 
-/* expected accepted draft tokens of tree stream s under the drafter's surrogate (§1.2) */
-double kdt_round_surrogate(const kdt_engine *e, int32_t s, int32_t stride) {
+double kdt_round_surrogate(const kdt_engine *e, const kdt_tree *tree, int32_t s) {
     double sum = 0.0;
-    for (int32_t i = 1; i < e->t_n_nodes[s]; i++) sum += exp((double)e->t_score[(int64_t)s * stride + i]);
+    for (int32_t i = 1; i < tree->n_nodes[s]; i++) sum += exp((double)tree->score[(int64_t)s * tree->max_nodes + i]);
     return sum < e->b_depth_limit[s] ? sum : e->b_depth_limit[s];
 }
 
@@ -218,9 +260,7 @@ int32_t kdt_round_topk_k(const kdt_engine *e, const round_groups *g) {
     return K;
 }
 
-/* The auto streams' budgets from their probe trees (e->t_score / e->t_n_nodes on the host, built at
- * each stream's cap): writes e->b_budget of the auto streams. */
-void kdt_round_auto_choose(kdt_engine *e, const round_groups *gp, int32_t S, int32_t stride) {
+void kdt_round_auto_choose(kdt_engine *e, const round_groups *gp, int32_t S, const kdt_tree *probe) {
     const round_groups g = *gp;
     /* The probe trees were built at each auto stream's cap; the best-B tree is their first B
      * pops, so their scores give the surrogate of every budget (budget.h). */
@@ -231,16 +271,16 @@ void kdt_round_auto_choose(kdt_engine *e, const round_groups *gp, int32_t S, int
         const eng_stream *es = &e->streams[e->slot_of[s]];
         if (s < g.n_tree && es->params.spec == KDT_SPEC_AUTO) {
             float *sc = e->auto_scores + (int64_t)n_auto * e->max_nodes;
-            const int32_t cap = e->t_n_nodes[s] - 1;
-            memcpy(sc, e->t_score + (int64_t)s * stride + 1, sizeof(float) * (size_t)cap);
+            const int32_t cap = probe->n_nodes[s] - 1;
+            memcpy(sc, probe->score + (int64_t)s * probe->max_nodes + 1, sizeof(float) * (size_t)cap);
             bs[n_auto] = (kdt_budget_stream){sc, cap, e->b_depth_limit[s]};
             auto_idx[n_auto++] = s;
         } else {
             others.n_streams++;
-            others.nodes += e->t_n_nodes[s];
-            if (e->t_n_nodes[s] > others.min_stride) others.min_stride = e->t_n_nodes[s];
+            others.nodes += probe->n_nodes[s];
+            if (probe->n_nodes[s] > others.min_stride) others.min_stride = probe->n_nodes[s];
             others.tokens += 1.0 + (s < g.n_draft ? kdt_budget_calibration(&e->budget) *
-                                                        kdt_round_surrogate(e, s, stride) : 0.0);
+                                                        kdt_round_surrogate(e, probe, s) : 0.0);
         }
     }
     kdt_round_choose_budgets(e, n_auto, bs, auto_idx, &others);
@@ -341,11 +381,19 @@ static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots
         if (st != KDT_OK) return st;
     }
     int32_t stride = 1;
-    st = kdt_round_build_trees(e, &hb, e->b_budget, e->kern, e->cuda_stream, &g, S, K, &stride);
-    if (st != KDT_OK) return st;
     if (g.n_auto > 0 && drafts) {
-        kdt_round_auto_choose(e, &g, S, stride);
-        stride = 1;
+        /* one build at the caps: the choice reads its scores, the verified trees are its prefixes */
+        const round_bufs pb = kdt_round_probe_bufs(e);
+        int32_t pstride = 1;
+        st = kdt_round_build_trees(e, &pb, e->b_budget, e->kern, e->cuda_stream, &g, S, K, &pstride);
+        if (st != KDT_OK) return st;
+        const kdt_tree probe = kdt_round_tree_view(&pb, 0, S, pstride);
+        kdt_round_auto_choose(e, &g, S, &probe);
+        for (int32_t s = 0; s < S; s++)
+            if (1 + e->b_budget[s] > stride) stride = 1 + e->b_budget[s];
+        const kdt_tree verified = kdt_round_tree_view(&hb, 0, S, stride);
+        kdt_round_tree_prefix(&probe, &verified, e->b_budget);
+    } else {
         st = kdt_round_build_trees(e, &hb, e->b_budget, e->kern, e->cuda_stream, &g, S, K, &stride);
         if (st != KDT_OK) return st;
     }
@@ -411,7 +459,7 @@ static kdt_status run_round(kdt_engine *e, const int32_t *slots, int32_t n_slots
         eng_stream *es = &e->streams[slot];
         const int32_t tau = e->acc_tau[s];
         if (s < g.n_draft) {
-            predicted += kdt_round_surrogate(e, s, stride);
+            predicted += kdt_round_surrogate(e, &tree, s);
             realised += tau - 1;
         }
         int32_t *evt = e->ev_tokens + (int64_t)slot * KDT_MAX_PATH;

@@ -3,9 +3,10 @@
  * Per round, in stream order on the runner's CUDA stream:
  *   params up (slot, root, prefix, depth limit, budget per tree stream: one pinned copy)
  *   -> stage the verify pass on the host (page reservation, block-table updates; no tree needed)
- *   -> DFlash draft (dflash_gpu) -> top-K -> tree_build -> verify forward (rows numbered on the
- *      device from the built trees) -> tree_accept on the argmax -> KV commit -> drafter context
- *      of the accepted path -> tau / error / emitted tokens down (one pinned copy) -> one sync.
+ *   -> DFlash draft (dflash_gpu) -> top-K -> tree_build (auto: at the caps, then the prefixes at
+ *      the chosen budgets) -> verify forward (rows numbered on the device from the built trees)
+ *      -> tree_accept on the argmax -> KV commit -> drafter context of the accepted path
+ *      -> tau / error / emitted tokens (and auto's probe scores) down (one pinned copy) -> one sync.
  * auto's plain rounds (no drafter) park the accepted token's feature row per slot instead of
  * appending it to the drafter context (a launch-bound chain of small kernels); the next
  * drafted round, or a plain round that finds a slot's buffer full, appends every parked row in one
@@ -13,8 +14,8 @@
  * Everything after the staging is one CUDA graph per round shape (streams per group, tree
  * stride, K), captured on first use and kept in an LRU cache of MAX_GRAPHS; once the cache is
  * full, a new shape is captured only the second time it comes up (the first runs eagerly), so
- * shapes that come once do not evict the ones that recur. T > 0 streams, `auto` and the test
- * drafter hook run the same steps eagerly with one extra host round trip each (engine_gpu.h).
+ * shapes that come once do not evict the ones that recur. T > 0 streams and the test drafter
+ * hook run the same steps eagerly with one extra host round trip each (engine_gpu.h).
  * Stage times come from CUDA events; the round's wall time minus the draft and verify passes is
  * the per-round overhead the stats report as build + accept.
  */
@@ -32,6 +33,8 @@ kdt_status kdt_eng_gather_rows(int32_t *dst, const int32_t *src, const int32_t *
                                int64_t src_stride, int32_t n_src_rows, void *stream);
 kdt_status kdt_eng_scatter_rows(float *dst, int64_t dst_stride, int32_t n_dst_rows, const float *src,
                                 int64_t src_stride, const int32_t *dst_row, int32_t n, int32_t width, void *stream);
+kdt_status kdt_eng_tree_prefix(const kdt_tree *src, const kdt_tree *dst, const int32_t *budget, int32_t *probe_n,
+                               float *probe_score, void *stream);
 
 #define PREFILL_CHUNK 256
 /* A 64-client server run with auto met ~130 shapes (batch size x plain/drafted x stride); with a
@@ -77,17 +80,18 @@ struct eng_gpu {
     float *d_score;             /* [MS][MN] */
     uint64_t *d_mask;           /* [MS][MN][W] */
     int32_t *d_target;          /* [MS][MN] target tokens when some stream samples */
-    int32_t *d_acc;             /* tau [MS] | error [MS] | bonus [MS] | emit [MS][PATH] | nodes [MS][PATH] */
+    int32_t *d_acc;             /* tau [MS] | error [MS] | bonus [MS] | emit [MS][PATH] | nodes [MS][PATH]
+                                   | auto's probe: n_nodes [MS] | scores [S][probe stride] (fp32 bits) */
     int32_t *d_bt;              /* [MS][max_pages] block-table rows in tree-stream order */
     int32_t *d_items;           /* prefill context items: count | slot [C] | pos [C] | row [C] */
     round_bufs db;              /* device views for kdt_round_build_trees */
-    /* auto: each round also builds probe trees at the caps (pb, budgets = the caps row); their
+    /* auto: a drafted round builds its trees once, at the caps (pb, budgets = the caps row); the
+     * verified trees are their prefixes at the chosen budgets (kdt_eng_tree_prefix), and their
      * scores come down with the results and choose the next round's budgets (lagged by one) */
     int32_t *d_ptree_i;         /* like d_tree_i */
     float *d_pscore;
     uint64_t *d_pmask;
     round_bufs pb;
-    float *h_probe;             /* pinned: n_nodes [MS] (as float bits) | scores [MS][MN] */
     float *probe;               /* [MS slot][MN] last probe scores of nodes 1.. per slot */
     int32_t *n_probe;           /* [MS slot] valid entries (0: none yet) */
     int32_t caps[64];           /* the round's cap per tree stream */
@@ -173,7 +177,6 @@ void kdt_engine_gpu_free(kdt_engine *e) {
     cudaFreeHost(g->h_par);
     cudaFreeHost(g->h_acc);
     cudaFreeHost(g->h_items);
-    cudaFreeHost(g->h_probe);
     cudaFreeHost(g->h_flush);
     free(g->probe);
     free(g->n_probe);
@@ -186,6 +189,11 @@ void kdt_engine_gpu_free(kdt_engine *e) {
     free(g);
     e->gpu = NULL;
 }
+
+/* The results buffer (d_acc / h_acc), in int32 words: accept outputs, then auto's probe. */
+static size_t acc_probe_n(int32_t MS) { return (size_t)(3 * MS + 2 * MS * KDT_MAX_PATH); }
+static size_t acc_probe_scores(int32_t MS) { return acc_probe_n(MS) + (size_t)MS; }
+static size_t acc_words(int32_t MS, int32_t MN) { return acc_probe_scores(MS) + (size_t)MS * (size_t)MN; }
 
 static kdt_status create_buffers(kdt_engine *e, eng_gpu *g) {
     const size_t MS = (size_t)g->MS, MN = (size_t)g->MN, W = (size_t)KDT_MASK_WORDS(g->MN);
@@ -200,18 +208,17 @@ static kdt_status create_buffers(kdt_engine *e, eng_gpu *g) {
     KDT_TRY(dalloc((void **)&g->d_score, MS * MN * sizeof(float), "tree scores"));
     KDT_TRY(dalloc((void **)&g->d_mask, MS * MN * W * sizeof(uint64_t), "tree masks"));
     KDT_TRY(dalloc((void **)&g->d_target, MS * MN * I4, "target tokens"));
-    KDT_TRY(dalloc((void **)&g->d_acc, (3 * MS + 2 * MS * KDT_MAX_PATH) * I4, "accept outputs"));
+    KDT_TRY(dalloc((void **)&g->d_acc, acc_words(g->MS, g->MN) * I4, "accept outputs"));
     KDT_TRY(dalloc((void **)&g->d_bt, MS * (size_t)g->kl.max_pages * I4, "block-table rows"));
     KDT_TRY(dalloc((void **)&g->d_items, (1 + 3 * PREFILL_CHUNK) * I4, "context items"));
     KDT_TRY(halloc((void **)&g->h_par, 7 * MS * I4, "round parameters"));
     KDT_TRY(dalloc((void **)&g->d_ptree_i, (MS + 6 * MS * MN) * I4, "probe trees"));
     KDT_TRY(dalloc((void **)&g->d_pscore, MS * MN * sizeof(float), "probe scores"));
     KDT_TRY(dalloc((void **)&g->d_pmask, MS * MN * W * sizeof(uint64_t), "probe masks"));
-    KDT_TRY(halloc((void **)&g->h_probe, (MS + MS * MN) * sizeof(float), "probe scores"));
     g->probe = calloc(MS * MN, sizeof(float));
     g->n_probe = calloc(MS, sizeof(int32_t));
     if (!g->probe || !g->n_probe) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine GPU: probe scores");
-    KDT_TRY(halloc((void **)&g->h_acc, (3 * MS + 2 * MS * KDT_MAX_PATH) * I4, "accept outputs"));
+    KDT_TRY(halloc((void **)&g->h_acc, acc_words(g->MS, g->MN) * I4, "accept outputs"));
     KDT_TRY(halloc((void **)&g->h_items, (1 + 3 * PREFILL_CHUNK) * I4, "context items"));
     if (g->draft && e->n_taps > 0) {
         const size_t rows = MS * PEND_MAX;
@@ -394,20 +401,24 @@ static kdt_status enqueue_draft_build(kdt_engine *e, eng_gpu *g, round_ctx *rc) 
                               g->d_top_logp, g->d_topk_ws, g->topk_ws_bytes};
         KDT_TRY(kdt_topk_logsoftmax_cuda(&tp, g->stream));
     }
-    int32_t stride = 1, pstride = 1;
+    int32_t stride = rc->stride, pstride = 1;
     if (rc->gr.n_auto > 0 && rc->drafts) {
-        /* the probe trees at the caps, for the next round's choice */
+        /* one build, at the caps (the probe): the verified trees are its prefixes at the chosen
+         * budgets (the best-B tree is the first B pops), and its node count and scores land in the
+         * results buffer for the next round's choice */
         KDT_TRY(kdt_round_build_trees(e, &g->pb, g->caps, &kdt_engine_kernels_cuda, g->stream, &rc->gr, S, rc->K,
                                       &pstride));
-        CU(cudaMemcpyAsync(g->h_probe, g->pb.n_nodes, sizeof(int32_t) * (size_t)S, cudaMemcpyDeviceToHost, g->stream),
-           "probe");
-        CU(cudaMemcpyAsync(g->h_probe + g->MS, g->pb.score, sizeof(float) * (size_t)S * pstride,
-                           cudaMemcpyDeviceToHost, g->stream),
-           "probe");
+        for (int32_t s = 0; s < S; s++)
+            if (1 + e->b_budget[s] > stride)
+                return kdt_fail(KDT_ERR_INTERNAL, "engine GPU: budget %d in a stride of %d", e->b_budget[s], stride);
+        const kdt_tree probe = kdt_round_tree_view(&g->pb, 0, S, pstride);
+        const kdt_tree verified = kdt_round_tree_view(&g->db, 0, S, stride);
+        KDT_TRY(kdt_eng_tree_prefix(&probe, &verified, g->db.budget, g->d_acc + acc_probe_n(g->MS),
+                                    (float *)(g->d_acc + acc_probe_scores(g->MS)), g->stream));
+    } else {
+        KDT_TRY(kdt_round_build_trees(e, &g->db, e->b_budget, &kdt_engine_kernels_cuda, g->stream, &rc->gr, S, rc->K,
+                                      &stride));
     }
-    stride = rc->stride;
-    KDT_TRY(kdt_round_build_trees(e, &g->db, e->b_budget, &kdt_engine_kernels_cuda, g->stream, &rc->gr, S, rc->K,
-                                  &stride));
     rc->pstride = pstride;
     if (stride != rc->stride)
         return kdt_fail(KDT_ERR_INTERNAL, "engine GPU: tree stride %d, staged for %d", stride, rc->stride);
@@ -475,11 +486,11 @@ static kdt_status enqueue_verify_accept(kdt_engine *e, eng_gpu *g, const round_c
         KDT_TRY(kdt_eng_scatter_rows(g->d_pend, frow, MS * PEND_MAX, g->outs.taps, (int64_t)N * frow,
                                      g->d_par + 6 * MS, rc->gr.n_draft, e->n_taps * g->D, g->stream));
     KDT_TRY(record(g, 5));
-    /* tau | error | bonus | emit rows | accepted nodes are contiguous at stride MS: one copy (the
-     * nodes feed auto's per-pop-index calibration) */
-    CU(cudaMemcpyAsync(g->h_acc, g->d_acc, sizeof(int32_t) * (size_t)(3 * MS + 2 * MS * KDT_MAX_PATH),
-                       cudaMemcpyDeviceToHost, g->stream),
-       "results");
+    /* tau | error | bonus | emit rows | accepted nodes (they feed auto's per-pop-index calibration)
+     * | in an auto drafted round the probe's node counts and scores: one copy */
+    const size_t words = rc->gr.n_auto > 0 && rc->drafts ? acc_probe_scores(MS) + (size_t)S * (size_t)rc->pstride
+                                                         : acc_probe_n(MS);
+    CU(cudaMemcpyAsync(g->h_acc, g->d_acc, sizeof(int32_t) * words, cudaMemcpyDeviceToHost, g->stream), "results");
     return KDT_OK;
 }
 
@@ -716,8 +727,8 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
     int any_ranks = 0;
     int64_t nodes_total = 0;
     double realised = 0.0, predicted = 0.0, realised_auto = 0.0, emitted = 0.0;
-    const int32_t *probe_n = (const int32_t *)g->h_probe;
-    const float *probe_sc = g->h_probe + MS;
+    const int32_t *probe_n = g->h_acc + acc_probe_n(MS);
+    const int32_t *probe_sc = g->h_acc + acc_probe_scores(MS); /* fp32 bits */
     kdt_status st = KDT_OK;
     for (int32_t s = 0; s < S; s++) {
         const int32_t slot = e->slot_of[s];
@@ -730,8 +741,9 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
         if (rc.gr.n_auto > 0 && rc.drafts && s < rc.gr.n_tree && es->params.spec == KDT_SPEC_AUTO) {
             /* this round's tree is the first b_budget pops of its probe: the surrogate of what was
              * verified, then the probe is kept for the next round's choice */
-            const int32_t np = probe_n[s] - 1 < 0 ? 0 : probe_n[s] - 1 > g->MN - 1 ? g->MN - 1 : probe_n[s] - 1;
-            const float *sc = probe_sc + (int64_t)s * rc.pstride + 1;
+            const int32_t np = probe_n[s] - 1 < 0 ? 0 : probe_n[s] - 1 > rc.pstride - 1 ? rc.pstride - 1 : probe_n[s] - 1;
+            float *sc = g->probe + (int64_t)slot * g->MN; /* kept for the next round's choice */
+            memcpy(sc, probe_sc + (int64_t)s * rc.pstride + 1, sizeof(float) * (size_t)np);
             double sum = 0.0;
             for (int32_t i = 0; i < np && i < e->b_budget[s]; i++) {
                 const double g_i = exp((double)sc[i]);
@@ -745,7 +757,6 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
             any_ranks = 1;
             predicted += sum < e->b_depth_limit[s] ? sum : e->b_depth_limit[s];
             realised_auto += tau - 1;
-            memcpy(g->probe + (int64_t)slot * g->MN, sc, sizeof(float) * (size_t)np);
             g->n_probe[slot] = np;
         }
         int32_t *evt = e->ev_tokens + (int64_t)slot * KDT_MAX_PATH;
