@@ -270,7 +270,7 @@ static void test_draft_or_not(void) {
     double eff = sim_run(&c, &one, 1, 1000, &nd);
     printf("  batch 1: %.1f %% of the better kind, %d of 1000 rounds drafted\n", 100 * eff, nd);
     CHECK(eff >= 0.97);
-    CHECK(nd > 950);
+    CHECK(nd > 985); /* the warm-up and plain tries backing off to 0.125 % of the time */
     /* batch 64 on the H200 server run: plain 35.4k tokens/s, drafted 25.0k (tau 3.2); here
      * batch 16 with drafted 1300 us at tau 2 (24.6k) against plain 565 us (28.3k) */
     sim sixteen = {1300e-6, 565e-6, 2.0, 12};

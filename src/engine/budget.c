@@ -29,6 +29,11 @@
 #define TRY_MIN_ROUNDS 8    /* first spacing in leader rounds, doubling with each try in a row that
                                left the leader in place */
 #define TRY_MAX_STREAK 3    /* 8 << 3 = at most 64 leader rounds between tries */
+#define TRY_PLAIN_STREAK 2  /* plain tries: spacing x 2 per try that left drafting in the lead, up to
+                               x 4 (0.125 % of the time). A plain round's rate hardly varies, and
+                               drafting loses the lead on its own history without a try; session 5
+                               put the plain tries at ~1 % of the time at batch 1 on the H200 (with
+                               the drafter-context flush each one causes) */
 
 void kdt_budget_init(kdt_budget_ctl *c, double base_s, double per_node_s) {
     *c = (kdt_budget_ctl){0};
@@ -295,7 +300,8 @@ int kdt_budget_next_round_drafts(kdt_budget_ctl *c, int32_t S) {
         if (interval > try_loss_s / TRY_COST) interval = try_loss_s / TRY_COST;
         if (interval < try_loss_s / share) interval = try_loss_s / share;
     } else {
-        interval = try_loss_s / TRY_COST_PLAIN;
+        interval = try_loss_s / TRY_COST_PLAIN *
+                   (double)(1 << (b->streak < TRY_PLAIN_STREAK ? b->streak : TRY_PLAIN_STREAK));
     }
     if (interval < min_spacing) interval = min_spacing;
     if (b->since_s >= interval) {

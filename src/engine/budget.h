@@ -6,7 +6,8 @@
  *    second. The controller measures both: per batch-size bucket it keeps the tokens per second
  *    that drafted and plain rounds achieved (decayed sums), runs the better kind (the leader) and
  *    now and then tries the other. Plain rounds hardly vary: one-round plain tries, spaced so that
- *    they cost 0.5 % of the time. Drafted rounds vary with tau: 4-round drafted tries every 8
+ *    they cost 0.5 % of the time, the spacing doubling with each try that leaves drafting in the
+ *    lead (twice at most: 0.125 %). Drafted rounds vary with tau: 4-round drafted tries every 8
  *    leader rounds at first, the spacing doubling with each try that confirms plain, costing at
  *    most 1-10 % of the time (the farther behind, the less). A drafted try that beats plain on
  *    its own makes drafting the leader at once and replaces the drafted history (tau changed);
