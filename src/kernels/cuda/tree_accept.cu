@@ -1,14 +1,19 @@
 /* tree_accept.cu - CUDA tree_accept: validation + greedy walk, one warp per stream, all on the
  * GPU (no host walk). The flags are defined in cpu/tree_accept.c; these kernels evaluate the same
  * per-node predicates in parallel, so outputs match the CPU twin bit for bit. Two kernels; v2 is
- * the default for max_nodes <= 64, v1 (the previous kernel) runs with KDT_TREE_ACCEPT_V1=1 and
+ * the default for max_nodes <= 65, v1 (the previous kernel) runs with KDT_TREE_ACCEPT_V1=1 and
  * for larger trees.
  *
  * At these sizes the time is latency: dependent global round trips, shared-memory atomics and
- * barriers, and the launch itself. v2 (one warp per stream and per CTA, node x in register x/32
- * of lane x%32, no shared memory, no atomics, no barrier):
+ * barriers, the launch itself, and, with one warp per stream, the length of the warp's
+ * instruction stream. v2 (one warp per stream and per CTA, no shared memory, no atomics, no
+ * barrier) keeps the nodes in C slot registers per lane, slot x in register x/32 of lane x%32:
+ * up to 32 nodes node x is slot x; past 32 the root is kept apart, in every lane's registers
+ * (broadcast loads), and node x >= 1 is slot x - 1, so a B = 32 tree (33 nodes) needs one slot
+ * register per lane instead of two (every predicate, gather and walk round done once, not twice;
+ * no duplicate-key loop) and a B = 64 tree fits two (it ran the v1 kernel before):
  *   1. one global round trip: n_nodes and all six arrays of every slot < 32*C are loaded
- *      together (slots past max_nodes clamped to slot 0, so nothing waits for n_nodes);
+ *      together (slots past max_nodes clamped to node 0, so nothing waits for n_nodes);
  *   2. the gathers at the parent / link targets (depth, target, parent) are warp shuffles;
  *      counted in-links are OR-reduced into a bitmask (no per-node counts are needed: see the
  *      in-link comment in the kernel); duplicate (parent, token) keys are found by
@@ -252,10 +257,10 @@ tree_accept_kernel(const TreeArgs a) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * v2 (default, max_nodes <= 64): registers and warp intrinsics only (see the top of this file).
+ * v2 (default, max_nodes <= 65): registers and warp intrinsics only (see the top of this file).
  * ------------------------------------------------------------------------------------------- */
 
-/* v[x] where node x lives in register x / 32 of lane x % 32; x in [0, 32 * C). All lanes. */
+/* v[x] where slot x lives in register x / 32 of lane x % 32; x in [0, 32 * C). All lanes. */
 template <int C>
 __device__ __forceinline__ int gather(const int (&v)[C], int x) {
     int r = __shfl_sync(FULL, v[0], x & 31);
@@ -267,10 +272,14 @@ __device__ __forceinline__ int gather(const int (&v)[C], int x) {
     return r;
 }
 
-/* One warp per stream and per CTA; C = ceil(max_nodes / 32) <= 2 node slots per lane. */
-template <int C>
+/* One warp per stream and per CTA; C <= 2 slot registers per lane. R = 0: node x in slot x.
+ * R = 1 ("root apart"): node x >= 1 in slot x - 1 and the root's fields in every lane's
+ * registers (broadcast loads), so 1 + 32 C nodes fit: B = 32 (33 nodes) runs with one register
+ * per lane instead of two, B = 64 (65 nodes) with two instead of the v1 kernel. */
+template <int C, int R>
 __global__ void __launch_bounds__(32) tree_accept_v2_kernel(const TreeArgs a) {
     static_assert(C == 1 || C == 2, "the duplicate test below covers at most 64 slots");
+    static_assert(R == 0 || R == 1, "R: the root in slot 0 (0) or apart (1)");
     const int s = blockIdx.x, lane = threadIdx.x;
     const int maxn = a.max_nodes;
     const int64_t base = (int64_t)s * maxn;
@@ -278,13 +287,14 @@ __global__ void __launch_bounds__(32) tree_accept_v2_kernel(const TreeArgs a) {
     pdl::wait(); /* the tree and targets may come from the previous kernel in the stream */
     pdl::launch_dependents();
 
-    /* 1. One global round trip: n_nodes and all six arrays of every slot (clamped to slot 0
-     *    past max_nodes, so always in bounds); nothing waits for n_nodes. */
+    /* 1. One global round trip: n_nodes and all six arrays of every slot (clamped to node 0
+     *    past max_nodes, so always in bounds), and with R the root's fields; nothing waits for
+     *    n_nodes. */
     int par[C], dep[C], tok[C], fc[C], ns[C], tgt[C];
     const int n_in = __ldg(a.n_nodes + s);
 #pragma unroll
     for (int c = 0; c < C; c++) {
-        const int i = c * 32 + lane;
+        const int i = c * 32 + lane + R;
         const int64_t at = base + (i < maxn ? i : 0);
         par[c] = __ldg(a.parent + at);
         dep[c] = __ldg(a.depth + at);
@@ -293,12 +303,20 @@ __global__ void __launch_bounds__(32) tree_accept_v2_kernel(const TreeArgs a) {
         ns[c] = __ldg(a.next_sibling + at);
         tgt[c] = __ldg(a.target + at);
     }
+    int par0 = 0, dep0 = 0, fc0 = -1, ns0 = -1, tgt0 = 0; /* the root's, with R */
+    if (R) {
+        par0 = __ldg(a.parent + base);
+        dep0 = __ldg(a.depth + base);
+        fc0 = __ldg(a.first_child + base);
+        ns0 = __ldg(a.next_sibling + base);
+        tgt0 = __ldg(a.target + base);
+    }
     const bool size_ok = n_in >= 1 && n_in <= maxn; /* else BAD_SIZE and nothing else */
     const int n = size_ok ? n_in : 0;
 
     /* 2. Per-node predicates of cpu/tree_accept.c, with shuffle gathers at the parent and link
-     *    targets (indices clamped in range). Counted links set bits in `linked`; (parent,
-     *    token) keys for the duplicate test; walk[] starts the pointer doubling of the walk. */
+     *    targets (indices clamped in range). Counted links set bits in `linked` (by slot);
+     *    (parent, token) keys for the duplicate test; walk[] starts the pointer doubling. */
     int f = 0;
     uint32_t linked[C];
     uint64_t key[C];
@@ -307,17 +325,20 @@ __global__ void __launch_bounds__(32) tree_accept_v2_kernel(const TreeArgs a) {
     for (int c = 0; c < C; c++) linked[c] = 0u;
 #pragma unroll
     for (int c = 0; c < C; c++) {
-        const int i = c * 32 + lane;
+        const int i = c * 32 + lane + R; /* this slot's node */
         const bool node = i < n;
         const bool parent_ok = i > 0 && par[c] >= 0 && par[c] < i;
         const bool fc_fwd = fc[c] > i && fc[c] < n, ns_fwd = ns[c] > i && ns[c] < n;
         const int pc = parent_ok ? par[c] : 0;
-        const int dep_par = gather<C>(dep, pc);
-        const int tgt_par = gather<C>(tgt, pc);
-        const int par_of_fc = gather<C>(par, fc_fwd ? fc[c] : 0);
-        const int par_of_ns = gather<C>(par, ns_fwd ? ns[c] : 0);
+        /* the parent's depth and target: slot pc - R, or the root's registers (R, pc == 0) */
+        const int ps = pc - R > 0 ? pc - R : 0;
+        int dep_par = gather<C>(dep, ps), tgt_par = gather<C>(tgt, ps);
+        if (R && pc == 0) dep_par = dep0, tgt_par = tgt0;
+        /* forward link targets are nodes > i >= R: slots >= 0 */
+        const int par_of_fc = gather<C>(par, fc_fwd ? fc[c] - R : 0);
+        const int par_of_ns = gather<C>(par, ns_fwd ? ns[c] - R : 0);
         /* The CPU's if / else-if chains as predicates (branch-free; same bits). */
-        const bool root = i == 0;
+        const bool root = i == 0; /* only with R = 0 */
         const bool bad_parent = root ? par[c] != -1 : !parent_ok;
         const bool bad_depth = root ? dep[c] != 0
                                     : dep[c] < 1 || dep[c] > a.max_depth ||
@@ -331,10 +352,11 @@ __global__ void __launch_bounds__(32) tree_accept_v2_kernel(const TreeArgs a) {
         if (fc_out || (fc_fwd && !fc_ok) || ns_out || (ns_fwd && !ns_ok)) g |= KDT_TREE_BAD_LINK;
         if (fc_cycle || ns_cycle) g |= KDT_TREE_CYCLE;
         const bool fc_counted = node && fc_ok, ns_counted = node && ns_ok; /* in-links */
+        const int fs = fc[c] - R, nss = ns[c] - R;                     /* their slots */
 #pragma unroll
         for (int w = 0; w < C; w++) { /* (no dynamic register index) */
-            if (fc_counted && (fc[c] >> 5) == w) linked[w] |= 1u << (fc[c] & 31);
-            if (ns_counted && (ns[c] >> 5) == w) linked[w] |= 1u << (ns[c] & 31);
+            if (fc_counted && (fs >> 5) == w) linked[w] |= 1u << (fs & 31);
+            if (ns_counted && (nss >> 5) == w) linked[w] |= 1u << (nss & 31);
         }
         if (node) f |= g;
         /* (parent, token) of a node with a valid parent; else a key no other slot has */
@@ -343,11 +365,24 @@ __global__ void __launch_bounds__(32) tree_accept_v2_kernel(const TreeArgs a) {
         /* walk: -1 = off the path; else the next ancestor still to check (the root is 0) */
         walk[c] = i == 0 ? 0 : (node && parent_ok && tok[c] == tgt_par ? par[c] : -1);
     }
+    if (R) { /* the root's own tests (the same in every lane); n = 0 is BAD_SIZE below */
+        const bool fc0_fwd = fc0 > 0 && fc0 < n, ns0_fwd = ns0 > 0 && ns0 < n;
+        const bool fc0_ok = fc0_fwd && gather<C>(par, fc0_fwd ? fc0 - 1 : 0) == 0;
+        int g = (par0 != -1 ? KDT_TREE_BAD_PARENT : 0) | (dep0 != 0 ? KDT_TREE_BAD_DEPTH : 0);
+        /* a root's next_sibling can only be -1: a forward one fails "i >= 1" (BAD_LINK) */
+        if (fc0 < -1 || fc0 >= n || (fc0_fwd && !fc0_ok) || ns0 < -1 || ns0 >= n || ns0_fwd)
+            g |= KDT_TREE_BAD_LINK;
+        if (fc0 == 0 || ns0 == 0) g |= KDT_TREE_CYCLE;
+        f |= g;
+#pragma unroll
+        for (int w = 0; w < C; w++)
+            if (fc0_ok && ((fc0 - 1) >> 5) == w) linked[w] |= 1u << ((fc0 - 1) & 31);
+    }
 
     /* DUP_TOKEN: equal keys among slots 0..31 by one match; each slot 32.. against all. */
     bool dup = __popc(__match_any_sync(FULL, (unsigned long long)key[0])) > 1;
     if (C > 1) {
-        for (int k = 32; k < n; k++) { /* warp-uniform */
+        for (int k = 32; k < n - R; k++) { /* slots of nodes < n; warp-uniform */
             const uint64_t kk = __shfl_sync(FULL, (unsigned long long)key[C - 1], k & 31);
             dup |= key[0] == kk;
 #pragma unroll
@@ -365,7 +400,8 @@ __global__ void __launch_bounds__(32) tree_accept_v2_kernel(const TreeArgs a) {
 #pragma unroll
     for (int c = 0; c < C; c++) {
         const uint32_t got = __reduce_or_sync(FULL, linked[c]);
-        const int lo = c == 0 ? 1 : c * 32, hi = min(n, c * 32 + 32); /* need nodes lo..hi-1 */
+        /* need the slots of nodes 1..n-1 */
+        const int lo = c == 0 ? 1 - R : c * 32, hi = min(n - R, c * 32 + 32);
         const uint32_t need = hi > lo ? (0xffffffffu >> (32 - (hi - lo))) << (lo - c * 32) : 0u;
         if ((got & need) != need) flags |= KDT_TREE_BAD_LINK;
     }
@@ -373,13 +409,14 @@ __global__ void __launch_bounds__(32) tree_accept_v2_kernel(const TreeArgs a) {
 
     /* 3. The greedy walk by pointer doubling: a node is accepted iff it and every ancestor
      *    below the root matched (token == target of its parent). After k rounds walk[] is the
-     *    ancestor 2^k levels up, or -1; a clean tree has depth <= max_depth <= 2^rounds. */
+     *    ancestor 2^k levels up, or -1 (0, the root, stays 0); a clean tree has depth <=
+     *    max_depth <= 2^rounds. */
     for (int span = 1; span < a.max_depth; span *= 2) { /* warp-uniform */
         int next[C];
 #pragma unroll
         for (int c = 0; c < C; c++) {
-            const int g = gather<C>(walk, walk[c] >= 0 ? walk[c] : 0);
-            next[c] = walk[c] >= 0 ? g : -1;
+            const int g = gather<C>(walk, walk[c] > 0 ? walk[c] - R : 0);
+            next[c] = walk[c] > 0 ? g : walk[c];
         }
 #pragma unroll
         for (int c = 0; c < C; c++) walk[c] = next[c];
@@ -388,7 +425,7 @@ __global__ void __launch_bounds__(32) tree_accept_v2_kernel(const TreeArgs a) {
     int tau = 1;
 #pragma unroll
     for (int c = 0; c < C; c++) {
-        on_path[c] = c * 32 + lane > 0 && walk[c] == 0; /* walk >= 0 only for nodes */
+        on_path[c] = c * 32 + lane + R > 0 && walk[c] == 0; /* walk >= 0 only for nodes */
         tau += __popc(__ballot_sync(FULL, on_path[c]));
     }
 
@@ -399,15 +436,16 @@ __global__ void __launch_bounds__(32) tree_accept_v2_kernel(const TreeArgs a) {
 #pragma unroll
         for (int c = 0; c < C; c++) {
             if (on_path[c]) { /* a clean tree: 1 <= depth <= max_depth, one node per depth */
-                a.accepted[o + dep[c]] = c * 32 + lane;
+                a.accepted[o + dep[c]] = c * 32 + lane + R;
                 a.emit[o + dep[c]] = tgt[c];
                 if (dep[c] == tau - 1) a.bonus[s] = tgt[c];
             }
         }
         if (lane == 0) {
+            const int root_tgt = R ? tgt0 : tgt[0]; /* lane 0's slot 0 is the root when R = 0 */
             a.accepted[o] = 0;
-            a.emit[o] = tgt[0];
-            if (tau == 1) a.bonus[s] = tgt[0];
+            a.emit[o] = root_tgt;
+            if (tau == 1) a.bonus[s] = root_tgt;
             a.tau[s] = tau;
             a.error[s] = 0;
         }
@@ -443,7 +481,7 @@ extern "C" kdt_status kdt_tree_accept_cuda(const kdt_tree_accept_params *p, void
     if (st != KDT_OK) return st;
     /* Read once (thread-safe statics): KDT_TREE_ACCEPT_V1=1 selects v1 everywhere, without PDL. */
     static const bool use_v1 = env_flag("KDT_TREE_ACCEPT_V1", false);
-    static const bool use_pdl = !use_v1 && pdl::usable(tree_accept_v2_kernel<1>);
+    static const bool use_pdl = !use_v1 && pdl::usable(tree_accept_v2_kernel<1, 0>);
     const kdt_tree *t = p->tree;
     TreeArgs a;
     a.n_nodes = t->n_nodes;
@@ -465,8 +503,11 @@ extern "C" kdt_status kdt_tree_accept_cuda(const kdt_tree_accept_params *p, void
     void (*kernel)(const TreeArgs);
     cudaLaunchConfig_t cfg = {};
     cfg.stream = (cudaStream_t)stream;
-    if (!use_v1 && t->max_nodes <= 64) {
-        kernel = t->max_nodes <= 32 ? tree_accept_v2_kernel<1> : tree_accept_v2_kernel<2>;
+    if (!use_v1 && t->max_nodes <= 65) {
+        /* one slot register per lane up to 33 nodes (the root apart past 32), two up to 65 */
+        kernel = t->max_nodes <= 32   ? tree_accept_v2_kernel<1, 0>
+                 : t->max_nodes <= 33 ? tree_accept_v2_kernel<1, 1>
+                                      : tree_accept_v2_kernel<2, 1>;
         a.warps_per_cta = 1;
         cfg.gridDim = dim3((unsigned)t->n_streams);
         cfg.blockDim = dim3(32);
