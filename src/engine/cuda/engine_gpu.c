@@ -359,7 +359,9 @@ kdt_status kdt_engine_gpu_prefill(kdt_engine *e, int32_t slot, int32_t *first_to
 
 typedef struct round_ctx {
     round_groups gr;
-    int32_t S, K, L, stride, pstride, want_taps, any_sampled, any_greedy;
+    int32_t S, K, L, stride, want_taps, any_sampled, any_greedy;
+    int32_t pstride;  /* auto drafted round: the stride of the build at the caps (1 + largest cap),
+                         set on the host before the round, since a replayed graph sets nothing */
     int32_t drafts;   /* 0: auto chose a plain round (no drafter, root-only trees; budget.h) */
     int32_t captured; /* this round captured its graph, or ran a new shape eagerly: its wall time
                          is not a round's cost */
@@ -419,9 +421,9 @@ static kdt_status enqueue_draft_build(kdt_engine *e, eng_gpu *g, round_ctx *rc) 
         KDT_TRY(kdt_round_build_trees(e, &g->db, e->b_budget, &kdt_engine_kernels_cuda, g->stream, &rc->gr, S, rc->K,
                                       &stride));
     }
-    rc->pstride = pstride;
-    if (stride != rc->stride)
-        return kdt_fail(KDT_ERR_INTERNAL, "engine GPU: tree stride %d, staged for %d", stride, rc->stride);
+    if (stride != rc->stride || (rc->gr.n_auto > 0 && rc->drafts && pstride != rc->pstride))
+        return kdt_fail(KDT_ERR_INTERNAL, "engine GPU: tree strides %d / %d, staged for %d / %d", stride, pstride,
+                        rc->stride, rc->pstride);
     KDT_TRY(record(g, 2));
     return KDT_OK;
 }
@@ -509,9 +511,7 @@ static int32_t lru_slot(const round_graph *list, int32_t n) {
 static kdt_status graph_for(kdt_engine *e, eng_gpu *g, round_ctx *rc, cudaGraphExec_t *exec) {
     round_key k;
     memset(&k, 0, sizeof k);
-    int32_t caps_stride = 1;
-    for (int32_t s = 0; rc->gr.n_auto > 0 && rc->drafts && s < rc->S; s++)
-        if (1 + g->caps[s] > caps_stride) caps_stride = 1 + g->caps[s];
+    const int32_t caps_stride = rc->gr.n_auto > 0 && rc->drafts ? rc->pstride : 1;
     k = (round_key){rc->S, rc->gr.n_tree, rc->gr.n_chain, rc->gr.n_plain, rc->gr.n_auto, rc->stride,
                     rc->K, rc->L,         rc->want_taps,  caps_stride,    rc->drafts};
     for (int32_t i = 0; i < g->n_graphs; i++)
@@ -664,6 +664,9 @@ kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_s
             if (k > K) K = k;
         }
         rc.K = K < e->top_k_max ? K : e->top_k_max;
+        rc.pstride = 1; /* kdt_round_build_trees' stride for the caps */
+        for (int32_t s = 0; s < S; s++)
+            if (1 + g->caps[s] > rc.pstride) rc.pstride = 1 + g->caps[s];
     }
     rc.stride = 1;
     for (int32_t s = 0; s < S; s++) {
