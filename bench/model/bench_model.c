@@ -17,7 +17,11 @@
  * the replay, median of 25 (7 with --quick) after 3 warm-ups. A table is printed last; --md FILE
  * writes it as markdown. Needs ~40 GB of GPU memory for part 2 (skipped when it does not fit).
  *
- *   bench_model [--quick] [--md FILE] [--only tiny|kimi] */
+ *   bench_model [--quick] [--md FILE] [--only tiny|kimi]
+ * KDT_BENCH_MODEL_SHAPE=decode,S[,corr] or verify,N[,corr] (corr 0 or 1; default 0) times that
+ * Kimi shape alone, then replays it once more between cudaProfilerStart / Stop (for
+ * `ncu --profile-from-start off`: the kernels of one layer pass). */
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
@@ -250,6 +254,35 @@ static int distinct_experts(kdt_gpu_runner *r, int E) {
     return d;
 }
 
+/* KDT_BENCH_MODEL_SHAPE: the one Kimi shape to run (mode 0 = all) */
+static int shape_mode, shape_n, shape_corr; /* mode 1 decode, 2 verify */
+static void read_shape(void) {
+    const char *e = getenv("KDT_BENCH_MODEL_SHAPE");
+    if (!e || !e[0]) return;
+    char m[16] = {0};
+    int n = 0, corr = 0;
+    if (sscanf(e, "%15[a-z],%d,%d", m, &n, &corr) < 2 || n < 1 || (strcmp(m, "decode") && strcmp(m, "verify"))) {
+        fprintf(stderr, "bench_model: KDT_BENCH_MODEL_SHAPE=%s (decode,S[,corr] or verify,N[,corr])\n", e);
+        exit(2);
+    }
+    shape_mode = !strcmp(m, "decode") ? 1 : 2;
+    shape_n = n;
+    shape_corr = corr != 0;
+}
+static int shape_wanted(int mode, int n, int corr) {
+    return shape_mode == 0 || (shape_mode == mode && shape_n == n && shape_corr == corr);
+}
+/* one more replay of g inside a profiler range (single-shape runs) */
+static void profile_replay(kdt_gpu_runner *r, kdt_gpu_graph *g) {
+    if (shape_mode == 0) return;
+    BENCH_OK(kdt_gpu_runner_flush_l2(r));
+    BENCH_OK(kdt_gpu_runner_sync(r));
+    CUDA_OK(cudaProfilerStart());
+    BENCH_OK(kdt_gpu_graph_launch(g));
+    BENCH_OK(kdt_gpu_runner_sync(r));
+    CUDA_OK(cudaProfilerStop());
+}
+
 static void bench_kimi(double copy_gbps) {
     size_t free_b = 0, total_b = 0;
     CUDA_OK(cudaMemGetInfo(&free_b, &total_b));
@@ -282,6 +315,7 @@ static void bench_kimi(double copy_gbps) {
     for (int corr = 0; corr < 2; corr++)
         for (int k = 0; k < 3; k++) {
             const int S = Ss[k];
+            if (!shape_wanted(1, S, corr)) continue;
             int32_t tok[64];
             for (int s = 0; s < S; s++) tok[s] = pick_token(corr, s, V);
             BENCH_OK(kdt_gpu_stage_decode(r, kv, S, NULL, tok));
@@ -306,6 +340,7 @@ static void bench_kimi(double copy_gbps) {
             w->ratio_decode = us / decode1[corr];
             printf("  decode S=%-2d %-8s D=%3d %9.1f us  floor %8.1f us  %.2fx\n", S, w->variant, D, us, w->floor_us,
                    us / w->floor_us);
+            profile_replay(r, gr);
             kdt_gpu_graph_free(gr);
             for (int s = 0; s < S; s++) BENCH_OK(kdt_gpu_kv_stream_set_length(kv, s, PREFIX));
         }
@@ -313,6 +348,7 @@ static void bench_kimi(double copy_gbps) {
     for (int corr = 0; corr < 2; corr++)
         for (int k = 0; k < 4; k++) {
             const int N = Ns[k];
+            if (!shape_wanted(2, N, corr)) continue;
             tree_buf tb;
             random_tree(&tb, N, PREFIX, corr, V);
             BENCH_OK(kdt_gpu_stage_verify(r, kv, &tb.t, NULL));
@@ -336,6 +372,7 @@ static void bench_kimi(double copy_gbps) {
             w->ratio_decode = us / decode1[corr];
             printf("  verify N=%-2d %-8s D=%3d %9.1f us  floor %8.1f us  %.2fx  (%.2fx decode)\n", N, w->variant, D,
                    us, w->floor_us, us / w->floor_us, w->ratio_decode);
+            profile_replay(r, gr);
             kdt_gpu_graph_free(gr);
             BENCH_OK(kdt_gpu_kv_stream_set_length(kv, 0, PREFIX));
         }
@@ -392,6 +429,7 @@ int main(int argc, char **argv) {
     }
     struct cudaDeviceProp prop;
     CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+    read_shape();
     const double copy_gbps = copy_bandwidth();
     printf("bench_model: %s, %d SMs, L2 %d MB, copy bandwidth %.0f GB/s%s\n", prop.name, prop.multiProcessorCount,
            prop.l2CacheSize >> 20, copy_gbps, quick ? " (quick)" : "");

@@ -1,11 +1,15 @@
 /* test_gemm_ab_gpu.cu - the GEMMs of src/model/cuda/gpu_gemm.cu, v1 (the first kernels, kept behind
- * KDT_GEMM_V1=1) against v2 (the small-M kernels) in ONE process on the same inputs.
+ * KDT_GEMM_V1=1) against v2 (the small-M kernels) and v3 (the persistent weight-streaming kernels
+ * of launch bounds <= 64 rows) in ONE process on the same inputs.
  *   1. bitwise: dense GEMM (gather / identity rows, ragged kx, unaligned ldx, batch, split-K),
  *      grouped MoE GEMM (gate/up gather and down), lm_head (logits + fused argmax), many M;
- *      plus "row alone == row inside a batch" for v2.
+ *      plus "row alone == row inside a batch" for v2 and v3. v3 runs every dense and grouped case
+ *      under several schedules (K blocks per stage block, CTAs per SM, balanced or full grid, rows
+ *      per pass), each of which must give v1's bits.
  *   2. timing (cudaEvent, L2 flushed by a 512 MB read before every launch, median of reps) of the
- *      Kimi K2.6 decode / verify shapes for v1 and v2, with GB/s of weight bytes.
- * Built by CMake as gpu_test_gemm_ab (label gpu). Run: gpu_test_gemm_ab [--timing]
+ *      Kimi K2.6 decode / verify shapes for v1, v2 and v3, with GB/s of weight bytes; --sweep
+ *      adds v3 under each schedule on the decode-sized shapes.
+ * Built by CMake as gpu_test_gemm_ab (label gpu). Run: gpu_test_gemm_ab [--timing [--sweep]]
  * (exit 0 = all bitwise checks passed; --timing adds part 2, a benchmark, not part of the test). */
 #include "gpu_gemm.cu"
 
@@ -105,6 +109,32 @@ static bool same(const void *a, const void *b, size_t bytes, const char *what) {
 
 static const int STAGES = 4;
 
+/* v3 schedules the bitwise checks run under: {on, kb, cps, bal} (0 = automatic) */
+static const V3Tune V3_CONFIGS[] = {{1, 0, 0, 1}, {1, 2, 0, 1}, {1, 4, 0, 1}, {1, 1, 1, 1},
+                                    {1, 2, 2, 0}, {1, 1, 3, 1}, {1, 4, 4, 0}};
+static const int N_V3_CONFIGS = (int)(sizeof V3_CONFIGS / sizeof V3_CONFIGS[0]);
+static bool g_v3 = false; /* v3 runs on this device */
+
+static void set_v3(const V3Tune &t) { v3_tune() = t; }
+
+/* v3 launch of a dense GEMM; false when v3 does not take it (row bound > 64) */
+static bool launch_gemm3(const kdt_gemm_args &a) {
+    v3::DenseP p;
+    V3Plan pl;
+    if (!g_v3 || !v3_dense(a, p, pl)) return false;
+    CK(v3_launch(p, pl, 0));
+    CK(cudaGetLastError());
+    return true;
+}
+static bool launch_grouped3(const kdt_grouped_args &a) {
+    v3::GroupedP p;
+    V3Plan pl;
+    if (!g_v3 || !v3_grouped(a, p, pl)) return false;
+    CK(v3_launch(p, pl, 0));
+    CK(cudaGetLastError());
+    return true;
+}
+
 static void launch_gemm(const kdt_gemm_args &a, bool v1) {
     const dim3 grid((unsigned)((a.n + BN - 1) / BN), (unsigned)a.splits, (unsigned)(a.batch > 0 ? a.batch : 1));
     if (v1) v1::gemm_kernel<STAGES><<<grid, THREADS, STAGES * v1::STAGE_BYTES>>>(a);
@@ -189,7 +219,27 @@ static void dense_case(const DenseCase &dc, uint64_t seed) {
     snprintf(what, sizeof what, "dense n=%d cols=%d batch=%d kx=%d ldx=%lld gather=%d M=%d splits=%d", dc.n, dc.cols,
              batch, kx, (long long)ldx, dc.gather, dc.M, splits);
     same(y1, y2, ybytes, what);
-    /* v2: every row alone (M = 1, x at that row) == the row inside the batch */
+    if (g_v3 && dc.M <= v3::ROWS) {
+        float *y3 = dalloc<float>(ybytes / 4);
+        for (int c = 0; c < N_V3_CONFIGS; c++) {
+            set_v3(V3_CONFIGS[c]);
+            poison(y3, ybytes);
+            a.y = y3;
+            if (!launch_gemm3(a)) {
+                fprintf(stderr, "  FAIL v3 refused %s\n", what);
+                n_fail++;
+                continue;
+            }
+            CK(cudaDeviceSynchronize());
+            char w3[260];
+            snprintf(w3, sizeof w3, "v3 config %d: %s", c, what);
+            same(y1, y3, ybytes, w3);
+        }
+        set_v3(V3_CONFIGS[0]);
+        a.y = y2;
+        cudaFree(y3);
+    }
+    /* v2 and v3: every row alone (M = 1, x at that row) == the row inside the batch */
     if (!dc.gather && dc.M > 1) {
         const int probe[3] = {0, dc.M / 2, dc.M - 1};
         for (int q = 0; q < 3; q++) {
@@ -206,20 +256,24 @@ static void dense_case(const DenseCase &dc, uint64_t seed) {
             b.y = yo;
             b.y_batch = yb1;
             b.y_split = ys1;
-            launch_gemm(b, false);
-            CK(cudaDeviceSynchronize());
             std::vector<float> h1((size_t)splits * ys1), hb((size_t)splits * y_split);
-            CK(cudaMemcpy(h1.data(), yo, h1.size() * 4, cudaMemcpyDeviceToHost));
             CK(cudaMemcpy(hb.data(), y2, hb.size() * 4, cudaMemcpyDeviceToHost));
-            bool ok = true;
-            for (int s = 0; s < splits && ok; s++)
-                for (int bb = 0; bb < batch && ok; bb++)
-                    ok = memcmp(&h1[(size_t)s * ys1 + (size_t)bb * yb1], &hb[(size_t)s * y_split + (size_t)bb * y_batch + (size_t)m * ldy],
-                                (size_t)dc.n * 4) == 0;
-            if (ok) n_pass++;
-            else {
-                n_fail++;
-                fprintf(stderr, "  FAIL alone-vs-batch row %d of %s\n", m, what);
+            for (int impl = 2; impl <= 3; impl++) {
+                poison(yo, (size_t)splits * ys1 * 4);
+                if (impl == 2) launch_gemm(b, false);
+                else if (!launch_gemm3(b)) continue;
+                CK(cudaDeviceSynchronize());
+                CK(cudaMemcpy(h1.data(), yo, h1.size() * 4, cudaMemcpyDeviceToHost));
+                bool ok = true;
+                for (int s = 0; s < splits && ok; s++)
+                    for (int bb = 0; bb < batch && ok; bb++)
+                        ok = memcmp(&h1[(size_t)s * ys1 + (size_t)bb * yb1],
+                                    &hb[(size_t)s * y_split + (size_t)bb * y_batch + (size_t)m * ldy], (size_t)dc.n * 4) == 0;
+                if (ok) n_pass++;
+                else {
+                    n_fail++;
+                    fprintf(stderr, "  FAIL v%d alone-vs-batch row %d of %s\n", impl, m, what);
+                }
             }
             cudaFree(yo);
             cudaFree(d_one);
@@ -235,7 +289,7 @@ static void dense_case(const DenseCase &dc, uint64_t seed) {
 
 /* ---- grouped ----------------------------------------------------------------------------------- */
 static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_expert, int xrows, uint64_t seed,
-                         int grid_items) {
+                         int grid_items, bool h_aligned = false) {
     const int i_pad = (int)kdt_g_round_up(I, 32), ld_d = (int)kdt_g_round_up(D, 64), ld_i = (int)kdt_g_round_up(I, 64);
     std::vector<kdt_gpu_expert> ex(E);
     std::vector<uint16_t *> bufs;
@@ -269,7 +323,8 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
     const int n_items = (int)items.size() / 3;
     std::vector<int32_t> cnt = {n_items, pairs};
     int32_t *d_items = dint(items), *d_pr = dint(pair_row), *d_cnt = dint(cnt);
-    const int ldh = (int)kdt_g_round_up(I, 4) + 3; /* h rows: odd ld -> element path for unaligned rows */
+    /* h rows: odd ld -> element path for unaligned rows (or aligned rows, ld a multiple of 4) */
+    const int ldh = (int)kdt_g_round_up(I, 4) + (h_aligned ? 0 : 3);
     float *xn = dalloc<float>((size_t)xrows * D), *h = dalloc<float>((size_t)std::max(pairs, 1) * ldh + 8);
     k_fill_x<<<1024, 256>>>(xn, (int64_t)xrows * D, seed + 100);
     k_fill_x<<<1024, 256>>>(h, (int64_t)std::max(pairs, 1) * ldh + 8, seed + 101);
@@ -299,7 +354,7 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
     launch_grouped(a, false);
     kdt_grouped_args b = a;
     b.which = 1;
-    b.x = h + 1;
+    b.x = h_aligned ? h : h + 1;
     b.ldx = ldh;
     b.ldy = D;
     b.n_max = D;
@@ -315,6 +370,36 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
     snprintf(what, sizeof what, "grouped down D=%d I=%d E=%d items=%d pairs=%d grid_items=%d", D, I, E, n_items, pairs,
              grid_items);
     same(z1, z2, b1, what);
+    if (g_v3) {
+        int most = 0; /* the largest item: the launch's row bound */
+        for (int i = 0; i < n_items; i++) most = std::max(most, items[3 * i + 2]);
+        /* rows per pass from the real bound, and from 8 (items of more rows take several passes) */
+        const int bounds[2] = {most, 8};
+        for (int bi = 0; bi < 2; bi++)
+            for (int c = 0; c < N_V3_CONFIGS; c++) {
+                set_v3(V3_CONFIGS[c]);
+                kdt_grouped_args a3 = a, b3 = b;
+                a3.max_item_rows = b3.max_item_rows = bounds[bi];
+                poison(y2, b0);
+                poison(z2, b1);
+                a3.y = y2;
+                b3.y = z2;
+                if (!launch_grouped3(a3) || !launch_grouped3(b3)) {
+                    fprintf(stderr, "  FAIL v3 refused grouped D=%d I=%d\n", D, I);
+                    n_fail++;
+                    continue;
+                }
+                CK(cudaDeviceSynchronize());
+                char w3[260];
+                snprintf(w3, sizeof w3, "v3 config %d, row bound %d: grouped gate/up D=%d I=%d E=%d items=%d", c,
+                         bounds[bi], D, I, E, n_items);
+                same(y1, y2, b0, w3);
+                snprintf(w3, sizeof w3, "v3 config %d, row bound %d: grouped down D=%d I=%d E=%d items=%d", c,
+                         bounds[bi], D, I, E, n_items);
+                same(z1, z2, b1, w3);
+            }
+        set_v3(V3_CONFIGS[0]);
+    }
     for (auto p : bufs) cudaFree(p);
     cudaFree(d_ex);
     cudaFree(d_items);
@@ -425,6 +510,93 @@ static double time_us(F launch, int reps) {
     return t[t.size() / 2];
 }
 
+static bool g_sweep = false;
+static const V3Tune SWEEP[] = {{1, 1, 2, 1}, {1, 2, 2, 1}, {1, 4, 2, 1}, {1, 1, 2, 0}, {1, 1, 1, 1},
+                               {1, 2, 1, 1}, {1, 1, 3, 1}, {1, 1, 0, 1}};
+
+/* v3 under each sweep schedule: one line of us per schedule */
+template <typename F>
+static void sweep_line(const char *name, int M, double bytes, F launch) {
+    printf("    sweep %-18s M=%-3d", name, M);
+    for (const V3Tune &t : SWEEP) {
+        set_v3(t);
+        const double us = time_us(launch, 9);
+        printf(" | kb%d c%d%s %7.1f %4.0f", t.kb, t.cps, t.bal ? "b" : " ", us, bytes / us / 1e3);
+    }
+    printf("\n");
+    set_v3(V3_CONFIGS[0]);
+}
+
+/* A verify-sized grouped pass: E distinct experts with r rows each (random routing of N tree nodes
+ * touches ~N * 8 experts with 1-3 rows): steady-state weight streaming. */
+static void many_experts_timing(int D, int I) {
+    const int E = 64;
+    std::vector<kdt_gpu_expert> ex(E);
+    uint16_t *gu_all = dalloc<uint16_t>((size_t)E * 2 * I * D), *dn_all = dalloc<uint16_t>((size_t)E * D * I);
+    k_fill_w<<<1024, 256>>>(gu_all, (int64_t)E * 2 * I, D, D, 123);
+    k_fill_w<<<1024, 256>>>(dn_all, (int64_t)E * D, I, I, 124);
+    for (int e = 0; e < E; e++)
+        ex[e] = kdt_gpu_expert{gu_all + (size_t)e * 2 * I * D, dn_all + (size_t)e * D * I, I, I, D, I};
+    kdt_gpu_expert *d_ex = dalloc<kdt_gpu_expert>(E);
+    CK(cudaMemcpy(d_ex, ex.data(), E * sizeof(kdt_gpu_expert), cudaMemcpyHostToDevice));
+    const double gu_bytes = (double)E * 2 * I * D * 2, dn_bytes = (double)E * D * I * 2;
+    for (int R : {1, 2}) {
+        std::vector<int32_t> items, pair_row;
+        for (int e = 0; e < E; e++) {
+            items.push_back(e);
+            items.push_back(e * R);
+            items.push_back(R);
+            for (int r = 0; r < R; r++) pair_row.push_back((e + r) % 9);
+        }
+        std::vector<int32_t> cnt = {E, E * R};
+        int32_t *d_items = dint(items), *d_pr = dint(pair_row), *d_cnt = dint(cnt);
+        float *xn = dalloc<float>((size_t)9 * D), *h = dalloc<float>((size_t)E * R * I);
+        float *y = dalloc<float>((size_t)E * R * 2 * I), *z = dalloc<float>((size_t)E * R * D);
+        k_fill_x<<<1024, 256>>>(xn, (int64_t)9 * D, 19);
+        k_fill_x<<<1024, 256>>>(h, (int64_t)E * R * I, 20);
+        kdt_grouped_args a;
+        memset(&a, 0, sizeof a);
+        a.which = 0;
+        a.x = xn;
+        a.ldx = D;
+        a.pair_row = d_pr;
+        a.experts = d_ex;
+        a.items = d_items;
+        a.n_items = d_cnt;
+        a.y = y;
+        a.ldy = 2 * I;
+        a.n_max = 2 * I;
+        a.kd = D;
+        a.grid_items = E + 1;
+        a.n_items_hint = E;
+        a.max_item_rows = 9;
+        kdt_grouped_args b = a;
+        b.which = 1;
+        b.x = h;
+        b.ldx = I;
+        b.y = z;
+        b.ldy = D;
+        b.n_max = D;
+        const double t2 = time_us([&] { launch_grouped(a, false); }, 5), t3 = time_us([&] { launch_grouped3(a); }, 5);
+        printf("  grouped gate/up %d experts x %d rows          v2 %8.1f us %5.0f GB/s  v3 %8.1f us %5.0f GB/s\n", E, R,
+               t2, gu_bytes / t2 / 1e3, t3, gu_bytes / t3 / 1e3);
+        const double t4 = time_us([&] { launch_grouped(b, false); }, 5), t5 = time_us([&] { launch_grouped3(b); }, 5);
+        printf("  grouped down    %d experts x %d rows          v2 %8.1f us %5.0f GB/s  v3 %8.1f us %5.0f GB/s\n", E, R,
+               t4, dn_bytes / t4 / 1e3, t5, dn_bytes / t5 / 1e3);
+        if (g_sweep) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "gate/up %d x %d", E, R);
+            sweep_line(nm, R, gu_bytes, [&] { launch_grouped3(a); });
+            snprintf(nm, sizeof nm, "down %d x %d", E, R);
+            sweep_line(nm, R, dn_bytes, [&] { launch_grouped3(b); });
+        }
+        cudaFree(d_items); cudaFree(d_pr); cudaFree(d_cnt); cudaFree(xn); cudaFree(h); cudaFree(y); cudaFree(z);
+    }
+    cudaFree(gu_all);
+    cudaFree(dn_all);
+    cudaFree(d_ex);
+}
+
 static void timing() {
     g_flush = dalloc<float>(FLUSH_FLOATS);
     g_sink = dalloc<float>(1);
@@ -471,8 +643,11 @@ static void timing() {
             a.k_chunk = k_chunk;
             const double t1 = time_us([&] { launch_gemm(a, true); }, 9);
             const double t2 = time_us([&] { launch_gemm(a, false); }, 9);
-            printf("  %-16s grid (%d,%d,%d) M=%-3d  v1 %8.1f us %7.0f GB/s   v2 %8.1f us %7.0f GB/s   x%.2f\n", sh.name,
-                   (sh.n + 63) / 64, splits, sh.batch, M, t1, bytes / t1 / 1e3, t2, bytes / t2 / 1e3, t1 / t2);
+            const double t3 = g_v3 && M <= v3::ROWS ? time_us([&] { launch_gemm3(a); }, 9) : 0.0;
+            printf("  %-16s grid (%d,%d,%d) M=%-3d  v1 %8.1f us %5.0f GB/s  v2 %8.1f us %5.0f GB/s  v3 %8.1f us %5.0f GB/s\n",
+                   sh.name, (sh.n + 63) / 64, splits, sh.batch, M, t1, bytes / t1 / 1e3, t2, bytes / t2 / 1e3, t3,
+                   t3 > 0 ? bytes / t3 / 1e3 : 0.0);
+            if (g_sweep && M <= v3::ROWS && (M == 1 || M == 16 || M == 64)) sweep_line(sh.name, M, bytes, [&] { launch_gemm3(a); });
             cudaFree(d_m);
         }
         cudaFree(w);
@@ -528,6 +703,7 @@ static void timing() {
         a.n_max = 2 * i_pad;
         a.kd = D;
         a.grid_items = n_items + 1;
+        a.n_items_hint = n_items;
         kdt_grouped_args b = a;
         b.which = 1;
         b.x = h;
@@ -535,16 +711,27 @@ static void timing() {
         b.y = z;
         b.ldy = D;
         b.n_max = D;
+        a.max_item_rows = b.max_item_rows = std::min(R, 64);
         const double t1 = time_us([&] { launch_grouped(a, true); }, 9), t2 = time_us([&] { launch_grouped(a, false); }, 9);
-        printf("  grouped gate/up  9 experts x %2d rows (%2d items)  v1 %8.1f us %7.0f GB/s   v2 %8.1f us %7.0f GB/s   x%.2f\n",
-               R, n_items, t1, gu_bytes / t1 / 1e3, t2, gu_bytes / t2 / 1e3, t1 / t2);
+        const double t5 = g_v3 ? time_us([&] { launch_grouped3(a); }, 9) : 0.0;
+        printf("  grouped gate/up  9 experts x %2d rows (%2d items)  v1 %8.1f us %5.0f GB/s  v2 %8.1f us %5.0f GB/s  v3 %8.1f us %5.0f GB/s\n",
+               R, n_items, t1, gu_bytes / t1 / 1e3, t2, gu_bytes / t2 / 1e3, t5, t5 > 0 ? gu_bytes / t5 / 1e3 : 0.0);
         const double t3 = time_us([&] { launch_grouped(b, true); }, 9), t4 = time_us([&] { launch_grouped(b, false); }, 9);
-        printf("  grouped down     9 experts x %2d rows (%2d items)  v1 %8.1f us %7.0f GB/s   v2 %8.1f us %7.0f GB/s   x%.2f\n",
-               R, n_items, t3, dn_bytes / t3 / 1e3, t4, dn_bytes / t4 / 1e3, t3 / t4);
+        const double t6 = g_v3 ? time_us([&] { launch_grouped3(b); }, 9) : 0.0;
+        printf("  grouped down     9 experts x %2d rows (%2d items)  v1 %8.1f us %5.0f GB/s  v2 %8.1f us %5.0f GB/s  v3 %8.1f us %5.0f GB/s\n",
+               R, n_items, t3, dn_bytes / t3 / 1e3, t4, dn_bytes / t4 / 1e3, t6, t6 > 0 ? dn_bytes / t6 / 1e3 : 0.0);
+        if (g_sweep && (R == 1 || R == 16)) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "gate/up 9 x %d", R);
+            sweep_line(nm, R, gu_bytes, [&] { launch_grouped3(a); });
+            snprintf(nm, sizeof nm, "down 9 x %d", R);
+            sweep_line(nm, R, dn_bytes, [&] { launch_grouped3(b); });
+        }
         cudaFree(d_items); cudaFree(d_pr); cudaFree(d_cnt); cudaFree(xn); cudaFree(h); cudaFree(y); cudaFree(z);
     }
     for (auto p : bufs) cudaFree(p);
     cudaFree(d_ex);
+    if (g_v3) many_experts_timing(D, I);
     /* lm_head 163840 x 7168 */
     {
         const int V = 163840;
@@ -581,11 +768,15 @@ static void timing() {
 
 int main(int argc, char **argv) {
     const bool do_timing = argc > 1 && strcmp(argv[1], "--timing") == 0;
+    g_sweep = do_timing && argc > 2 && strcmp(argv[2], "--sweep") == 0;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs; v2 pool %d B, rows per pass %d\n", prop.name, prop.multiProcessorCount,
            v2_config(STAGES).pool, v2_config(STAGES).cap);
     if (kdt_gemm_init(STAGES) != KDT_OK) return 2;
+    g_v3 = v3_dev() != nullptr;
+    v3_tune() = V3_CONFIGS[0];
+    printf("v3 (persistent weight streaming): %s\n", g_v3 ? "runs" : "unavailable: skipped");
     uint64_t seed = 1;
     /* KDT_TEST_QUICK=1 (compute-sanitizer runs): the pass boundaries only, one grouped and head case */
     const char *q = getenv("KDT_TEST_QUICK");
@@ -599,6 +790,10 @@ int main(int argc, char **argv) {
         dense_case({130, 300, 1, 300, 1, 1, M}, seed++);           /* ragged K, unaligned rows, gather */
         dense_case({96, 128, 3, 128, 0, 0, M}, seed++);            /* batch */
         dense_case({64, 640, 1, 600, 4, 0, M}, seed++);            /* kx < cols-ish, aligned */
+        if (M <= 64) {
+            dense_case({384, 7168, 1, 7168, 0, 1, M}, seed++);     /* router-like: 28 splits of 4 blocks */
+            dense_case({192, 8192, 1, 8192, 0, 0, M}, seed++);     /* o_proj-like: 3 splits of 43 blocks */
+        }
     }
     /* grouped: items of 1..64 rows, experts with 0 rows, > 64 rows (several items), ragged I */
     grouped_case(448, 200, 5, {1, 0, 3, 64, 65}, 70, seed++, 16);
@@ -606,12 +801,15 @@ int main(int argc, char **argv) {
         grouped_case(448, 200, 5, {9, 17, 33, 130, 8}, 140, seed++, 3);
         grouped_case(7168 / 8, 2048 / 8, 9, {1, 1, 1, 1, 1, 1, 1, 1, 1}, 1, seed++, 10);
         grouped_case(7168 / 8, 2048 / 8, 9, {58, 60, 65, 61, 57, 59, 62, 64, 65}, 65, seed++, 64);
+        /* aligned, exact K (X by cp.async only), items of 1..3 rows as in a verify, some experts idle */
+        grouped_case(1024, 512, 12, {1, 2, 0, 3, 1, 1, 0, 2, 1, 3, 1, 1}, 9, seed++, 10, true);
+        grouped_case(7168 / 4, 2048 / 4, 9, {1, 1, 1, 1, 1, 1, 1, 1, 1}, 1, seed++, 10, true);
     }
     /* head: ties are rare with random data; argmax / logits / tile order */
     for (int M : {1, 5, 8, 9, 16, 33, 64, 65, 70})
         if (!quick || M == 9 || M == 65) head_case(1000, 448, M, seed++);
     if (!quick) head_case(4160, 7168, 3, seed++);
-    printf("bitwise v1 == v2: %d passed, %d failed\n", n_pass, n_fail);
+    printf("bitwise v1 == v2%s: %d passed, %d failed\n", g_v3 ? " == v3" : "", n_pass, n_fail);
     if (do_timing) timing();
     return n_fail ? 1 : 0;
 }

@@ -8,17 +8,22 @@
  * blocks. X enters the tensor cores as bf16 hi + lo (two products per step), so the activations
  * keep ~16 mantissa bits while the weights are bf16.
  *
- * Two implementations of the same arithmetic:
- *   v2 (default)  built for decode / tree verify (1..64 rows): the X block is converted to hi / lo
+ * Three implementations of the same arithmetic:
+ *   v3 (default for dense launch bounds <= 64 rows and every grouped launch) persistent CTAs that
+ *                 stream the weights across units with v2's pipeline, a balanced grid and, with PDL,
+ *                 a dense weight prefetch before the dependency wait (see the v3 section);
+ *   v2            built for decode / tree verify (1..64 rows): the X block is converted to hi / lo
  *                 once per CTA (not once per warp) into its own double buffer, fragments come from
  *                 ldmatrix, and the pipeline depth follows the rows of the pass: the shared-memory
  *                 pool holds as many (W, X) stages as fit (9 for <= 8 rows, 3 for 64), so a CTA
  *                 keeps up to 64 KB of weights in flight; weights stream with an L2 evict-first
  *                 hint. Rows are processed in passes of at most `cap` rows (64 on H100 / H200).
+ *                 v2 runs the dense launches of more rows (prefill), the lm_head, and everything
+ *                 under KDT_GEMM_V3=0;
  *   v1            the original kernels (4 m-tiles x fp32 X tile per stage, per-warp conversion),
  *                 selected by KDT_GEMM_V1=1 (read once per process) for A/B runs.
  *
- * Batch invariance, the rule that keeps both bitwise identical (and must keep holding for any
+ * Batch invariance, the rule that keeps all three bitwise identical (and must keep holding for any
  * future variant): an output element (m, n) is the fp32 accumulator chain, starting from +0, of
  *     for each 64-wide K block of its split, ascending: for kk = 0..3: mma(hi), then mma(lo)
  * where every mma is m16n8k16 bf16 x bf16 -> fp32, its A row holds bf16_rn(x) (hi) or
@@ -26,9 +31,10 @@
  * (zero beyond kx), and its B column holds W row n at the same k. The split comes from
  * kdt_gemm_plan(N, ld, batch) alone. A tensor-core C element depends only on its own A row, B
  * column and C input - rows never mix - so tiling in M and N, rows per pass, which rows share a
- * CTA or a fragment position, pipeline depth, warp layout, grid shape and the v1 / v2 choice
+ * CTA or a fragment position, pipeline depth, warp layout, grid shape and the v1 / v2 / v3 choice
  * cannot change a bit. That is also why v2 may choose its pipeline from the device-side row count
- * and the host may choose variants from launch bounds: none of these choices reaches the chain.
+ * and the host may choose variants (v2 / v3, v3's schedule) from launch bounds: none of these
+ * choices reaches the chain. tests/gpu/test_gemm_ab_gpu.cu checks v1 == v2 == v3 bitwise.
  * Changing the split plan, the k16 order, hi-before-lo, the mma shape or the hi / lo rounding
  * WOULD change results (and break speculative decoding == greedy decoding).
  */
@@ -38,6 +44,7 @@
 #include <stdlib.h>
 
 #include "gpu_internal.h"
+#include "gpu_launch.cuh"
 #include "gpu_mma.cuh"
 
 namespace {
@@ -252,6 +259,8 @@ __device__ __forceinline__ void set_x_rows(Pass &p, const float *x, int64_t ldx,
 
 template <int STAGES>
 __global__ void __launch_bounds__(THREADS) gemm_kernel(const kdt_gemm_args a) {
+    pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
+    pdl_trigger();
     extern __shared__ __align__(16) unsigned char smem[];
     const int n0 = blockIdx.x * BN, split = blockIdx.y, b = blockIdx.z;
     const int M = clamp_m(a.m_dev, a.m_max);
@@ -276,6 +285,8 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const kdt_gemm_args a) {
 
 template <int STAGES>
 __global__ void __launch_bounds__(THREADS) grouped_kernel(const kdt_grouped_args a) {
+    pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
+    pdl_trigger();
     extern __shared__ __align__(16) unsigned char smem[];
     const int n0 = blockIdx.x * BN;
     const int n_items = *a.n_items;
@@ -302,6 +313,8 @@ __global__ void __launch_bounds__(THREADS) grouped_kernel(const kdt_grouped_args
 
 template <int STAGES>
 __global__ void __launch_bounds__(THREADS) head_kernel(const kdt_head_args a) {
+    pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
+    pdl_trigger();
     extern __shared__ __align__(16) unsigned char smem[];
     const int n0 = blockIdx.x * BN;
     const int M = clamp_m(a.m_dev, a.m_max);
@@ -578,6 +591,8 @@ __device__ __forceinline__ void v2_set_x_rows(V2Pass &p, const float *x, int64_t
 }
 
 __global__ void __launch_bounds__(THREADS) v2_gemm_kernel(const kdt_gemm_args a, const V2Cfg c) {
+    pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
+    pdl_trigger();
     extern __shared__ __align__(16) unsigned char smem[];
     const int n0 = blockIdx.x * BN, split = blockIdx.y, b = blockIdx.z;
     const int M = clamp_m(a.m_dev, a.m_max);
@@ -602,6 +617,8 @@ __global__ void __launch_bounds__(THREADS) v2_gemm_kernel(const kdt_gemm_args a,
 }
 
 __global__ void __launch_bounds__(THREADS) v2_grouped_kernel(const kdt_grouped_args a, const V2Cfg c) {
+    pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
+    pdl_trigger();
     extern __shared__ __align__(16) unsigned char smem[];
     const int n0 = blockIdx.x * BN;
     const int n_items = *a.n_items;
@@ -630,6 +647,8 @@ __global__ void __launch_bounds__(THREADS) v2_grouped_kernel(const kdt_grouped_a
 }
 
 __global__ void __launch_bounds__(THREADS) v2_head_kernel(const kdt_head_args a, const V2Cfg c) {
+    pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
+    pdl_trigger();
     extern __shared__ __align__(16) unsigned char smem[];
     const int n0 = blockIdx.x * BN;
     const int M = clamp_m(a.m_dev, a.m_max);
@@ -653,6 +672,423 @@ __global__ void __launch_bounds__(THREADS) v2_head_kernel(const kdt_head_args a,
         __syncthreads();
     }
 }
+
+/* ====================== v3: persistent weight-streaming kernels (launch bounds <= 64 rows) ======================
+ * The v1 / v2 arithmetic (the chain above), scheduled for decode and tree verify, where a pass has
+ * few rows and the GEMM is a stream of weights. v2 gives every 64 columns a CTA of their own, whose
+ * pipeline fills and drains by itself, and lets the hardware place the CTAs in waves (the 576
+ * column tiles of a decode's 9 experts are 2.2 waves of 264). v3 keeps v2's pipeline (every
+ * thread issues its W and X chunks by cp.async, group g = W block g + X block g + 1, X converted
+ * once per CTA into a hi / lo double buffer, ldmatrix fragments, one barrier per stage block) and
+ * changes what a CTA walks:
+ *   - persistent CTAs: CTA b walks units b, b + gridDim.x, ... (dense: (column tile, split,
+ *     batch); grouped: (item, column tile)); the stream of stage blocks runs on across unit
+ *     boundaries, so a CTA fills its pipeline once, and a unit with more rows than a pass holds is
+ *     walked once per pass;
+ *   - a balanced grid: the fewest rounds of units the resident CTAs (`cps` per SM) allow, then just
+ *     enough CTAs that every CTA gets the same number of units (576 units: 192 CTAs x 3, not
+ *     264 CTAs with 48 of them doing a third);
+ *   - a stage block may hold KB 64-wide K blocks (fewer barriers per byte);
+ *   - with programmatic dependent launch (gpu_launch.cuh) a dense launch issues its first stages of
+ *     weights before waiting for the previous kernel (no kernel writes weights); the X loads and
+ *     everything grouped (its units come from the MoE plan) wait first.
+ * A stage block is computed 64-wide block by block, k16 steps ascending, hi then lo per accumulator
+ * (v2_compute's order): KB, the ring depth, CTAs per SM, the grid, the unit order and rows per pass
+ * never reach an output's chain. Rows of a pass beyond its valid rows hold stale hi / lo values:
+ * they only reach output rows that are never stored (rows never mix in mma). */
+namespace v3 {
+
+constexpr int NTHREADS = THREADS;              /* 4 warps; warp w owns columns 16w .. 16w + 15 */
+constexpr int MAX_STAGES = V2_MAX_STAGES;      /* cp_async_wait_n covers the ring */
+constexpr int ROWS = 64;                       /* most rows per pass (store_acc's 4 m-tiles) */
+
+/* Launch configuration, chosen on the host (v3_plan) and passed by value. */
+struct Layout {
+    int stages;  /* ring depth (2..MAX_STAGES) */
+    int rcap;    /* rows per pass: 8, 16, 32, 48 or 64 (rcap * KB <= 64) */
+};
+
+__host__ __device__ constexpr int bks(int kb) { return BK * kb; }                  /* K per stage block */
+__host__ __device__ constexpr int row_elems(int kb) { return BK * kb + 8; }        /* bf16 per W / hi / lo row:
+                                                                                      (64 kb + 8) * 2 B = 16 mod 128,
+                                                                                      ldmatrix conflict-free */
+__host__ __device__ constexpr int w_stage_bytes(int kb) { return BN * row_elems(kb) * 2; }
+__host__ __device__ constexpr int x_slot_bytes(int kb, int rcap) { return rcap * bks(kb) * 4; }
+__host__ __device__ constexpr int stage_bytes(int kb, int rcap) { return w_stage_bytes(kb) + x_slot_bytes(kb, rcap); }
+__host__ __device__ constexpr int plane_bytes(int kb, int rcap) { return rcap * row_elems(kb) * 2; }
+/* [hi, lo of buffer 0][hi, lo of buffer 1][stage 0: W | X] ... [stage S-1] */
+__host__ __device__ constexpr int smem_bytes(int kb, int rcap, int stages) {
+    return 4 * plane_bytes(kb, rcap) + stages * stage_bytes(kb, rcap);
+}
+
+/* One unit: 64 (or fewer) output columns over a K range, for all of its rows. */
+struct Unit {
+    const uint16_t *w;       /* W row n0 at the unit's first K column */
+    int64_t ldw;
+    int n_valid, nk;         /* valid columns; 64-wide K blocks (0: an empty split, stored as zeros) */
+    int rows;                /* X rows of the unit, all passes */
+    int kx, k_begin;         /* X columns >= kx read as 0; X column of the unit's first K */
+    const float *x;          /* X row i of the unit: x + (gather ? gather[row0 + i] : row0 + i) * ldx */
+    int64_t ldx;
+    const int32_t *gather;
+    int row0;
+    float *y;                /* output row i of the unit: y + i * ldy (column n0) */
+    int64_t ldy;
+};
+
+struct DenseP {
+    kdt_gemm_args a;
+    int n_tiles, n_units;
+    int M;                   /* the pass's rows: set after the dependency wait */
+    static constexpr bool GROUPED = false;
+    __device__ int count() const { return n_units; }
+    __device__ bool unit(int id, Unit &u) const {
+        const int tile = id % n_tiles, rest = id / n_tiles, split = rest % a.splits, b = rest / a.splits;
+        const int n0 = tile * BN;
+        u.k_begin = split * a.k_chunk;
+        u.nk = max(0, (min(u.k_begin + a.k_chunk, a.ldw) - u.k_begin) / BK);
+        u.ldw = a.ldw;
+        u.w = a.w + b * a.w_batch + (int64_t)n0 * a.ldw + u.k_begin;
+        u.n_valid = min(BN, a.n - n0);
+        u.rows = M;
+        u.kx = a.kx;
+        u.x = a.x + b * a.x_batch;
+        u.ldx = a.ldx;
+        u.gather = a.x_rows;
+        u.row0 = 0;
+        u.y = a.y + split * a.y_split + b * a.y_batch + n0;
+        u.ldy = a.ldy;
+        return true;
+    }
+};
+
+struct GroupedP {
+    kdt_grouped_args a;
+    int n_tiles;
+    static constexpr bool GROUPED = true;
+    __device__ int count() const { return *a.n_items * n_tiles; }
+    __device__ bool unit(int id, Unit &u) const {
+        const int item = id / n_tiles, n0 = (id % n_tiles) * BN;
+        const int e = a.items[3 * item], p0 = a.items[3 * item + 1];
+        const kdt_gpu_expert ex = a.experts[e];
+        const int N = a.which == 0 ? 2 * ex.i_pad : a.kd;
+        if (n0 >= N) return false;
+        u.ldw = a.which == 0 ? ex.ld_d : ex.ld_i;
+        u.w = (a.which == 0 ? ex.gu : ex.down) + (int64_t)n0 * u.ldw;
+        u.n_valid = min(BN, N - n0);
+        u.nk = (int)(u.ldw / BK);
+        u.rows = a.items[3 * item + 2];
+        u.kx = a.which == 0 ? a.kd : ex.inter;
+        u.k_begin = 0;
+        u.x = a.x;
+        u.ldx = a.ldx;
+        u.gather = a.which == 0 ? a.pair_row : nullptr;
+        u.row0 = p0;
+        u.y = a.y + (int64_t)p0 * a.ldy + n0;
+        u.ldy = a.ldy;
+        return true;
+    }
+};
+
+/* A position in a CTA's sequence of stage blocks: (unit, pass, stage block). Every cursor of a
+ * CTA walks the same sequence. */
+template <int KB, typename P>
+struct Seq {
+    Unit u;
+    int id, n_units, n_pass, pass, n_sb, sb;
+    bool valid;
+    __device__ void next_unit(const P &p, int rcap) {
+        for (;;) {
+            id += gridDim.x;
+            if (id >= n_units) {
+                valid = false;
+                return;
+            }
+            if (!p.unit(id, u)) continue;
+            n_pass = P::GROUPED ? (u.rows + rcap - 1) / rcap : 1; /* dense: M <= rcap (launch bound) */
+            if (n_pass <= 0) continue;
+            n_sb = u.nk > 0 ? (u.nk + KB - 1) / KB : 1;
+            pass = 0;
+            sb = 0;
+            valid = true;
+            return;
+        }
+    }
+    __device__ void start(const P &p, int rcap, int n) {
+        n_units = n;
+        id = (int)blockIdx.x - (int)gridDim.x;
+        valid = false;
+        next_unit(p, rcap);
+    }
+    __device__ void advance(const P &p, int rcap) {
+        if (!valid) return;
+        if (++sb < n_sb) return;
+        sb = 0;
+        if (++pass < n_pass) return;
+        next_unit(p, rcap);
+    }
+    __device__ int nsub() const { return max(0, min(KB, u.nk - sb * KB)); } /* 64-wide blocks here */
+    __device__ int m_valid(int rcap) const { return min(rcap, u.rows - pass * rcap); }
+};
+
+/* X chunks of a thread: 16-byte chunk (tid % CPR) of rows tid / CPR + RPI * i, i < 8. */
+template <int KB>
+struct XMap {
+    static constexpr int CPR = bks(KB) / 4;    /* chunks per row */
+    static constexpr int RPI = NTHREADS / CPR; /* rows per step: rcap <= 8 RPI (rcap * KB <= 64) */
+    static_assert(RPI * CPR == NTHREADS, "X chunk map");
+};
+
+/* The X row pointers of a pass for this thread's chunks. */
+struct XRows {
+    const float *row[8];
+    uint32_t align;        /* bit i: row[i] is 16-byte aligned */
+    int id, pass;          /* the (unit, pass) they belong to */
+};
+
+template <int KB, typename P>
+__device__ __forceinline__ void x_rows(const Seq<KB, P> &q, int rcap, XRows &xr) {
+    using M = XMap<KB>;
+    const int mv = q.m_valid(rcap), r0 = threadIdx.x / M::CPR;
+    xr.align = 0;
+    xr.id = q.id;
+    xr.pass = q.pass;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int r = r0 + M::RPI * i;
+        xr.row[i] = nullptr;
+        if (r < mv) {
+            const int idx = q.u.row0 + q.pass * rcap + r;
+            xr.row[i] = q.u.x + (int64_t)(q.u.gather ? q.u.gather[idx] : idx) * q.u.ldx;
+            if (((uintptr_t)xr.row[i] & 15) == 0) xr.align |= 1u << i;
+        }
+    }
+}
+
+/* X of stage block q (fp32, zero at k >= kx; v1's X tile values) into an X slot [rcap][bks]:
+ * this thread's chunks. */
+template <int KB, typename P>
+__device__ __forceinline__ void load_x(const Seq<KB, P> &q, int rcap, const XRows &xr, float *slot) {
+    using M = XMap<KB>;
+    const int mv = q.m_valid(rcap), cc = threadIdx.x % M::CPR, r0 = threadIdx.x / M::CPR;
+    if (cc * 4 >= q.nsub() * BK) return;
+    const int k = q.u.k_begin + q.sb * bks(KB) + cc * 4, kx = q.u.kx;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int r = r0 + M::RPI * i;
+        if (r >= mv) break;
+        float *dst = slot + r * bks(KB) + cc * 4;
+        const float *src = xr.row[i];
+        if (k + 4 <= kx && ((xr.align >> i) & 1)) {
+            cp_async16(dst, src + k, 16);
+        } else if (k < kx) { /* ragged K or unaligned rows: element by element */
+            float4 v;
+            v.x = src[k];
+            v.y = k + 1 < kx ? src[k + 1] : 0.0f;
+            v.z = k + 2 < kx ? src[k + 2] : 0.0f;
+            v.w = k + 3 < kx ? src[k + 3] : 0.0f;
+            *reinterpret_cast<float4 *>(dst) = v;
+        } else {
+            *reinterpret_cast<float4 *>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    }
+}
+
+/* W of stage block q into a stage: per 64-wide block, thread tid copies chunk (tid & 7) of rows
+ * (tid >> 3) + 16 i (v2_load_w); rows >= n_valid are zero-filled. */
+template <int KB, typename P>
+__device__ __forceinline__ void load_w(const Seq<KB, P> &q, uint16_t *ws, uint64_t pol) {
+    const int tid = threadIdx.x, r0 = tid >> 3, c = (tid & 7) * 8, ns = q.nsub();
+    const uint16_t *src = q.u.w + (int64_t)r0 * q.u.ldw + q.sb * bks(KB) + c;
+    const int64_t step = 16 * q.u.ldw;
+#pragma unroll
+    for (int b = 0; b < KB; b++) {
+        if (b < ns) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const bool ok = r0 + 16 * i < q.u.n_valid;
+                cp_async16_pol(ws + (r0 + 16 * i) * row_elems(KB) + b * BK + c, ok ? src + i * step + b * BK : q.u.w,
+                               ok ? 16 : 0, pol);
+            }
+        }
+    }
+}
+
+/* This thread's chunks of an X slot -> hi / lo planes (split_bf16, as v1 per fragment). */
+template <int KB>
+__device__ __forceinline__ void convert_x(int mv, int ncols, const float *slot, uint16_t *hi, uint16_t *lo) {
+    using M = XMap<KB>;
+    const int cc = threadIdx.x % M::CPR, r0 = threadIdx.x / M::CPR;
+    if (cc * 4 >= ncols) return;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int r = r0 + M::RPI * i;
+        if (r >= mv) break;
+        const float4 v = *reinterpret_cast<const float4 *>(slot + r * bks(KB) + cc * 4);
+        uint2 h, l;
+        split_bf16(make_float2(v.x, v.y), h.x, l.x);
+        split_bf16(make_float2(v.z, v.w), h.y, l.y);
+        *reinterpret_cast<uint2 *>(hi + r * row_elems(KB) + cc * 4) = h;
+        *reinterpret_cast<uint2 *>(lo + r * row_elems(KB) + cc * 4) = l;
+    }
+}
+
+/* acc += X W^T over the nsub 64-wide blocks of a stage block, each as v2_compute: per k16 step,
+ * per accumulator, hi then lo. */
+template <int KB>
+__device__ __forceinline__ void compute(const uint16_t *ws, const uint16_t *hi, const uint16_t *lo, int nsub,
+                                        bool half, int mtiles, float (&acc)[V2_MT][2][4]) {
+    constexpr int RE = row_elems(KB);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const uint16_t *wp = ws + (warp * 16 + ((lane >> 4) << 3) + (lane & 7)) * RE + ((lane >> 3) & 1) * 8;
+    if (half) {
+        const uint16_t *xp = (lane < 16 ? hi : lo) + (lane & 7) * RE + ((lane >> 3) & 1) * 8;
+#pragma unroll
+        for (int q = 0; q < KB; q++) {
+            if (q < nsub) {
+#pragma unroll
+                for (int kk = 0; kk < BK / 16; kk++) {
+                    uint32_t b[4], x[4];
+                    ldsm_x4(b, wp + q * BK + kk * 16);
+                    ldsm_x4(x, xp + q * BK + kk * 16);
+                    const uint32_t ah[4] = {x[0], 0u, x[1], 0u}, al[4] = {x[2], 0u, x[3], 0u};
+                    mma16816(acc[0][0], ah, b[0], b[1]);
+                    mma16816(acc[0][0], al, b[0], b[1]);
+                    mma16816(acc[0][1], ah, b[2], b[3]);
+                    mma16816(acc[0][1], al, b[2], b[3]);
+                }
+            }
+        }
+        return;
+    }
+    const int xo = (((lane >> 3) & 1) * 8 + (lane & 7)) * RE + (lane >> 4) * 8;
+#pragma unroll
+    for (int q = 0; q < KB; q++) {
+        if (q < nsub) {
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; kk++) {
+                uint32_t b[4];
+                ldsm_x4(b, wp + q * BK + kk * 16);
+#pragma unroll
+                for (int mt = 0; mt < V2_MT; mt++) {
+                    if (mt < mtiles) {
+                        uint32_t ah[4], al[4];
+                        ldsm_x4(ah, hi + mt * 16 * RE + xo + q * BK + kk * 16);
+                        ldsm_x4(al, lo + mt * 16 * RE + xo + q * BK + kk * 16);
+                        mma16816(acc[mt][0], ah, b[0], b[1]);
+                        mma16816(acc[mt][0], al, b[0], b[1]);
+                        mma16816(acc[mt][1], ah, b[2], b[3]);
+                        mma16816(acc[mt][1], al, b[2], b[3]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Stage block b of a CTA's sequence lives in stage b % S (its W and its X); cp.async group g
+ * holds W block g and X block g + 1 (group 0: W blocks 0 .. S-2 and X blocks 0, 1; groups
+ * 1 .. S-2 of the prologue: X only), so when block j is computed, groups <= j have landed: W j
+ * and X j + 1, which is converted while the tensor cores work on j. */
+template <int KB, typename P>
+__global__ void __launch_bounds__(NTHREADS, P::GROUPED ? 2 : 3) v3_kernel(const P prob, const Layout L) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int S = L.stages, rcap = L.rcap;
+    const int plane = rcap * row_elems(KB);      /* elements of one hi or lo plane */
+    const int sbytes = stage_bytes(KB, rcap);
+    uint16_t *xc = reinterpret_cast<uint16_t *>(smem);
+    unsigned char *st = smem + 4 * plane_bytes(KB, rcap);
+#define V3_W(s) reinterpret_cast<uint16_t *>(st + (s) * sbytes)
+#define V3_X(s) reinterpret_cast<float *>(st + (s) * sbytes + w_stage_bytes(KB))
+    pdl_trigger();
+    P p = prob;
+    const uint64_t pol = evict_first_policy();
+    Seq<KB, P> Wc;                               /* the next W block to load */
+    int wj = 0;                                  /* W blocks issued */
+    if constexpr (!P::GROUPED) {                 /* weights before the dependency wait */
+        p.M = 0;
+        Wc.start(p, rcap, p.count());
+        for (; wj < S - 1 && Wc.valid; wj++) {
+            load_w(Wc, V3_W(wj), pol);
+            Wc.advance(p, rcap);
+        }
+    }
+    pdl_wait();
+    if constexpr (!P::GROUPED) p.M = clamp_m(p.a.m_dev, p.a.m_max);
+    Seq<KB, P> C;                                /* block j (compute) */
+    C.start(p, rcap, p.count());
+    if constexpr (P::GROUPED) {
+        Wc = C;
+        for (; wj < S - 1 && Wc.valid; wj++) {
+            load_w(Wc, V3_W(wj), pol);
+            Wc.advance(p, rcap);
+        }
+    }
+    if (!C.valid) {
+        cp_async_wait<0>();
+        return;
+    }
+    Seq<KB, P> Xc = C, V = C;                    /* the next X block to load; block j + 1 (convert) */
+    V.advance(p, rcap);
+    XRows xr;
+    xr.id = -1;
+    xr.pass = -1;
+    for (int g = 0; g <= S - 1; g++) {           /* X blocks 0 .. S-1: 0 and 1 in group 0, g + 1 in group g */
+        if (Xc.valid) {
+            if (Xc.id != xr.id || Xc.pass != xr.pass) x_rows(Xc, rcap, xr);
+            load_x(Xc, rcap, xr, V3_X(g));
+            Xc.advance(p, rcap);
+        }
+        if (g >= 1) cp_async_commit();
+    }
+    cp_async_wait_n(S - 2);                      /* group 0 */
+    convert_x<KB>(C.m_valid(rcap), C.nsub() * BK, V3_X(0), xc, xc + plane);
+    float acc[V2_MT][2][4];
+#pragma unroll
+    for (int mt = 0; mt < V2_MT; mt++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][j][e] = 0.0f;
+    int cs = 0;                                  /* stage of block j */
+    for (int j = 0; C.valid; j++) {
+        cp_async_wait_n(S - 2);                  /* groups <= j: W j, X j + 1 (this thread's chunks) */
+        __syncthreads();                         /* ... of every thread; block j - 1 consumed */
+        const int ls = cs == 0 ? S - 1 : cs - 1; /* stage of block j - 1 = of block j + S - 1 */
+        if (Wc.valid) {
+            load_w(Wc, V3_W(ls), pol);
+            Wc.advance(p, rcap);
+        }
+        if (Xc.valid) {                          /* X j + S into block j's X slot (converted) */
+            if (Xc.id != xr.id || Xc.pass != xr.pass) x_rows(Xc, rcap, xr);
+            load_x(Xc, rcap, xr, V3_X(cs));
+            Xc.advance(p, rcap);
+        }
+        cp_async_commit();
+        const int xs = cs + 1 == S ? 0 : cs + 1; /* stage of block j + 1 */
+        uint16_t *cur = xc + (j & 1) * 2 * plane, *nxt = xc + ((j + 1) & 1) * 2 * plane;
+        if (V.valid) convert_x<KB>(V.m_valid(rcap), V.nsub() * BK, V3_X(xs), nxt, nxt + plane);
+        const int mv = C.m_valid(rcap);
+        compute<KB>(V3_W(cs), cur, cur + plane, C.nsub(), mv <= 8, (mv + 15) >> 4, acc);
+        if (C.sb == C.n_sb - 1) {                /* the pass is complete */
+            store_acc(acc, C.u.y + (int64_t)C.pass * rcap * C.u.ldy, C.u.ldy, mv, C.u.n_valid);
+#pragma unroll
+            for (int mt = 0; mt < V2_MT; mt++)
+#pragma unroll
+                for (int jj = 0; jj < 2; jj++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[mt][jj][e] = 0.0f;
+        }
+        cs = xs;
+        C = V;
+        V.advance(p, rcap);
+    }
+#undef V3_W
+#undef V3_X
+    cp_async_wait<0>();
+}
+
+} // namespace v3
 
 /* Rows per pass for a pool: the most (multiple of 16, <= 64) that still leave 3 stages (2 when
  * nothing does), so the weight stream always has a block in flight while one is computed. */
@@ -726,13 +1162,190 @@ cudaError_t set_smem_v2(K kernel, size_t bytes) {
     return e;
 }
 
-kdt_status launch_error(const char *what) {
-    const cudaError_t e = cudaGetLastError();
+kdt_status launch_error(const char *what, cudaError_t e = cudaSuccess) {
+    if (e != cudaSuccess) cudaGetLastError(); /* the launch's own error; clear the sticky copy */
+    else e = cudaGetLastError();
     if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "%s: launch failed: %s", what, cudaGetErrorString(e));
     return KDT_OK;
 }
 
+/* ---- v3 on the host ---------------------------------------------------------------------------
+ * Switches (read once per process; A/B runs and tuning, none changes a bit): KDT_GEMM_V3=0 (v2
+ * for every launch), KDT_GEMM_V3_KB=1|2|4 (64-wide K blocks per stage block), KDT_GEMM_V3_CPS=1..4
+ * (CTAs per SM), KDT_GEMM_V3_BAL=0 (a CTA per resident slot instead of the balanced grid). */
+struct V3Tune {
+    int on, kb, cps, bal; /* kb, cps: 0 = automatic */
+};
+V3Tune v3_read_env() {
+    V3Tune t = {1, 0, 0, 1};
+    const char *e;
+    if ((e = getenv("KDT_GEMM_V3")) && e[0] == '0') t.on = 0;
+    if ((e = getenv("KDT_GEMM_V3_KB"))) t.kb = atoi(e);
+    if ((e = getenv("KDT_GEMM_V3_CPS"))) t.cps = atoi(e);
+    if ((e = getenv("KDT_GEMM_V3_BAL"))) t.bal = atoi(e) != 0;
+    return t;
+}
+V3Tune &v3_tune() {
+    static V3Tune t = v3_read_env();
+    return t;
+}
+
+/* What v3 needs to know about the current device (queried once per device, by kdt_gemm_init). */
+struct V3Dev {
+    int known, ok, n_sm, per_sm, optin;
+    int max_cps[2][3];       /* CTAs per SM the registers allow: [grouped][kb 1, 2, 4] */
+};
+constexpr int V3_MAX_DEV = 16;
+V3Dev g_v3dev[V3_MAX_DEV];
+
+int kb_index(int kb) { return kb == 1 ? 0 : (kb == 2 ? 1 : 2); }
+
+template <int KB, typename P>
+int v3_reg_cps() {
+    int nb = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, v3::v3_kernel<KB, P>, v3::NTHREADS, 0) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return nb;
+}
+
+const V3Dev *v3_dev() {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= V3_MAX_DEV) {
+        cudaGetLastError();
+        return nullptr;
+    }
+    V3Dev &d = g_v3dev[dev];
+    if (!d.known) {
+        d.ok = cudaDeviceGetAttribute(&d.n_sm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+               cudaDeviceGetAttribute(&d.per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) == cudaSuccess &&
+               cudaDeviceGetAttribute(&d.optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
+               d.n_sm > 0;
+        if (d.ok) {
+            d.max_cps[0][0] = v3_reg_cps<1, v3::DenseP>();
+            d.max_cps[0][1] = v3_reg_cps<2, v3::DenseP>();
+            d.max_cps[0][2] = v3_reg_cps<4, v3::DenseP>();
+            d.max_cps[1][0] = v3_reg_cps<1, v3::GroupedP>();
+            d.max_cps[1][1] = v3_reg_cps<2, v3::GroupedP>();
+            d.max_cps[1][2] = v3_reg_cps<4, v3::GroupedP>();
+        }
+        cudaGetLastError();
+        d.known = 1;
+    }
+    return d.ok ? &d : nullptr;
+}
+
+bool v3_on() { return !use_v1() && v3_tune().on && v3_dev() != nullptr; }
+
+struct V3Plan {
+    v3::Layout L;
+    int kb;
+    unsigned grid;
+    size_t smem;
+};
+
+/* Scheduling of one v3 launch: rows per pass from the launch's row bound; CTAs per SM (2, or 3 / 4
+ * when that makes the units one round, as far as registers allow); K blocks per stage block (1
+ * unless KDT_GEMM_V3_KB, fewer where the ring would hold < 3 stages); the deepest ring the pool
+ * holds; then the balanced grid: rounds = ceil(units / slots), CTAs = ceil(units / rounds).
+ * `units` is exact for dense launches and an estimate for grouped ones (only the balance depends
+ * on it). False: no layout fits (the caller takes v2). */
+bool v3_plan(int rows_bound, int64_t units, bool grouped, V3Plan &pl) {
+    const V3Dev *d = v3_dev();
+    if (!d || units < 1) return false;
+    const V3Tune &t = v3_tune();
+    const int rcap = v2_tile_rows(rows_bound < 1 ? 1 : (rows_bound > v3::ROWS ? v3::ROWS : rows_bound));
+    const int kb_max = rcap <= 16 ? 4 : (rcap <= 32 ? 2 : 1);
+    int kb = t.kb >= 4 ? 4 : (t.kb >= 2 ? 2 : 1);
+    if (kb > kb_max) kb = kb_max;
+    int cps = t.cps;
+    if (cps < 1 || cps > 4) {
+        cps = 2;
+        for (int k = 3; k <= 4; k++)
+            if (units > 2 * (int64_t)d->n_sm && units <= k * (int64_t)d->n_sm) {
+                cps = k;
+                break;
+            }
+    }
+    for (; cps >= 1; cps--) {
+        for (int kbt = kb; kbt >= 1; kbt /= 2) {
+            if (d->max_cps[grouped][kb_index(kbt)] < cps) continue;
+            int pool = d->per_sm / cps - 1024;
+            if (pool > d->optin) pool = d->optin;
+            pool &= ~127;
+            int stages = (pool - 4 * v3::plane_bytes(kbt, rcap)) / v3::stage_bytes(kbt, rcap);
+            if (stages > v3::MAX_STAGES) stages = v3::MAX_STAGES;
+            if (stages < (kbt > 1 ? 3 : 2)) continue; /* a shallow ring: fewer K blocks per stage block */
+            pl.kb = kbt;
+            pl.L.stages = stages;
+            pl.L.rcap = rcap;
+            pl.smem = (size_t)v3::smem_bytes(kbt, rcap, stages);
+            const int64_t slots = (int64_t)cps * d->n_sm, rounds = (units + slots - 1) / slots;
+            const int64_t ctas = t.bal ? (units + rounds - 1) / rounds : (units < slots ? units : slots);
+            pl.grid = (unsigned)ctas;
+            return true;
+        }
+    }
+    return false;
+}
+
+template <typename P>
+cudaError_t v3_launch(const P &p, const V3Plan &pl, cudaStream_t s) {
+    switch (pl.kb) {
+    case 1: return launch_k(v3::v3_kernel<1, P>, pl.grid, v3::NTHREADS, pl.smem, s, p, pl.L);
+    case 2: return launch_k(v3::v3_kernel<2, P>, pl.grid, v3::NTHREADS, pl.smem, s, p, pl.L);
+    default: return launch_k(v3::v3_kernel<4, P>, pl.grid, v3::NTHREADS, pl.smem, s, p, pl.L);
+    }
+}
+
+template <int KB, typename P>
+cudaError_t v3_set_attrs(int bytes) {
+    cudaError_t e = set_smem(v3::v3_kernel<KB, P>, (size_t)bytes);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(v3::v3_kernel<KB, P>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 (int)cudaSharedmemCarveoutMaxShared);
+    return e;
+}
+
+/* The dense launch in v3 form, or false (v2 then runs it): row bound <= 64, aligned weights. */
+bool v3_dense(const kdt_gemm_args &a, v3::DenseP &p, V3Plan &pl) {
+    if (!v3_on() || a.m_max > v3::ROWS || ((uintptr_t)a.w & 15) || (a.w_batch & 7)) return false;
+    p.a = a;
+    p.n_tiles = (a.n + BN - 1) / BN;
+    p.n_units = p.n_tiles * a.splits * (a.batch > 0 ? a.batch : 1);
+    p.M = 0;
+    if (p.a.batch < 1) p.a.batch = 1;
+    return v3_plan(a.m_max, p.n_units, false, pl);
+}
+
+bool v3_grouped(const kdt_grouped_args &a, v3::GroupedP &p, V3Plan &pl) {
+    if (!v3_on()) return false;
+    p.a = a;
+    p.n_tiles = (a.n_max + BN - 1) / BN;
+    const int rows = a.max_item_rows > 0 && a.max_item_rows < v3::ROWS ? a.max_item_rows : v3::ROWS;
+    const int items = a.n_items_hint > 0 ? a.n_items_hint : (a.grid_items > 0 ? a.grid_items : 1);
+    return v3_plan(rows, (int64_t)items * p.n_tiles, true, pl);
+}
+
+__global__ void k_pdl_probe() {}
+
 } // namespace
+
+extern "C" int kdt_gpu_pdl_on(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("KDT_GPU_PDL");
+        int dev = 0, major = 0;
+        cudaFuncAttributes fa;
+        const int ok = !(v && v[0] == '0') && cudaGetDevice(&dev) == cudaSuccess &&
+                       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                       major >= 9 && cudaFuncGetAttributes(&fa, k_pdl_probe) == cudaSuccess && fa.ptxVersion >= 90;
+        if (!ok) cudaGetLastError();
+        on = ok;
+    }
+    return on;
+}
 
 /* v2 tiles a pass by its launch bound (v2_tile_rows: 8, then multiples of 16); v1 runs 64-row
  * passes whose cost hardly depends on the rows used. */
@@ -793,6 +1406,16 @@ extern "C" kdt_status kdt_gemm_init(int32_t stages) {
     if (e == cudaSuccess) e = set_smem_v2(v2_gemm_kernel, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_head_kernel, v2_bytes);
+    (void)kdt_gpu_pdl_on(); /* decided here, outside any stream capture */
+    /* v3: every instance may take the whole opt-in limit (its pool is chosen per launch) */
+    if (e == cudaSuccess && v3_dev()) {
+        if (e == cudaSuccess) e = v3_set_attrs<1, v3::DenseP>(optin);
+        if (e == cudaSuccess) e = v3_set_attrs<2, v3::DenseP>(optin);
+        if (e == cudaSuccess) e = v3_set_attrs<4, v3::DenseP>(optin);
+        if (e == cudaSuccess) e = v3_set_attrs<1, v3::GroupedP>(optin);
+        if (e == cudaSuccess) e = v3_set_attrs<2, v3::GroupedP>(optin);
+        if (e == cudaSuccess) e = v3_set_attrs<4, v3::GroupedP>(optin);
+    }
     if (e != cudaSuccess)
         return kdt_fail(KDT_ERR_CUDA, "GPU GEMM: %zu bytes of shared memory: %s", bytes, cudaGetErrorString(e));
     return KDT_OK;
@@ -803,50 +1426,61 @@ extern "C" kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cu
         return kdt_fail(KDT_ERR_INTERNAL, "GPU GEMM: ld %d, k_chunk %d, m_max %d, n %d", a->ldw, a->k_chunk,
                         a->m_max, a->n);
     const dim3 grid((unsigned)((a->n + BN - 1) / BN), (unsigned)a->splits, (unsigned)(a->batch > 0 ? a->batch : 1));
+    cudaError_t e;
+    v3::DenseP p3;
+    V3Plan pl;
     if (use_v1()) {
         const size_t smem = (size_t)(stages < 2 ? 2 : (stages > 4 ? 4 : stages)) * v1::STAGE_BYTES;
         switch (stages) {
-        case 2: v1::gemm_kernel<2><<<grid, THREADS, smem, s>>>(*a); break;
-        case 3: v1::gemm_kernel<3><<<grid, THREADS, smem, s>>>(*a); break;
-        default: v1::gemm_kernel<4><<<grid, THREADS, smem, s>>>(*a); break;
+        case 2: e = launch_k(v1::gemm_kernel<2>, grid, THREADS, smem, s, *a); break;
+        case 3: e = launch_k(v1::gemm_kernel<3>, grid, THREADS, smem, s, *a); break;
+        default: e = launch_k(v1::gemm_kernel<4>, grid, THREADS, smem, s, *a); break;
         }
+    } else if (v3_dense(*a, p3, pl)) {
+        e = v3_launch(p3, pl, s);
     } else {
         const V2Cfg c = v2_config_grid(stages, (int64_t)grid.x * grid.y * grid.z, a->m_max);
-        v2_gemm_kernel<<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+        e = launch_k(v2_gemm_kernel, grid, THREADS, (size_t)c.pool, s, *a, c);
     }
-    return launch_error("GPU GEMM");
+    return launch_error("GPU GEMM", e);
 }
 
 extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s) {
     const dim3 grid((unsigned)((a->n_max + BN - 1) / BN), (unsigned)(a->grid_items > 0 ? a->grid_items : 1));
+    cudaError_t e;
+    v3::GroupedP p3;
+    V3Plan pl;
     if (use_v1()) {
         const size_t smem = (size_t)(stages < 2 ? 2 : (stages > 4 ? 4 : stages)) * v1::STAGE_BYTES;
         switch (stages) {
-        case 2: v1::grouped_kernel<2><<<grid, THREADS, smem, s>>>(*a); break;
-        case 3: v1::grouped_kernel<3><<<grid, THREADS, smem, s>>>(*a); break;
-        default: v1::grouped_kernel<4><<<grid, THREADS, smem, s>>>(*a); break;
+        case 2: e = launch_k(v1::grouped_kernel<2>, grid, THREADS, smem, s, *a); break;
+        case 3: e = launch_k(v1::grouped_kernel<3>, grid, THREADS, smem, s, *a); break;
+        default: e = launch_k(v1::grouped_kernel<4>, grid, THREADS, smem, s, *a); break;
         }
+    } else if (v3_grouped(*a, p3, pl)) {
+        e = v3_launch(p3, pl, s);
     } else {
         const V2Cfg c = v2_config(stages);
-        v2_grouped_kernel<<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+        e = launch_k(v2_grouped_kernel, grid, THREADS, (size_t)c.pool, s, *a, c);
     }
-    return launch_error("GPU grouped GEMM");
+    return launch_error("GPU grouped GEMM", e);
 }
 
 extern "C" kdt_status kdt_head_launch(const kdt_head_args *a, int32_t stages, cudaStream_t s) {
     if (a->w.ld % BK || a->m_max < 1)
         return kdt_fail(KDT_ERR_INTERNAL, "GPU lm_head: ld %d, m_max %d", a->w.ld, a->m_max);
     const dim3 grid((unsigned)((a->w.rows + BN - 1) / BN));
+    cudaError_t e;
     if (use_v1()) {
         const size_t smem = (size_t)(stages < 2 ? 2 : (stages > 4 ? 4 : stages)) * v1::STAGE_BYTES;
         switch (stages) {
-        case 2: v1::head_kernel<2><<<grid, THREADS, smem, s>>>(*a); break;
-        case 3: v1::head_kernel<3><<<grid, THREADS, smem, s>>>(*a); break;
-        default: v1::head_kernel<4><<<grid, THREADS, smem, s>>>(*a); break;
+        case 2: e = launch_k(v1::head_kernel<2>, grid, THREADS, smem, s, *a); break;
+        case 3: e = launch_k(v1::head_kernel<3>, grid, THREADS, smem, s, *a); break;
+        default: e = launch_k(v1::head_kernel<4>, grid, THREADS, smem, s, *a); break;
         }
     } else {
         const V2Cfg c = v2_config(stages);
-        v2_head_kernel<<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+        e = launch_k(v2_head_kernel, grid, THREADS, (size_t)c.pool, s, *a, c);
     }
-    return launch_error("GPU lm_head");
+    return launch_error("GPU lm_head", e);
 }

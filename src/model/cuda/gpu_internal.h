@@ -223,6 +223,10 @@ struct kdt_gpu_graph {
 };
 
 /* ---- kernel launchers (all asynchronous on `s`; they only fail on launch errors) ---------- */
+/* Whether the forward's kernels are launched with programmatic dependent launch (gpu_launch.cuh):
+ * compute capability >= 9 with sm_90+ code, unless KDT_GPU_PDL=0. Decided once per process. */
+int kdt_gpu_pdl_on(void);
+
 /* Split-K rule of the dense GEMMs: a function of the weight shape only. */
 void kdt_gemm_plan(int32_t n, int32_t ldw, int32_t batch, int32_t *splits, int32_t *k_chunk);
 
@@ -249,6 +253,8 @@ typedef struct kdt_grouped_args {
     float *y; int64_t ldy;
     int32_t n_max, kd;          /* widest N over experts; D (gate/up K) */
     int32_t grid_items;
+    int32_t max_item_rows;      /* most rows an item can have (<= 64; 0 = 64): sizes v3's passes */
+    int32_t n_items_hint;       /* expected items (0 = grid_items): balances v3's persistent grid */
 } kdt_grouped_args;
 kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s);
 
