@@ -32,7 +32,6 @@
 #include <stdint.h>
 
 #include "gpu_internal.h"
-#include "gpu_launch.cuh"
 #include "gpu_mma.cuh"
 
 namespace {
@@ -234,8 +233,6 @@ __device__ __forceinline__ void load_q(const kdt_attn_args &a, const Item &it, i
 
 template <int HG, int NT>
 __global__ void __launch_bounds__(AttCfg<HG>::THREADS, 1) attn_partial(const kdt_attn_args a, int stages) {
-    kg::pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
-    kg::pdl_trigger();
     using C = AttCfg<HG>;
     constexpr int MT = C::MT, WARPS = C::WARPS, THREADS = C::THREADS, PPW = C::PPW, TPK = C::TPK;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -465,8 +462,6 @@ static_assert(CPF % 16 == 0, "the later loads go 16 splits at a time");
  * o = fma(O_j, w_j, o) in split order, then o / L: what `o += O_j * exp2f(m_j - M)` and
  * `L += l_j * exp2f(m_j - M)` compile to, so the chunking never changes a bit. */
 __global__ void __launch_bounds__(CT) attn_combine(const kdt_attn_args a, int cols) {
-    kg::pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
-    kg::pdl_trigger();
     __shared__ float sw[CH][CS + 1], sl[CH][CS + 1]; /* m_j, then w_j; l_j (+1: a thread per head) */
     __shared__ float sM[CH], sL[CH];
     const int n_rows = a.hdr->n_rows, width = a.H * a.dc, per_row = (width + cols - 1) / cols;
@@ -561,8 +556,8 @@ cudaError_t set_attr(size_t smem) {
 }
 
 template <int HG, int NT>
-cudaError_t launch_partial(const kdt_attn_args &a, unsigned grid, size_t smem, int stages, cudaStream_t s) {
-    return kg::launch_k(attn_partial<HG, NT>, grid, AttCfg<HG>::THREADS, smem, s, a, stages);
+void launch_partial(const kdt_attn_args &a, unsigned grid, size_t smem, int stages, cudaStream_t s) {
+    attn_partial<HG, NT><<<grid, AttCfg<HG>::THREADS, smem, s>>>(a, stages);
 }
 
 /* Verify rows from a tree that lives on the device (kdt_gpu_stage_verify_device): one CTA numbers
@@ -573,8 +568,6 @@ __global__ void __launch_bounds__(STAGE_THREADS) k_stage_tree(kdt_gstage_hdr *hd
                                                               uint64_t *masks, const int32_t *streams, int S, int N,
                                                               int W, const int32_t *n_nodes, const int32_t *token,
                                                               const int32_t *position, const uint64_t *anc_mask) {
-    kg::pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
-    kg::pdl_trigger();
     __shared__ int row_off[65];
     __shared__ int scan[STAGE_THREADS];
     __shared__ int carry;
@@ -714,36 +707,34 @@ extern "C" kdt_status kdt_attn_launch(const kdt_attn_args *a, cudaStream_t s) {
     const unsigned g = (unsigned)grid;
     if (hg == 16) {
         switch (nt) {
-        case 2: e = launch_partial<16, 2>(*a, g, smem, stages, s); break;
-        case 4: e = launch_partial<16, 4>(*a, g, smem, stages, s); break;
-        case 6: e = launch_partial<16, 6>(*a, g, smem, stages, s); break;
-        case 8: e = launch_partial<16, 8>(*a, g, smem, stages, s); break;
-        case 10: e = launch_partial<16, 10>(*a, g, smem, stages, s); break;
-        case 12: e = launch_partial<16, 12>(*a, g, smem, stages, s); break;
-        case 14: e = launch_partial<16, 14>(*a, g, smem, stages, s); break;
-        case 16: e = launch_partial<16, 16>(*a, g, smem, stages, s); break;
+        case 2: launch_partial<16, 2>(*a, g, smem, stages, s); break;
+        case 4: launch_partial<16, 4>(*a, g, smem, stages, s); break;
+        case 6: launch_partial<16, 6>(*a, g, smem, stages, s); break;
+        case 8: launch_partial<16, 8>(*a, g, smem, stages, s); break;
+        case 10: launch_partial<16, 10>(*a, g, smem, stages, s); break;
+        case 12: launch_partial<16, 12>(*a, g, smem, stages, s); break;
+        case 14: launch_partial<16, 14>(*a, g, smem, stages, s); break;
+        case 16: launch_partial<16, 16>(*a, g, smem, stages, s); break;
         default: return kdt_fail(KDT_ERR_INTERNAL, "GPU attention: d_c %d", a->dc);
         }
     } else {
         switch (nt) {
-        case 2: e = launch_partial<64, 2>(*a, g, smem, stages, s); break;
-        case 4: e = launch_partial<64, 4>(*a, g, smem, stages, s); break;
-        case 6: e = launch_partial<64, 6>(*a, g, smem, stages, s); break;
-        case 8: e = launch_partial<64, 8>(*a, g, smem, stages, s); break;
+        case 2: launch_partial<64, 2>(*a, g, smem, stages, s); break;
+        case 4: launch_partial<64, 4>(*a, g, smem, stages, s); break;
+        case 6: launch_partial<64, 6>(*a, g, smem, stages, s); break;
+        case 8: launch_partial<64, 8>(*a, g, smem, stages, s); break;
         default: return kdt_fail(KDT_ERR_INTERNAL, "GPU attention: d_c %d", a->dc);
         }
     }
-    if (e == cudaSuccess) e = cudaGetLastError();
-    else cudaGetLastError();
+    e = cudaGetLastError();
     if (e == cudaSuccess) {
         /* rows x chunks of the H d_c outputs; a chunk of whole heads spans at most CH of them, a
          * shorter one at most two */
         int cols = kdt_g_chunk_cols(a->max_rows, a->H * a->dc, CT);
         if (cols >= a->dc) cols = (cols / a->dc < CH ? cols / a->dc : CH) * a->dc;
         const int64_t items = (int64_t)(a->max_rows > 1 ? a->max_rows : 1) * ((a->H * a->dc + cols - 1) / cols);
-        e = kg::launch_k(attn_combine, (unsigned)(items < 4096 ? items : 4096), CT, 0, s, *a, cols);
-        if (e == cudaSuccess) e = cudaGetLastError();
-        else cudaGetLastError();
+        attn_combine<<<(unsigned)(items < 4096 ? items : 4096), CT, 0, s>>>(*a, cols);
+        e = cudaGetLastError();
     }
     if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "GPU attention: launch failed: %s", cudaGetErrorString(e));
     return KDT_OK;

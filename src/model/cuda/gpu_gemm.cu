@@ -9,17 +9,15 @@
  * keep ~16 mantissa bits while the weights are bf16.
  *
  * Three implementations of the same arithmetic:
- *   v3 (default for dense launch bounds <= 64 rows and every grouped launch) persistent CTAs that
- *                 stream the weights across units with v2's pipeline, a balanced grid and, with PDL,
- *                 a dense weight prefetch before the dependency wait (see the v3 section);
- *   v2            built for decode / tree verify (1..64 rows): the X block is converted to hi / lo
+ *   v2 (default)  built for decode / tree verify (1..64 rows): the X block is converted to hi / lo
  *                 once per CTA (not once per warp) into its own double buffer, fragments come from
  *                 ldmatrix, and the pipeline depth follows the rows of the pass: the shared-memory
  *                 pool holds as many (W, X) stages as fit (9 for <= 8 rows, 3 for 64), so a CTA
  *                 keeps up to 64 KB of weights in flight; weights stream with an L2 evict-first
  *                 hint. Rows are processed in passes of at most `cap` rows (64 on H100 / H200).
- *                 v2 runs the dense launches of more rows (prefill), the lm_head, and everything
- *                 under KDT_GEMM_V3=0;
+ *   v3            (KDT_GEMM_V3=1, dense launch bounds <= 64 rows and grouped launches; opt-in:
+ *                 slower than v2 on the H200 so far, see the v3 section) persistent CTAs that
+ *                 stream the weights across units with v2's pipeline and a balanced grid;
  *   v1            the original kernels (4 m-tiles x fp32 X tile per stage, per-warp conversion),
  *                 selected by KDT_GEMM_V1=1 (read once per process) for A/B runs.
  *
@@ -44,7 +42,6 @@
 #include <stdlib.h>
 
 #include "gpu_internal.h"
-#include "gpu_launch.cuh"
 #include "gpu_mma.cuh"
 
 namespace {
@@ -259,8 +256,6 @@ __device__ __forceinline__ void set_x_rows(Pass &p, const float *x, int64_t ldx,
 
 template <int STAGES>
 __global__ void __launch_bounds__(THREADS) gemm_kernel(const kdt_gemm_args a) {
-    pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
-    pdl_trigger();
     extern __shared__ __align__(16) unsigned char smem[];
     const int n0 = blockIdx.x * BN, split = blockIdx.y, b = blockIdx.z;
     const int M = clamp_m(a.m_dev, a.m_max);
@@ -285,8 +280,6 @@ __global__ void __launch_bounds__(THREADS) gemm_kernel(const kdt_gemm_args a) {
 
 template <int STAGES>
 __global__ void __launch_bounds__(THREADS) grouped_kernel(const kdt_grouped_args a) {
-    pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
-    pdl_trigger();
     extern __shared__ __align__(16) unsigned char smem[];
     const int n0 = blockIdx.x * BN;
     const int n_items = *a.n_items;
@@ -313,8 +306,6 @@ __global__ void __launch_bounds__(THREADS) grouped_kernel(const kdt_grouped_args
 
 template <int STAGES>
 __global__ void __launch_bounds__(THREADS) head_kernel(const kdt_head_args a) {
-    pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
-    pdl_trigger();
     extern __shared__ __align__(16) unsigned char smem[];
     const int n0 = blockIdx.x * BN;
     const int M = clamp_m(a.m_dev, a.m_max);
@@ -591,8 +582,6 @@ __device__ __forceinline__ void v2_set_x_rows(V2Pass &p, const float *x, int64_t
 }
 
 __global__ void __launch_bounds__(THREADS) v2_gemm_kernel(const kdt_gemm_args a, const V2Cfg c) {
-    pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
-    pdl_trigger();
     extern __shared__ __align__(16) unsigned char smem[];
     const int n0 = blockIdx.x * BN, split = blockIdx.y, b = blockIdx.z;
     const int M = clamp_m(a.m_dev, a.m_max);
@@ -617,8 +606,6 @@ __global__ void __launch_bounds__(THREADS) v2_gemm_kernel(const kdt_gemm_args a,
 }
 
 __global__ void __launch_bounds__(THREADS) v2_grouped_kernel(const kdt_grouped_args a, const V2Cfg c) {
-    pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
-    pdl_trigger();
     extern __shared__ __align__(16) unsigned char smem[];
     const int n0 = blockIdx.x * BN;
     const int n_items = *a.n_items;
@@ -647,8 +634,6 @@ __global__ void __launch_bounds__(THREADS) v2_grouped_kernel(const kdt_grouped_a
 }
 
 __global__ void __launch_bounds__(THREADS) v2_head_kernel(const kdt_head_args a, const V2Cfg c) {
-    pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
-    pdl_trigger();
     extern __shared__ __align__(16) unsigned char smem[];
     const int n0 = blockIdx.x * BN;
     const int M = clamp_m(a.m_dev, a.m_max);
@@ -689,9 +674,15 @@ __global__ void __launch_bounds__(THREADS) v2_head_kernel(const kdt_head_args a,
  *     enough CTAs that every CTA gets the same number of units (576 units: 192 CTAs x 3, not
  *     264 CTAs with 48 of them doing a third);
  *   - a stage block may hold KB 64-wide K blocks (fewer barriers per byte);
- *   - with programmatic dependent launch (gpu_launch.cuh) a dense launch issues its first stages of
- *     weights before waiting for the previous kernel (no kernel writes weights); the X loads and
- *     everything grouped (its units come from the MoE plan) wait first.
+ *   - a dense launch issues its first stages of weights before it reads the row count.
+ * Measured on the H200 (docs/model_gpu.md, "GEMM v3"): bitwise equal to v1 / v2 under every
+ * schedule, but slower than v2 in the Kimi layer (decode S = 1: 580 vs 450 us; verify: 1.9x vs
+ * 1.4x the floor), hence opt-in (KDT_GEMM_V3=1). Suspected causes, not yet measured apart: each
+ * cursor's unit change is a dependent chain of global loads (items, then the expert table) in
+ * the CTA's loop, four cursors per unit; the pass's rows come from the launch bound, so a verify
+ * pass of 17..64 rows gives 1-row items a 32- to 64-row X slot per stage and a 5-stage ring. An
+ * earlier form (a producer warp issuing one 1-D bulk copy per W row and stage) was issue-bound:
+ * ~2.4 us per stage block per CTA whatever the stage size, 1.3-1.8 TB/s.
  * A stage block is computed 64-wide block by block, k16 steps ascending, hi then lo per accumulator
  * (v2_compute's order): KB, the ring depth, CTAs per SM, the grid, the unit order and rows per pass
  * never reach an output's chain. Rows of a pass beyond its valid rows hold stale hi / lo values:
@@ -1000,12 +991,11 @@ __global__ void __launch_bounds__(NTHREADS, P::GROUPED ? 2 : 3) v3_kernel(const 
     unsigned char *st = smem + 4 * plane_bytes(KB, rcap);
 #define V3_W(s) reinterpret_cast<uint16_t *>(st + (s) * sbytes)
 #define V3_X(s) reinterpret_cast<float *>(st + (s) * sbytes + w_stage_bytes(KB))
-    pdl_trigger();
     P p = prob;
     const uint64_t pol = evict_first_policy();
     Seq<KB, P> Wc;                               /* the next W block to load */
     int wj = 0;                                  /* W blocks issued */
-    if constexpr (!P::GROUPED) {                 /* weights before the dependency wait */
+    if constexpr (!P::GROUPED) {                 /* the first weights before the row count */
         p.M = 0;
         Wc.start(p, rcap, p.count());
         for (; wj < S - 1 && Wc.valid; wj++) {
@@ -1013,7 +1003,6 @@ __global__ void __launch_bounds__(NTHREADS, P::GROUPED ? 2 : 3) v3_kernel(const 
             Wc.advance(p, rcap);
         }
     }
-    pdl_wait();
     if constexpr (!P::GROUPED) p.M = clamp_m(p.a.m_dev, p.a.m_max);
     Seq<KB, P> C;                                /* block j (compute) */
     C.start(p, rcap, p.count());
@@ -1162,24 +1151,24 @@ cudaError_t set_smem_v2(K kernel, size_t bytes) {
     return e;
 }
 
-kdt_status launch_error(const char *what, cudaError_t e = cudaSuccess) {
-    if (e != cudaSuccess) cudaGetLastError(); /* the launch's own error; clear the sticky copy */
-    else e = cudaGetLastError();
+kdt_status launch_error(const char *what) {
+    const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "%s: launch failed: %s", what, cudaGetErrorString(e));
     return KDT_OK;
 }
 
 /* ---- v3 on the host ---------------------------------------------------------------------------
- * Switches (read once per process; A/B runs and tuning, none changes a bit): KDT_GEMM_V3=0 (v2
- * for every launch), KDT_GEMM_V3_KB=1|2|4 (64-wide K blocks per stage block), KDT_GEMM_V3_CPS=1..4
- * (CTAs per SM), KDT_GEMM_V3_BAL=0 (a CTA per resident slot instead of the balanced grid). */
+ * Switches (read once per process; A/B runs and tuning, none changes a bit): KDT_GEMM_V3=1 (v3
+ * for the launches it takes; default off), KDT_GEMM_V3_KB=1|2|4 (64-wide K blocks per stage
+ * block), KDT_GEMM_V3_CPS=1..4 (CTAs per SM), KDT_GEMM_V3_BAL=0 (a CTA per resident slot instead
+ * of the balanced grid). */
 struct V3Tune {
     int on, kb, cps, bal; /* kb, cps: 0 = automatic */
 };
 V3Tune v3_read_env() {
-    V3Tune t = {1, 0, 0, 1};
+    V3Tune t = {0, 0, 0, 1};
     const char *e;
-    if ((e = getenv("KDT_GEMM_V3")) && e[0] == '0') t.on = 0;
+    if ((e = getenv("KDT_GEMM_V3")) && e[0] == '1') t.on = 1;
     if ((e = getenv("KDT_GEMM_V3_KB"))) t.kb = atoi(e);
     if ((e = getenv("KDT_GEMM_V3_CPS"))) t.cps = atoi(e);
     if ((e = getenv("KDT_GEMM_V3_BAL"))) t.bal = atoi(e) != 0;
@@ -1290,12 +1279,13 @@ bool v3_plan(int rows_bound, int64_t units, bool grouped, V3Plan &pl) {
     return false;
 }
 
+/* (errors: cudaGetLastError, as every launch here) */
 template <typename P>
-cudaError_t v3_launch(const P &p, const V3Plan &pl, cudaStream_t s) {
+void v3_launch(const P &p, const V3Plan &pl, cudaStream_t s) {
     switch (pl.kb) {
-    case 1: return launch_k(v3::v3_kernel<1, P>, pl.grid, v3::NTHREADS, pl.smem, s, p, pl.L);
-    case 2: return launch_k(v3::v3_kernel<2, P>, pl.grid, v3::NTHREADS, pl.smem, s, p, pl.L);
-    default: return launch_k(v3::v3_kernel<4, P>, pl.grid, v3::NTHREADS, pl.smem, s, p, pl.L);
+    case 1: v3::v3_kernel<1, P><<<pl.grid, v3::NTHREADS, pl.smem, s>>>(p, pl.L); break;
+    case 2: v3::v3_kernel<2, P><<<pl.grid, v3::NTHREADS, pl.smem, s>>>(p, pl.L); break;
+    default: v3::v3_kernel<4, P><<<pl.grid, v3::NTHREADS, pl.smem, s>>>(p, pl.L); break;
     }
 }
 
@@ -1328,24 +1318,8 @@ bool v3_grouped(const kdt_grouped_args &a, v3::GroupedP &p, V3Plan &pl) {
     return v3_plan(rows, (int64_t)items * p.n_tiles, true, pl);
 }
 
-__global__ void k_pdl_probe() {}
-
 } // namespace
 
-extern "C" int kdt_gpu_pdl_on(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *v = getenv("KDT_GPU_PDL");
-        int dev = 0, major = 0;
-        cudaFuncAttributes fa;
-        const int ok = !(v && v[0] == '0') && cudaGetDevice(&dev) == cudaSuccess &&
-                       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                       major >= 9 && cudaFuncGetAttributes(&fa, k_pdl_probe) == cudaSuccess && fa.ptxVersion >= 90;
-        if (!ok) cudaGetLastError();
-        on = ok;
-    }
-    return on;
-}
 
 /* v2 tiles a pass by its launch bound (v2_tile_rows: 8, then multiples of 16); v1 runs 64-row
  * passes whose cost hardly depends on the rows used. */
@@ -1406,7 +1380,6 @@ extern "C" kdt_status kdt_gemm_init(int32_t stages) {
     if (e == cudaSuccess) e = set_smem_v2(v2_gemm_kernel, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_head_kernel, v2_bytes);
-    (void)kdt_gpu_pdl_on(); /* decided here, outside any stream capture */
     /* v3: every instance may take the whole opt-in limit (its pool is chosen per launch) */
     if (e == cudaSuccess && v3_dev()) {
         if (e == cudaSuccess) e = v3_set_attrs<1, v3::DenseP>(optin);
@@ -1426,61 +1399,62 @@ extern "C" kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cu
         return kdt_fail(KDT_ERR_INTERNAL, "GPU GEMM: ld %d, k_chunk %d, m_max %d, n %d", a->ldw, a->k_chunk,
                         a->m_max, a->n);
     const dim3 grid((unsigned)((a->n + BN - 1) / BN), (unsigned)a->splits, (unsigned)(a->batch > 0 ? a->batch : 1));
-    cudaError_t e;
-    v3::DenseP p3;
-    V3Plan pl;
     if (use_v1()) {
         const size_t smem = (size_t)(stages < 2 ? 2 : (stages > 4 ? 4 : stages)) * v1::STAGE_BYTES;
         switch (stages) {
-        case 2: e = launch_k(v1::gemm_kernel<2>, grid, THREADS, smem, s, *a); break;
-        case 3: e = launch_k(v1::gemm_kernel<3>, grid, THREADS, smem, s, *a); break;
-        default: e = launch_k(v1::gemm_kernel<4>, grid, THREADS, smem, s, *a); break;
+        case 2: v1::gemm_kernel<2><<<grid, THREADS, smem, s>>>(*a); break;
+        case 3: v1::gemm_kernel<3><<<grid, THREADS, smem, s>>>(*a); break;
+        default: v1::gemm_kernel<4><<<grid, THREADS, smem, s>>>(*a); break;
         }
-    } else if (v3_dense(*a, p3, pl)) {
-        e = v3_launch(p3, pl, s);
     } else {
-        const V2Cfg c = v2_config_grid(stages, (int64_t)grid.x * grid.y * grid.z, a->m_max);
-        e = launch_k(v2_gemm_kernel, grid, THREADS, (size_t)c.pool, s, *a, c);
+        v3::DenseP p3;
+        V3Plan pl;
+        if (v3_dense(*a, p3, pl)) {
+            v3_launch(p3, pl, s);
+        } else {
+            const V2Cfg c = v2_config_grid(stages, (int64_t)grid.x * grid.y * grid.z, a->m_max);
+            v2_gemm_kernel<<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+        }
     }
-    return launch_error("GPU GEMM", e);
+    return launch_error("GPU GEMM");
 }
 
 extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s) {
     const dim3 grid((unsigned)((a->n_max + BN - 1) / BN), (unsigned)(a->grid_items > 0 ? a->grid_items : 1));
-    cudaError_t e;
-    v3::GroupedP p3;
-    V3Plan pl;
     if (use_v1()) {
         const size_t smem = (size_t)(stages < 2 ? 2 : (stages > 4 ? 4 : stages)) * v1::STAGE_BYTES;
         switch (stages) {
-        case 2: e = launch_k(v1::grouped_kernel<2>, grid, THREADS, smem, s, *a); break;
-        case 3: e = launch_k(v1::grouped_kernel<3>, grid, THREADS, smem, s, *a); break;
-        default: e = launch_k(v1::grouped_kernel<4>, grid, THREADS, smem, s, *a); break;
+        case 2: v1::grouped_kernel<2><<<grid, THREADS, smem, s>>>(*a); break;
+        case 3: v1::grouped_kernel<3><<<grid, THREADS, smem, s>>>(*a); break;
+        default: v1::grouped_kernel<4><<<grid, THREADS, smem, s>>>(*a); break;
         }
-    } else if (v3_grouped(*a, p3, pl)) {
-        e = v3_launch(p3, pl, s);
     } else {
-        const V2Cfg c = v2_config(stages);
-        e = launch_k(v2_grouped_kernel, grid, THREADS, (size_t)c.pool, s, *a, c);
+        v3::GroupedP p3;
+        V3Plan pl;
+        if (v3_grouped(*a, p3, pl)) {
+            v3_launch(p3, pl, s);
+        } else {
+            const V2Cfg c = v2_config(stages);
+            v2_grouped_kernel<<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+        }
     }
-    return launch_error("GPU grouped GEMM", e);
+    return launch_error("GPU grouped GEMM");
 }
 
 extern "C" kdt_status kdt_head_launch(const kdt_head_args *a, int32_t stages, cudaStream_t s) {
     if (a->w.ld % BK || a->m_max < 1)
         return kdt_fail(KDT_ERR_INTERNAL, "GPU lm_head: ld %d, m_max %d", a->w.ld, a->m_max);
     const dim3 grid((unsigned)((a->w.rows + BN - 1) / BN));
-    cudaError_t e;
     if (use_v1()) {
         const size_t smem = (size_t)(stages < 2 ? 2 : (stages > 4 ? 4 : stages)) * v1::STAGE_BYTES;
         switch (stages) {
-        case 2: e = launch_k(v1::head_kernel<2>, grid, THREADS, smem, s, *a); break;
-        case 3: e = launch_k(v1::head_kernel<3>, grid, THREADS, smem, s, *a); break;
-        default: e = launch_k(v1::head_kernel<4>, grid, THREADS, smem, s, *a); break;
+        case 2: v1::head_kernel<2><<<grid, THREADS, smem, s>>>(*a); break;
+        case 3: v1::head_kernel<3><<<grid, THREADS, smem, s>>>(*a); break;
+        default: v1::head_kernel<4><<<grid, THREADS, smem, s>>>(*a); break;
         }
     } else {
         const V2Cfg c = v2_config(stages);
-        e = launch_k(v2_head_kernel, grid, THREADS, (size_t)c.pool, s, *a, c);
+        v2_head_kernel<<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
     }
-    return launch_error("GPU lm_head", e);
+    return launch_error("GPU lm_head");
 }

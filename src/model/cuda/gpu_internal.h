@@ -223,10 +223,6 @@ struct kdt_gpu_graph {
 };
 
 /* ---- kernel launchers (all asynchronous on `s`; they only fail on launch errors) ---------- */
-/* Whether the forward's kernels are launched with programmatic dependent launch (gpu_launch.cuh):
- * compute capability >= 9 with sm_90+ code, unless KDT_GPU_PDL=0. Decided once per process. */
-int kdt_gpu_pdl_on(void);
-
 /* Split-K rule of the dense GEMMs: a function of the weight shape only. */
 void kdt_gemm_plan(int32_t n, int32_t ldw, int32_t batch, int32_t *splits, int32_t *k_chunk);
 

@@ -19,7 +19,6 @@
 #include <stdint.h>
 
 #include "gpu_internal.h"
-#include "gpu_launch.cuh"
 #include "gpu_mma.cuh"
 
 namespace {
@@ -89,8 +88,6 @@ __global__ void k_scatter(int32_t *table, const int32_t *updates, const kdt_gsta
 
 __global__ void __launch_bounds__(RB) k_embed(const kdt_gstage_hdr *hdr, const kdt_grow *rows, kdt_gmat embed,
                                                float *x, int D, int max_rows, Chunks ch) {
-    kg::pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
-    kg::pdl_trigger();
     const int n = clamp_rows(hdr->n_rows, max_rows);
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
         const Item t = item_of(it, ch, D);
@@ -103,8 +100,6 @@ __global__ void __launch_bounds__(RB) k_embed(const kdt_gstage_hdr *hdr, const k
  * whole row (the same tree), then writes its columns (so out must not alias x) */
 __global__ void __launch_bounds__(RB) k_rmsnorm(const float *x, const int32_t *rowmap, const float *w, float eps,
                                                  int D, float *out, const int32_t *m_dev, int max_rows, Chunks ch) {
-    kg::pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
-    kg::pdl_trigger();
     __shared__ float red[RB / 32];
     const int n = clamp_rows(*m_dev, max_rows);
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
@@ -141,8 +136,6 @@ struct PostA {
  * section(s) it touches (q_a, c_kv) into shared memory and takes their RMS with the one tree, so
  * each section's norm is the same bits in every chunk; the last chunk also ropes and writes k_pe. */
 __global__ void __launch_bounds__(RB) k_post_a(const PostA a, Chunks ch) {
-    kg::pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
-    kg::pdl_trigger();
     extern __shared__ float v[]; /* [q_lora + d_c + d_r] */
     __shared__ float red[RB / 32];
     const int n = clamp_rows(a.hdr->n_rows, a.max_rows), qkv = a.q_lora + a.dc, width = qkv + a.dr;
@@ -193,8 +186,6 @@ struct PostQ {
 /* q partials -> q_nope [R][H][d_n] and the RoPE'd q_pe into q_abs[r][h][d_c..]. A row's items are
  * H d_n q_nope elements, then H d_r / 2 rotated pairs; chunks cut that list. */
 __global__ void __launch_bounds__(RB) k_post_q(const PostQ a, Chunks ch) {
-    kg::pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
-    kg::pdl_trigger();
     const int n = clamp_rows(a.hdr->n_rows, a.max_rows), dqk = a.dn + a.dr, dq = a.dc + a.dr, half = a.dr / 2;
     const int n_nope = a.H * a.dn;
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
@@ -226,8 +217,6 @@ __global__ void __launch_bounds__(RB) k_post_q(const PostQ a, Chunks ch) {
 __global__ void __launch_bounds__(RB) k_sum_splits(const float *part, int splits, int64_t split_stride, int ldp,
                                                     int batch, int p_bstride, int ncols, float *dst, int ldd,
                                                     int d_bstride, const int32_t *m_dev, int max_rows, Chunks ch) {
-    kg::pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
-    kg::pdl_trigger();
     const int n = clamp_rows(*m_dev, max_rows);
     const int per_row = batch * ncols;
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
@@ -244,8 +233,6 @@ __global__ void __launch_bounds__(RB) k_sum_splits(const float *part, int splits
  * before any chunk sums its squares) */
 __global__ void __launch_bounds__(RB) k_residual(float *x, const float *part, int splits, int64_t split_stride,
                                                   int D, const int32_t *m_dev, int max_rows, Chunks ch) {
-    kg::pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
-    kg::pdl_trigger();
     const int n = clamp_rows(*m_dev, max_rows);
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
         const Item t = item_of(it, ch, D);
@@ -260,8 +247,6 @@ __global__ void __launch_bounds__(RB) k_swiglu(const float *part, int splits, in
                                                 const int32_t *n_dev, int max_n, const int32_t *pair_expert,
                                                 const kdt_gpu_expert *experts, int inter, float *h, int ldh,
                                                 int width, Chunks ch) {
-    kg::pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
-    kg::pdl_trigger();
     const int n = clamp_rows(*n_dev, max_n);
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
         const Item t = item_of(it, ch, width);
@@ -344,8 +329,6 @@ int route_rows_per_cta(int max_rows, int E, int G) {
  * sort) never touch memory; otherwise the same steps run on the shared-memory arrays. Both give
  * the bits of forward.c's sequence. */
 __global__ void __launch_bounds__(RT, 1) k_route(const Route a, int rpc) {
-    kg::pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
-    kg::pdl_trigger();
     extern __shared__ unsigned char rsm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int E = a.E, G = a.G;
@@ -509,8 +492,6 @@ __device__ __forceinline__ int count_in(const int32_t *chunk, int n, int e) {
  * (row, slot) order - deterministic - and writes its items (<= 64 pairs each); the shared
  * expert's pairs (one per row, in row order) are written by all threads. */
 __global__ void k_moe_plan(const Plan a) {
-    kg::pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
-    kg::pdl_trigger();
     extern __shared__ __align__(16) int32_t psm[];
     const int E_tot = a.E + a.has_shared;
     int32_t *wsum = psm, *chunk = psm + 64; /* [2][32] warp totals; the chunk (16-byte aligned) */
@@ -597,8 +578,6 @@ __global__ void k_moe_plan(const Plan a) {
 __global__ void __launch_bounds__(RB) k_moe_combine(float *x, const float *y, int D, int K, const int32_t *pos_of,
                                                      const int32_t *pos_shared, const float *wgt, int has_shared,
                                                      const kdt_gstage_hdr *hdr, int max_rows, Chunks ch) {
-    kg::pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
-    kg::pdl_trigger();
     const int n = clamp_rows(hdr->n_rows, max_rows);
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
         const Item t = item_of(it, ch, D);
@@ -614,8 +593,6 @@ __global__ void __launch_bounds__(RB) k_moe_combine(float *x, const float *y, in
 
 __global__ void __launch_bounds__(RB) k_taps(const float *x, int D, const kdt_gstage_hdr *hdr, const kdt_grow *rows,
                                               float *taps, int max_taps, int t, int max_rows, Chunks ch) {
-    kg::pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
-    kg::pdl_trigger();
     const int n = clamp_rows(hdr->n_rows, max_rows);
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
         const Item c = item_of(it, ch, D);
@@ -630,8 +607,6 @@ __global__ void __launch_bounds__(RB) k_taps(const float *x, int D, const kdt_gs
 __global__ void __launch_bounds__(128) k_argmax_final(const float *am_val, const int32_t *am_idx, int am_ld,
                                                       int n_tiles, const kdt_gstage_hdr *hdr, const int32_t *head_rows,
                                                       const kdt_grow *rows, int32_t *argmax, int max_rows) {
-    kg::pdl_wait(); /* gpu_launch.cuh: before any access to the pass's data */
-    kg::pdl_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n = clamp_rows(hdr->n_head, max_rows);
     for (int m = blockIdx.x * 4 + warp; m < n; m += gridDim.x * 4) {
@@ -725,9 +700,8 @@ __global__ void k_flush_read(const float4 *buf, int64_t n, float *sink) {
     if (s == 12345.0f) *sink = s;
 }
 
-kdt_status launched(const char *what, cudaError_t e = cudaSuccess) {
-    if (e != cudaSuccess) cudaGetLastError(); /* the launch's own error; clear the sticky copy */
-    else e = cudaGetLastError();
+kdt_status launched(const char *what) {
+    const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "%s: launch failed: %s", what, cudaGetErrorString(e));
     return KDT_OK;
 }
@@ -765,8 +739,8 @@ extern "C" kdt_status kdt_op_embed(const kdt_gstage_hdr *hdr, const kdt_grow *ro
 extern "C" kdt_status kdt_op_rmsnorm(const float *x, const int32_t *rowmap, const float *w, float eps, int32_t D,
                                      float *out, const int32_t *m_dev, int32_t max_rows, cudaStream_t s) {
     const Chunks ch = row_chunks(max_rows, D);
-    return launched("GPU RMSNorm", kg::launch_k(k_rmsnorm, grid_of(max_rows, ch), RB, 0, s, x, rowmap, w, eps, D, out, m_dev,
-                                                 max_rows, ch));
+    k_rmsnorm<<<grid_of(max_rows, ch), RB, 0, s>>>(x, rowmap, w, eps, D, out, m_dev, max_rows, ch);
+    return launched("GPU RMSNorm");
 }
 
 extern "C" kdt_status kdt_op_post_a(const float *part, int32_t splits, int64_t split_stride, int32_t ldp,
@@ -779,8 +753,8 @@ extern "C" kdt_status kdt_op_post_a(const float *part, int32_t splits, int64_t s
     PostA a = {part, splits, split_stride, ldp, q_lora, dc, dr, q_a_norm, kv_a_norm, rope_cs, interleave,
                hdr, rows, cache, block_table, max_pages, page_size, n_pages, row_stride, qa, max_rows};
     const Chunks ch = row_chunks(max_rows, q_lora + dc);
-    return launched("GPU q_a / kv_a finish",
-                    kg::launch_k(k_post_a, grid_of(max_rows, ch), RB, (size_t)(q_lora + dc + dr) * sizeof(float), s, a, ch));
+    k_post_a<<<grid_of(max_rows, ch), RB, (size_t)(q_lora + dc + dr) * sizeof(float), s>>>(a, ch);
+    return launched("GPU q_a / kv_a finish");
 }
 
 extern "C" kdt_status kdt_op_post_q(const float *part, int32_t splits, int64_t split_stride, int32_t ldp, int32_t H,
@@ -789,16 +763,17 @@ extern "C" kdt_status kdt_op_post_q(const float *part, int32_t splits, int64_t s
                                     int32_t max_rows, cudaStream_t s) {
     PostQ a = {part, splits, split_stride, ldp, H, dn, dr, dc, rope_cs, interleave, hdr, rows, q_nope, q_abs, max_rows};
     const Chunks ch = row_chunks(max_rows, H * dn + H * (dr / 2));
-    return launched("GPU q finish", kg::launch_k(k_post_q, grid_of(max_rows, ch), RB, 0, s, a, ch));
+    k_post_q<<<grid_of(max_rows, ch), RB, 0, s>>>(a, ch);
+    return launched("GPU q finish");
 }
 
 extern "C" kdt_status kdt_op_sum_splits(const float *part, int32_t splits, int64_t split_stride, int32_t ldp,
                                         int32_t batch, int32_t p_bstride, int32_t ncols, float *dst, int32_t ldd,
                                         int32_t d_bstride, const int32_t *m_dev, int32_t max_rows, cudaStream_t s) {
     const Chunks ch = row_chunks(max_rows, batch * ncols);
-    return launched("GPU split-K sum", kg::launch_k(k_sum_splits, grid_of(max_rows, ch), RB, 0, s, part, splits,
-                                                     split_stride, ldp, batch, p_bstride, ncols, dst, ldd, d_bstride,
-                                                     m_dev, max_rows, ch));
+    k_sum_splits<<<grid_of(max_rows, ch), RB, 0, s>>>(part, splits, split_stride, ldp, batch, p_bstride, ncols, dst,
+                                                      ldd, d_bstride, m_dev, max_rows, ch);
+    return launched("GPU split-K sum");
 }
 
 extern "C" kdt_status kdt_op_post_o(float *x, const float *part, int32_t splits, int64_t split_stride, const float *w,
@@ -807,17 +782,16 @@ extern "C" kdt_status kdt_op_post_o(float *x, const float *part, int32_t splits,
     /* x + partials, then the RMSNorm: the same arithmetic as one fused pass per row, but the row's
      * sum of squares needs all of its new x, which a chunked single pass could not wait for */
     const Chunks ch = row_chunks(max_rows, D);
-    KDT_TRY(launched("GPU o_proj residual", kg::launch_k(k_residual, grid_of(max_rows, ch), RB, 0, s, x, part, splits,
-                                                         split_stride, D, m_dev, max_rows, ch)));
-    return launched("GPU o_proj RMSNorm", kg::launch_k(k_rmsnorm, grid_of(max_rows, ch), RB, 0, s, (const float *)x,
-                                                       (const int32_t *)NULL, w, eps, D, xn, m_dev, max_rows, ch));
+    k_residual<<<grid_of(max_rows, ch), RB, 0, s>>>(x, part, splits, split_stride, D, m_dev, max_rows, ch);
+    k_rmsnorm<<<grid_of(max_rows, ch), RB, 0, s>>>(x, NULL, w, eps, D, xn, m_dev, max_rows, ch);
+    return launched("GPU o_proj finish");
 }
 
 extern "C" kdt_status kdt_op_residual(float *x, const float *part, int32_t splits, int64_t split_stride, int32_t D,
                                       const int32_t *m_dev, int32_t max_rows, cudaStream_t s) {
     const Chunks ch = row_chunks(max_rows, D);
-    return launched("GPU residual", kg::launch_k(k_residual, grid_of(max_rows, ch), RB, 0, s, x, part, splits,
-                                                  split_stride, D, m_dev, max_rows, ch));
+    k_residual<<<grid_of(max_rows, ch), RB, 0, s>>>(x, part, splits, split_stride, D, m_dev, max_rows, ch);
+    return launched("GPU residual");
 }
 
 extern "C" kdt_status kdt_op_swiglu(const float *part, int32_t splits, int64_t split_stride, int32_t ldp,
@@ -826,8 +800,9 @@ extern "C" kdt_status kdt_op_swiglu(const float *part, int32_t splits, int64_t s
                                     cudaStream_t s) {
     const int width = pair_expert ? ldp / 2 : inter; /* an expert's I is at most its i_pad <= ldp / 2 */
     const Chunks ch = row_chunks(max_n, width);
-    return launched("GPU SwiGLU", kg::launch_k(k_swiglu, grid_of(max_n, ch), RB, 0, s, part, splits, split_stride, ldp,
-                                               n_dev, max_n, pair_expert, experts, inter, h, ldh, width, ch));
+    k_swiglu<<<grid_of(max_n, ch), RB, 0, s>>>(part, splits, split_stride, ldp, n_dev, max_n, pair_expert, experts,
+                                               inter, h, ldh, width, ch);
+    return launched("GPU SwiGLU");
 }
 
 /* shared memory of one router row (a CTA holds route_rows_per_cta of them) */
@@ -842,8 +817,8 @@ extern "C" kdt_status kdt_op_route(const float *part, int32_t splits, int64_t sp
     const int rpc = route_rows_per_cta(max_rows, a.E, a.G);
     int blocks = (max_rows + rpc - 1) / rpc;
     blocks = blocks < 1 ? 1 : (blocks > 4096 ? 4096 : blocks);
-    return launched("GPU MoE router",
-                    kg::launch_k(k_route, (unsigned)blocks, RT, (size_t)rpc * route_row_bytes(a.E, a.G), s, a, rpc));
+    k_route<<<(unsigned)blocks, RT, rpc * route_row_bytes(a.E, a.G), s>>>(a, rpc);
+    return launched("GPU MoE router");
 }
 
 /* warp totals and the chunk of choices (the counts and offsets live in registers) */
@@ -859,29 +834,32 @@ extern "C" kdt_status kdt_op_moe_plan(const kdt_gstage_hdr *hdr, const int32_t *
     Plan a = {hdr, sel, K, E, has_shared, max_rows, pair_row, pair_expert, pos_of, pos_shared, items, counts,
               expert_counts};
     const int threads = (E + 1 + 31) / 32 * 32;
-    return launched("GPU MoE plan", kg::launch_k(k_moe_plan, 1, threads, kdt_op_plan_smem(E + has_shared), s, a));
+    k_moe_plan<<<1, threads, kdt_op_plan_smem(E + has_shared), s>>>(a);
+    return launched("GPU MoE plan");
 }
 
 extern "C" kdt_status kdt_op_moe_combine(float *x, const float *y, int32_t D, int32_t K, const int32_t *pos_of,
                                          const int32_t *pos_shared, const float *wgt, int32_t has_shared,
                                          const kdt_gstage_hdr *hdr, int32_t max_rows, cudaStream_t s) {
     const Chunks ch = row_chunks(max_rows, D);
-    return launched("GPU MoE combine", kg::launch_k(k_moe_combine, grid_of(max_rows, ch), RB, 0, s, x, y, D, K, pos_of,
-                                                     pos_shared, wgt, has_shared, hdr, max_rows, ch));
+    k_moe_combine<<<grid_of(max_rows, ch), RB, 0, s>>>(x, y, D, K, pos_of, pos_shared, wgt, has_shared, hdr, max_rows,
+                                                       ch);
+    return launched("GPU MoE combine");
 }
 
 extern "C" kdt_status kdt_op_taps(const float *x, int32_t D, const kdt_gstage_hdr *hdr, const kdt_grow *rows,
                                   float *taps, int32_t max_taps, int32_t t, int32_t max_rows, cudaStream_t s) {
     const Chunks ch = row_chunks(max_rows, D);
-    return launched("GPU taps", kg::launch_k(k_taps, grid_of(max_rows, ch), RB, 0, s, x, D, hdr, rows, taps, max_taps, t,
-                                             max_rows, ch));
+    k_taps<<<grid_of(max_rows, ch), RB, 0, s>>>(x, D, hdr, rows, taps, max_taps, t, max_rows, ch);
+    return launched("GPU taps");
 }
 
 extern "C" kdt_status kdt_op_argmax_final(const float *am_val, const int32_t *am_idx, int32_t am_ld, int32_t n_tiles,
                                           const kdt_gstage_hdr *hdr, const int32_t *head_rows, const kdt_grow *rows,
                                           int32_t *argmax, int32_t max_rows, cudaStream_t s) {
-    return launched("GPU argmax", kg::launch_k(k_argmax_final, (unsigned)((max_rows + 3) / 4), 128, 0, s, am_val, am_idx,
-                                               am_ld, n_tiles, hdr, head_rows, rows, argmax, max_rows));
+    k_argmax_final<<<(unsigned)((max_rows + 3) / 4), 128, 0, s>>>(am_val, am_idx, am_ld, n_tiles, hdr, head_rows, rows,
+                                                                  argmax, max_rows);
+    return launched("GPU argmax");
 }
 
 extern "C" kdt_status kdt_op_fill_mat(uint16_t *w, int64_t rows, int32_t cols, int32_t ld, float std, uint64_t seed,
