@@ -344,6 +344,23 @@ static void test_draft_or_not(void) {
     CHECK_NEAR(fb->since_s, before - 0.8, 1e-9);
     kdt_budget_observe_setup(&f, 64, 0, 8e-3);
     CHECK_NEAR(fb->since_s, before - 0.8, 1e-9);
+    /* at a close race the charge follows the tries' own share (TRY_COST_MAX): a 4.2 ms capture
+     * after a hard first prompt at batch 1 (drafting 1 % behind) pushes the next try back by
+     * ~43 ms, not 420 ms (the H200 gpu_check of session 6 sat 900 plain rounds that way) */
+    kdt_budget_ctl close;
+    kdt_budget_init(&close, 400e-6, 1e-6);
+    for (int i = 0; i < 40; i++) {
+        kdt_budget_observe_kind(&close, 1, 0, 1.0, 465e-6);
+        kdt_budget_observe_kind(&close, 1, 1, 1.49, 705e-6); /* 2,113 vs 2,151 tokens/s */
+    }
+    (void)kdt_budget_next_round_drafts(&close, 1); /* settles the leader (and may start a try) */
+    kdt_budget_bucket *cb = &close.bucket[0];
+    CHECK_EQ_INT(cb->leader, 0);
+    const double close_before = cb->since_s;
+    kdt_budget_observe_setup(&close, 1, 1, 4.2e-3);
+    const double pushed = close_before - cb->since_s;
+    printf("  close race: a 4.2 ms drafted capture pushes the next try back by %.1f ms\n", pushed * 1e3);
+    CHECK(pushed > 4.2e-3 && pushed < 0.05);
     /* the CPU reference: a drafted round costs ~15 plain ones (tiny pair: 90 ms at tau 2.5
      * against 6 ms), so tries must stay rare there: at least 85 % of plain's rate */
     kdt_budget_ctl cpu;

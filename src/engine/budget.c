@@ -262,6 +262,20 @@ static int drafting_lost(const kdt_budget_bucket *b) {
     return arm_rate(&b->arm[1]) < arm_rate(&b->arm[0]) && b->arm[1].weight >= LEAD_MIN_WEIGHT;
 }
 
+/* The share of a round the trailing kind loses against the leader (0 when it is not behind). */
+static double trail_loss(const kdt_budget_bucket *b) {
+    const double plain = arm_rate(&b->arm[0]), drafted = arm_rate(&b->arm[1]);
+    const double lr = b->leader == 1 ? drafted : plain, tr = b->leader == 1 ? plain : drafted;
+    return lr > 0 && tr < lr ? 1.0 - tr / lr : 0.0;
+}
+
+/* The share of the time drafted tries may cost: TRY_COST_MAX at a close race, down to TRY_COST at
+ * half the leader's rate or less. */
+static double drafted_try_share(double loss) {
+    const double share = TRY_COST_MAX * (1.0 - 2.0 * loss);
+    return share < TRY_COST ? TRY_COST : share;
+}
+
 void kdt_budget_test_kinds(kdt_budget_ctl *c, uint32_t kinds, int32_t len) {
     c->test_kinds = kinds;
     c->test_len = len > 0 && len <= 32 ? len : 0;
@@ -287,15 +301,13 @@ int kdt_budget_next_round_drafts(kdt_budget_ctl *c, int32_t S) {
      * leader rounds, within [share, TRY_COST] of the time; share falls from TRY_COST_MAX at a
      * close race to TRY_COST at half plain's rate (64 streams on the H200: drafted 30k tokens/s
      * against plain 78k, where 10 % of the time in tries cost 6 % of the throughput). */
-    const double lr = lead ? drafted : plain, tr = lead ? plain : drafted;
-    const double loss = lr > 0 && tr < lr ? 1.0 - tr / lr : 0.0;
+    const double loss = trail_loss(b);
     const int try_len = trail ? TRY_DRAFTED : TRY_PLAIN;
     const double try_loss_s = try_len * arm_round_s(&b->arm[trail]) * loss; /* what one try costs */
     const double min_spacing = TRY_MIN_ROUNDS * arm_round_s(&b->arm[lead]);
     double interval;
     if (trail) {
-        double share = TRY_COST_MAX * (1.0 - 2.0 * loss);
-        if (share < TRY_COST) share = TRY_COST;
+        const double share = drafted_try_share(loss);
         interval = min_spacing * (double)(1 << b->streak);
         if (interval > try_loss_s / TRY_COST) interval = try_loss_s / TRY_COST;
         if (interval < try_loss_s / share) interval = try_loss_s / share;
@@ -351,7 +363,10 @@ void kdt_budget_observe_setup(kdt_budget_ctl *c, int32_t S, int drafted, double 
     kdt_budget_bucket *b = &c->bucket[bucket_index(S)];
     const int kind = drafted ? 1 : 0;
     if (b->leader < 0 || kind == b->leader) return;
-    b->since_s -= seconds / (kind ? TRY_COST : TRY_COST_PLAIN);
+    /* the same share as the tries' spacing: at a close race (batch 1 on the H200, drafting 1 %
+     * behind after a hard first prompt) a 4 ms capture charged at TRY_COST kept auto plain for
+     * 900 rounds (420 ms) while drafting ran 2.6x faster; far behind it stays TRY_COST */
+    b->since_s -= seconds / (kind ? drafted_try_share(trail_loss(b)) : TRY_COST_PLAIN);
 }
 
 double kdt_budget_kind_rate(const kdt_budget_ctl *c, int32_t S, int drafted) {
