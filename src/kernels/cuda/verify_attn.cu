@@ -633,6 +633,56 @@ __device__ __forceinline__ void w_zero_tail(unsigned char *tile, int first) {
         *reinterpret_cast<uint4 *>(tile + w_slab_offset(r, c)) = make_uint4(0, 0, 0, 0);
     }
 }
+
+/* The sm_90a kernels' epilogue (v4 and v5), in two steps around a CTA barrier.
+ * w_finish_rows (one warpgroup, tq == 0 threads write): 1 / l, the zero flag and lse of this
+ * thread's rows r0, r0 + 8 from their max m (log2 domain) and total sum l. */
+__device__ __forceinline__ void w_finish_rows(const VaArgs &a, const VaItem &it, const float m[2], const float l[2],
+                                              int any_bad, int r0, int tq, float *inv_out, int *zero_out) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int row = r0 + 8 * h;
+        float inv, lse_v;
+        bool zero;
+        va_row_finish(m[h], l[h], any_bad, &inv, &lse_v, &zero);
+        if (tq == 0) {
+            inv_out[row] = inv, zero_out[row] = zero;
+            if (row < it.rows_valid) {
+                if (!it.split_mode) a.lse[it.row0 + row] = lse_v;
+                else a.ws_lse[it.slot * ROWS + row] = lse_v;
+            }
+        }
+    }
+}
+
+/* w_store_half (every thread, after the barrier): this warpgroup's 256 output columns of rows r0,
+ * r0 + 8, normalized: bf16 out, or the fp32 partial of a split item. */
+__device__ __forceinline__ void w_store_half(const VaArgs &a, const VaItem &it, const float (&o)[128],
+                                             const float *inv_in, const int *zero_in, int r0, int wgi, int tq) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int row = r0 + 8 * h;
+        if (row >= it.rows_valid) continue;
+        const float inv = inv_in[row];
+        const bool zero = zero_in[row] != 0;
+        const int col0 = 256 * wgi + 2 * tq;
+        if (!it.split_mode) {
+            uint16_t *dst = a.out + (it.row0 + row) * D_V + col0;
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                const float x0 = zero ? 0.f : o[4 * j + 2 * h] * inv, x1 = zero ? 0.f : o[4 * j + 2 * h + 1] * inv;
+                *reinterpret_cast<uint32_t *>(dst + 8 * j) = va::pack_bf16x2(x0, x1);
+            }
+        } else {
+            float *dst = a.ws_o + it.slot * (long long)SLOT_O_FLOATS + row * D_V + col0;
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                const float x0 = zero ? 0.f : o[4 * j + 2 * h] * inv, x1 = zero ? 0.f : o[4 * j + 2 * h + 1] * inv;
+                *reinterpret_cast<float2 *>(dst + 8 * j) = make_float2(x0, x1);
+            }
+        }
+    }
+}
 #endif
 
 /* PROF: the KDT_VA_PROFILE build of the kernel (phase stamps); the default one has none. */
@@ -666,9 +716,8 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
     for (long long i = blockIdx.x;; i += gridDim.x, stamp = false) {
         const int next = va_next_item(a, i, walk, sWalk, sNode, &itm);
         if (next <= 0) { if (next == 0) break; continue; }
-        const int rows_valid = itm.rows_valid, P = itm.P, kb = itm.kb, ke = itm.ke, n_tiles = (ke - kb + 63) / 64;
+        const int P = itm.P, kb = itm.kb, ke = itm.ke, n_tiles = (ke - kb + 63) / 64;
         if (stamp && tid == 0) g_va_prof_tiles = n_tiles < VA_PROF_TILES ? n_tiles : VA_PROF_TILES;
-        const long long row0 = itm.row0, slot = itm.slot;
         const int32_t *table = itm.table;
         int bad = 0;
         /* Q rows (all threads: one group), then WG1 starts both tile buffers (one group each) */
@@ -847,50 +896,17 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
         /* the finished rows' normalisation (WG0 holds m and l), then each warpgroup's half */
         const int any_bad = __syncthreads_or(bad);
         if (wgi == 0) {
+            float lt[2];
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                float lt = l[h];
-                lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-                lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-                const int row = r0 + 8 * h;
-                float inv, lse_v;
-                bool zero;
-                va_row_finish(m[h], lt, any_bad, &inv, &lse_v, &zero);
-                if (tq == 0) {
-                    sRows->inv[row] = inv, sRows->zero[row] = zero;
-                    if (row < rows_valid) {
-                        if (!itm.split_mode) a.lse[row0 + row] = lse_v;
-                        else a.ws_lse[slot * ROWS + row] = lse_v;
-                    }
-                }
+                lt[h] = l[h];
+                lt[h] += __shfl_xor_sync(0xffffffffu, lt[h], 1);
+                lt[h] += __shfl_xor_sync(0xffffffffu, lt[h], 2);
             }
+            w_finish_rows(a, itm, m, lt, any_bad, r0, tq, sRows->inv, sRows->zero);
         }
         __syncthreads(); /* sRows->inv / zero written */
-
-        /* out (or the fp32 partial): this warpgroup's 256 columns */
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int row = r0 + 8 * h;
-            if (row >= rows_valid) continue;
-            const float inv = sRows->inv[row];
-            const bool zero = sRows->zero[row] != 0;
-            const int col0 = 256 * wgi + 2 * tq;
-            if (!itm.split_mode) {
-                uint16_t *dst = a.out + (row0 + row) * D_V + col0;
-#pragma unroll
-                for (int j = 0; j < 32; j++) {
-                    const float x0 = zero ? 0.f : o[4 * j + 2 * h] * inv, x1 = zero ? 0.f : o[4 * j + 2 * h + 1] * inv;
-                    *reinterpret_cast<uint32_t *>(dst + 8 * j) = va::pack_bf16x2(x0, x1);
-                }
-            } else {
-                float *dst = a.ws_o + slot * (long long)SLOT_O_FLOATS + row * D_V + col0;
-#pragma unroll
-                for (int j = 0; j < 32; j++) {
-                    const float x0 = zero ? 0.f : o[4 * j + 2 * h] * inv, x1 = zero ? 0.f : o[4 * j + 2 * h + 1] * inv;
-                    *reinterpret_cast<float2 *>(dst + 8 * j) = make_float2(x0, x1);
-                }
-            }
-        }
+        w_store_half(a, itm, o, sRows->inv, sRows->zero, r0, wgi, tq);
     }
 #undef W_STAMP
 #else

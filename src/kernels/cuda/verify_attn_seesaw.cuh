@@ -234,10 +234,9 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_seesaw_kernel(const Va
     for (long long i = blockIdx.x;; i += gridDim.x, stamp = false) {
         const int next = va_next_item(a, i, walk, sWalk, sNode, &itm);
         if (next <= 0) { if (next == 0) break; continue; }
-        const int rows_valid = itm.rows_valid, kb = itm.kb, ke = itm.ke, n_tiles = (ke - kb + 63) / 64;
+        const int kb = itm.kb, ke = itm.ke, n_tiles = (ke - kb + 63) / 64;
         const int n_pairs = (n_tiles + 1) / 2;
         if (stamp && tid == 0) g_va_prof_tiles = n_pairs < VA_PROF_TILES ? n_pairs : VA_PROF_TILES;
-        const long long row0 = itm.row0, slot = itm.slot;
         const int32_t *table = itm.table;
         int bad = 0;
         /* Q by cp.async (zeros past the stream's rows); the first two tiles by TMA */
@@ -445,45 +444,11 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_seesaw_kernel(const Va
         if (wgi == 1 && tq == 0) sR->l1[r0] = l[0], sR->l1[r0 + 8] = l[1];
         const int any_bad = __syncthreads_or(bad);
         if (wgi == 0) {
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int row = r0 + 8 * h;
-                float inv, lse_v;
-                bool zero;
-                va_row_finish(sR->m[row], l[h] + sR->l1[row], any_bad, &inv, &lse_v, &zero);
-                if (tq == 0) {
-                    sR->inv[row] = inv, sR->zero[row] = zero;
-                    if (row < rows_valid) {
-                        if (!itm.split_mode) a.lse[row0 + row] = lse_v;
-                        else a.ws_lse[slot * ROWS + row] = lse_v;
-                    }
-                }
-            }
+            const float m[2] = {sR->m[r0], sR->m[r0 + 8]}, lt[2] = {l[0] + sR->l1[r0], l[1] + sR->l1[r0 + 8]};
+            w_finish_rows(a, itm, m, lt, any_bad, r0, tq, sR->inv, sR->zero);
         }
         __syncthreads(); /* inv / zero written */
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int row = r0 + 8 * h;
-            if (row >= rows_valid) continue;
-            const float inv = sR->inv[row];
-            const bool zero = sR->zero[row] != 0;
-            const int col0 = 256 * wgi + 2 * tq;
-            if (!itm.split_mode) {
-                uint16_t *dst = a.out + (row0 + row) * D_V + col0;
-#pragma unroll
-                for (int j = 0; j < 32; j++) {
-                    const float x0 = zero ? 0.f : o[4 * j + 2 * h] * inv, x1 = zero ? 0.f : o[4 * j + 2 * h + 1] * inv;
-                    *reinterpret_cast<uint32_t *>(dst + 8 * j) = va::pack_bf16x2(x0, x1);
-                }
-            } else {
-                float *dst = a.ws_o + slot * (long long)SLOT_O_FLOATS + row * D_V + col0;
-#pragma unroll
-                for (int j = 0; j < 32; j++) {
-                    const float x0 = zero ? 0.f : o[4 * j + 2 * h] * inv, x1 = zero ? 0.f : o[4 * j + 2 * h + 1] * inv;
-                    *reinterpret_cast<float2 *>(dst + 8 * j) = make_float2(x0, x1);
-                }
-            }
-        }
+        w_store_half(a, itm, o, sR->inv, sR->zero, r0, wgi, tq);
     }
 #undef SS_STAMP
 #else
