@@ -233,7 +233,9 @@ size_t kdt_verify_attn_workspace_bytes(int32_t n_streams, int32_t n_heads, int32
 kdt_status kdt_verify_attn_cpu(const kdt_verify_attn_params *p);
 /* CUDA: on a Hopper with sm_90a code in the binary, the wgmma kernel; elsewhere the portable
  * mma.sync kernel (sm_80 / sm_90 / sm_120). KDT_VERIFY_ATTN=mma forces the portable kernel,
- * KDT_VERIFY_ATTN=wgmma demands the sm_90a one (KDT_ERR_UNSUPPORTED where it cannot run). */
+ * KDT_VERIFY_ATTN=wgmma demands the sm_90a one (KDT_ERR_UNSUPPORTED where it cannot run).
+ * KDT_VA_SEESAW=1 runs the sm_90a kernel's v5 schedule instead of v4 (same results to rounding;
+ * slower on the H200 so far, see docs/verify_attn_notes.md). */
 kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void *stream);
 /* Which kernel kdt_verify_attn_cuda runs on the current device with the current environment:
  * "sm_90a (wgmma)", "portable (mma.sync)", or an error text starting with "error:". */
