@@ -465,16 +465,19 @@ __device__ __forceinline__ void v2_convert(const V2Pass &p, const float *xs, uin
     }
 }
 
-/* acc[mt][j] += X W^T over one 64-wide K block: per kk, per accumulator, hi then lo (the v1 order). */
-__device__ __forceinline__ void v2_compute(const uint16_t *ws, const uint16_t *hi, const uint16_t *lo, bool half,
-                                           int mtiles, float (&acc)[V2_MT][2][4]) {
+/* acc[mt][j] += X W^T over one 64-wide K block: per kk, per accumulator, hi then lo (the v1 order).
+ * WST / XST: elements per W / X row in shared memory. This is the one place the mma chain of the
+ * batch-invariance rule (top of file) is written; v2 and v3 both call it. */
+template <int WST, int XST>
+__device__ __forceinline__ void k64_compute(const uint16_t *ws, const uint16_t *hi, const uint16_t *lo, bool half,
+                                            int mtiles, float (&acc)[V2_MT][2][4]) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     /* B: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15) of the warp's
      * 16 columns -> b[0] b[1] (n8 tile 0), b[2] b[3] (n8 tile 1): v1's b[j][0], b[j][1]. */
-    const uint16_t *wp = ws + (warp * 16 + ((lane >> 4) << 3) + (lane & 7)) * V2_WP + ((lane >> 3) & 1) * 8;
+    const uint16_t *wp = ws + (warp * 16 + ((lane >> 4) << 3) + (lane & 7)) * WST + ((lane >> 3) & 1) * 8;
     if (half) {
         /* rows 0-7 only: matrices hi k 0-7, hi k 8-15, lo k 0-7, lo k 8-15 -> a0, a2 of hi and lo */
-        const uint16_t *xp = (lane < 16 ? hi : lo) + (lane & 7) * V2_XCP + ((lane >> 3) & 1) * 8;
+        const uint16_t *xp = (lane < 16 ? hi : lo) + (lane & 7) * XST + ((lane >> 3) & 1) * 8;
 #pragma unroll
         for (int kk = 0; kk < BK / 16; kk++) {
             uint32_t b[4], x[4];
@@ -490,7 +493,7 @@ __device__ __forceinline__ void v2_compute(const uint16_t *ws, const uint16_t *h
     }
     /* A of m-tile mt: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
      * (rows 8-15, k 8-15) -> a0 a1 a2 a3 */
-    const int xo = (((lane >> 3) & 1) * 8 + (lane & 7)) * V2_XCP + (lane >> 4) * 8;
+    const int xo = (((lane >> 3) & 1) * 8 + (lane & 7)) * XST + (lane >> 4) * 8;
 #pragma unroll
     for (int kk = 0; kk < BK / 16; kk++) {
         uint32_t b[4];
@@ -499,8 +502,8 @@ __device__ __forceinline__ void v2_compute(const uint16_t *ws, const uint16_t *h
         for (int mt = 0; mt < V2_MT; mt++) {
             if (mt < mtiles) {
                 uint32_t ah[4], al[4];
-                ldsm_x4(ah, hi + mt * 16 * V2_XCP + xo + kk * 16);
-                ldsm_x4(al, lo + mt * 16 * V2_XCP + xo + kk * 16);
+                ldsm_x4(ah, hi + mt * 16 * XST + xo + kk * 16);
+                ldsm_x4(al, lo + mt * 16 * XST + xo + kk * 16);
                 mma16816(acc[mt][0], ah, b[0], b[1]);
                 mma16816(acc[mt][0], al, b[0], b[1]);
                 mma16816(acc[mt][1], ah, b[2], b[3]);
@@ -508,6 +511,11 @@ __device__ __forceinline__ void v2_compute(const uint16_t *ws, const uint16_t *h
             }
         }
     }
+}
+
+__device__ __forceinline__ void v2_compute(const uint16_t *ws, const uint16_t *hi, const uint16_t *lo, bool half,
+                                           int mtiles, float (&acc)[V2_MT][2][4]) {
+    k64_compute<V2_WP, V2_XCP>(ws, hi, lo, half, mtiles, acc);
 }
 
 /* One pass: acc = the pass's X rows times the CTA's 64 W rows over its K blocks. Ends with the
@@ -930,51 +938,9 @@ template <int KB>
 __device__ __forceinline__ void compute(const uint16_t *ws, const uint16_t *hi, const uint16_t *lo, int nsub,
                                         bool half, int mtiles, float (&acc)[V2_MT][2][4]) {
     constexpr int RE = row_elems(KB);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const uint16_t *wp = ws + (warp * 16 + ((lane >> 4) << 3) + (lane & 7)) * RE + ((lane >> 3) & 1) * 8;
-    if (half) {
-        const uint16_t *xp = (lane < 16 ? hi : lo) + (lane & 7) * RE + ((lane >> 3) & 1) * 8;
 #pragma unroll
-        for (int q = 0; q < KB; q++) {
-            if (q < nsub) {
-#pragma unroll
-                for (int kk = 0; kk < BK / 16; kk++) {
-                    uint32_t b[4], x[4];
-                    ldsm_x4(b, wp + q * BK + kk * 16);
-                    ldsm_x4(x, xp + q * BK + kk * 16);
-                    const uint32_t ah[4] = {x[0], 0u, x[1], 0u}, al[4] = {x[2], 0u, x[3], 0u};
-                    mma16816(acc[0][0], ah, b[0], b[1]);
-                    mma16816(acc[0][0], al, b[0], b[1]);
-                    mma16816(acc[0][1], ah, b[2], b[3]);
-                    mma16816(acc[0][1], al, b[2], b[3]);
-                }
-            }
-        }
-        return;
-    }
-    const int xo = (((lane >> 3) & 1) * 8 + (lane & 7)) * RE + (lane >> 4) * 8;
-#pragma unroll
-    for (int q = 0; q < KB; q++) {
-        if (q < nsub) {
-#pragma unroll
-            for (int kk = 0; kk < BK / 16; kk++) {
-                uint32_t b[4];
-                ldsm_x4(b, wp + q * BK + kk * 16);
-#pragma unroll
-                for (int mt = 0; mt < V2_MT; mt++) {
-                    if (mt < mtiles) {
-                        uint32_t ah[4], al[4];
-                        ldsm_x4(ah, hi + mt * 16 * RE + xo + q * BK + kk * 16);
-                        ldsm_x4(al, lo + mt * 16 * RE + xo + q * BK + kk * 16);
-                        mma16816(acc[mt][0], ah, b[0], b[1]);
-                        mma16816(acc[mt][0], al, b[0], b[1]);
-                        mma16816(acc[mt][1], ah, b[2], b[3]);
-                        mma16816(acc[mt][1], al, b[2], b[3]);
-                    }
-                }
-            }
-        }
-    }
+    for (int q = 0; q < KB; q++)
+        if (q < nsub) k64_compute<RE, RE>(ws + q * BK, hi + q * BK, lo + q * BK, half, mtiles, acc);
 }
 
 /* Stage block b of a CTA's sequence lives in stage b % S (its W and its X); cp.async group g
