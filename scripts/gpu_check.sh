@@ -3,7 +3,10 @@
 # path), run every GPU test, run them again under compute-sanitizer (memcheck, racecheck), run
 # build/bench_kernels, bench_model, the engine bench and a 64-client server load (ar / ddtree /
 # auto), and print a short summary table last.
-#   scripts/gpu_check.sh [--no-sanitizer] [--no-bench] [--quick-bench] [--only-tests REGEX]
+#   scripts/gpu_check.sh [--no-sanitizer] [--no-bench] [--quick-bench] [--only-tests REGEX] [--experiments]
+# --experiments: after the tests, the opt-in GEMM variants (docs/model_gpu.md, "Prepared in
+# session 7"): the model test under them, the wave / access-pattern probes, and the Kimi layer
+# bench (quick) with each variant; a table of decode S 1 and verify lines per variant last.
 # Order: tests, bench, then the sanitizer runs (KDT_TEST_QUICK=1), bounded by KDT_CHECK_DEADLINE.
 # Environment: KDT_PREBUILT=DIR uses binaries built elsewhere (e.g. carried build dir) instead of
 # building; OUT=DIR receives logs and bench/RESULTS-style markdown (default /tmp/kdt_gpu_check).
@@ -15,14 +18,15 @@ SAN_LIMIT=${KDT_SAN_LIMIT:-120}        # seconds per sanitizer run
 BENCH_LIMIT=${KDT_BENCH_LIMIT:-900}    # seconds per benchmark binary (a hung kernel must not eat the run)
 LOG=${OUT:-/tmp/kdt_gpu_check}
 mkdir -p "$LOG"
-SAN=1; BENCH=1; BENCH_FLAGS=""; ONLY=""
+SAN=1; BENCH=1; BENCH_FLAGS=""; ONLY=""; EXPER=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-sanitizer) SAN=0 ;;
     --no-bench) BENCH=0 ;;
     --quick-bench) BENCH_FLAGS="--quick" ;;
     --only-tests) ONLY="$2"; shift ;;
-    *) echo "usage: $0 [--no-sanitizer] [--no-bench] [--quick-bench] [--only-tests REGEX]" >&2; exit 2 ;;
+    --experiments) EXPER=1 ;;
+    *) echo "usage: $0 [--no-sanitizer] [--no-bench] [--quick-bench] [--only-tests REGEX] [--experiments]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -56,6 +60,28 @@ for t in "${TESTS[@]}"; do
   echo "--- $n: ${RES[$n]} (${SECS[$n]} s): $(tail -1 "$LOG/$n.log")"
   [ "${RES[$n]}" = pass ] || tail -30 "$LOG/$n.log"
 done
+if [ $EXPER = 1 ]; then
+  # opt-in variants: correctness first (the model test's fixtures, bitwise contracts and greedy
+  # runs with both on), then the probes, then the layer bench per variant
+  for v in "KDT_GEMM_GROUPED_WAVE=1 KDT_GPU_TILED_EXPERTS=1"; do
+    if [ -x "$BUILD/gpu_test_model_gpu" ]; then
+      env $v timeout "${KDT_TEST_LIMIT:-600}" "$BUILD/gpu_test_model_gpu" >"$LOG/exp_model_gpu.log" 2>&1 &&
+        r=pass || { r=FAIL; fail=1; tail -30 "$LOG/exp_model_gpu.log"; }
+      echo "--- gpu_test_model_gpu with $v: $r: $(tail -1 "$LOG/exp_model_gpu.log")"
+    fi
+  done
+  [ -x "$BUILD/gpu_test_gemm_ab" ] && KDT_TEST_QUICK=1 timeout 300 "$BUILD/gpu_test_gemm_ab" --wave 2>&1 |
+    tee "$LOG/exp_wave.log" | grep -vE '^\s*$' | tail -40
+  if [ -x "$BUILD/bench_model" ]; then
+    for v in "KDT_EXP=default" "KDT_GEMM_GROUPED_WAVE=1" "KDT_GPU_TILED_EXPERTS=1" \
+             "KDT_GEMM_GROUPED_WAVE=1 KDT_GPU_TILED_EXPERTS=1"; do
+      f="$LOG/exp_bench_model_$(echo "$v" | tr ' =' '_-').log"
+      env $v timeout "$BENCH_LIMIT" "$BUILD/bench_model" --quick --only kimi --md "$f.md" >"$f" 2>&1 || fail=1
+      echo "== bench_model --quick --only kimi with $v"
+      grep -E '^\| kimi-k2.6 layer \| (decode \| random \| 1 |verify \| random)' "$f.md"
+    done | tee "$LOG/exp_summary.txt"
+  fi
+fi
 if [ $BENCH = 1 ] && [ -x "$BUILD/bench_kernels" ]; then
   s=$(date +%s)
   timeout "$BENCH_LIMIT" "$BUILD/bench_kernels" $BENCH_FLAGS --md "$LOG/bench.md" 2>&1 | tee "$LOG/bench.log" || fail=1

@@ -149,7 +149,7 @@ static void launch_grouped(const kdt_grouped_args &a, bool v1) {
     if (v1) v1::grouped_kernel<STAGES><<<grid, THREADS, STAGES * v1::STAGE_BYTES>>>(a);
     else {
         const V2Cfg c = v2_config(STAGES);
-        v2_grouped_kernel<<<grid, THREADS, c.pool>>>(a, c);
+        v2_grouped_kernel<1><<<grid, THREADS, c.pool>>>(a, c);
     }
     CK(cudaGetLastError());
 }
@@ -370,6 +370,65 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
     snprintf(what, sizeof what, "grouped down D=%d I=%d E=%d items=%d pairs=%d grid_items=%d", D, I, E, n_items, pairs,
              grid_items);
     same(z1, z2, b1, what);
+    {   /* the wave-shaping instance (5 CTAs per SM, 3-stage pool, 16-row passes): v1's bits too */
+        int per_sm = 0;
+        CK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
+        const V2Cfg c5 = v2_config_pool((per_sm / 5 - 1024) / 128 * 128);
+        const dim3 grid((unsigned)((a.n_max + BN - 1) / BN), (unsigned)(a.grid_items > 0 ? a.grid_items : 1));
+        poison(y2, b0);
+        poison(z2, b1);
+        a.y = y2;
+        v2_grouped_kernel<5><<<grid, THREADS, c5.pool>>>(a, c5);
+        b.y = z2;
+        const dim3 gridb((unsigned)((b.n_max + BN - 1) / BN), grid.y);
+        v2_grouped_kernel<5><<<gridb, THREADS, c5.pool>>>(b, c5);
+        CK(cudaGetLastError());
+        CK(cudaDeviceSynchronize());
+        snprintf(what, sizeof what, "grouped gate/up, 5 CTAs per SM instance, D=%d I=%d E=%d items=%d", D, I, E, n_items);
+        same(y1, y2, b0, what);
+        snprintf(what, sizeof what, "grouped down, 5 CTAs per SM instance, D=%d I=%d E=%d items=%d", D, I, E, n_items);
+        same(z1, z2, b1, what);
+    }
+    if ((2 * i_pad) % 64 == 0 && D % 64 == 0) {
+        /* the tiled expert layout (kdt_gemm_tile64, KDT_GPU_TILED_EXPERTS): tiled copies of the
+         * weights through kdt_grouped_launch (v2 whatever KDT_GEMM_V1 / V3 say): v1's bits */
+        std::vector<kdt_gpu_expert> ext = ex;
+        std::vector<uint16_t *> tbufs;
+        const int64_t tmp_rows = 128; /* several tiling rounds per matrix */
+        uint16_t *tmp = dalloc<uint16_t>((size_t)tmp_rows * std::max(ld_d, ld_i));
+        auto tiled_copy = [&](const uint16_t *src, int rows, int ld) {
+            uint16_t *t = dalloc<uint16_t>((size_t)rows * ld);
+            CK(cudaMemcpy(t, src, (size_t)rows * ld * 2, cudaMemcpyDeviceToDevice));
+            if (kdt_gemm_tile64(t, rows, ld, tmp, tmp_rows, 0) != KDT_OK) {
+                fprintf(stderr, "  FAIL kdt_gemm_tile64 rows %d ld %d\n", rows, ld);
+                n_fail++;
+            }
+            tbufs.push_back(t);
+            return (const uint16_t *)t;
+        };
+        for (int e = 0; e < E; e++) {
+            ext[e].gu = tiled_copy(ex[e].gu, 2 * i_pad, ld_d);
+            ext[e].down = tiled_copy(ex[e].down, D, ld_i);
+        }
+        kdt_gpu_expert *d_ext = dalloc<kdt_gpu_expert>(E);
+        CK(cudaMemcpy(d_ext, ext.data(), E * sizeof(kdt_gpu_expert), cudaMemcpyHostToDevice));
+        kdt_grouped_args at = a, bt = b;
+        at.experts = bt.experts = d_ext;
+        at.tiled = bt.tiled = 1;
+        poison(y2, b0);
+        poison(z2, b1);
+        at.y = y2;
+        bt.y = z2;
+        if (kdt_grouped_launch(&at, STAGES, 0) != KDT_OK || kdt_grouped_launch(&bt, STAGES, 0) != KDT_OK) n_fail++;
+        CK(cudaDeviceSynchronize());
+        snprintf(what, sizeof what, "grouped gate/up, tiled weights, D=%d I=%d E=%d items=%d", D, I, E, n_items);
+        same(y1, y2, b0, what);
+        snprintf(what, sizeof what, "grouped down, tiled weights, D=%d I=%d E=%d items=%d", D, I, E, n_items);
+        same(z1, z2, b1, what);
+        for (auto q : tbufs) cudaFree(q);
+        cudaFree(tmp);
+        cudaFree(d_ext);
+    }
     if (g_v3) {
         int most = 0; /* the largest item: the launch's row bound */
         for (int i = 0; i < n_items; i++) most = std::max(most, items[3 * i + 2]);
@@ -597,6 +656,224 @@ static void many_experts_timing(int D, int I) {
     cudaFree(d_ex);
 }
 
+/* Access-pattern probe (--wave): CTA b streams the 64 x ld bf16 region of W rows 64 b.. through a
+ * cp.async ring of `stages` 8 KB stages (v2's depth for <= 8 rows), no tensor work. PAT 0 is the
+ * GEMM's order (stage kb = 64 rows x 128 B at column 64 kb: 64 segments 2 ld bytes apart); PAT 1
+ * reads the same region as contiguous 8 KB blocks (what a [N/64][ld/64][64][64] tiled weight
+ * layout would give the GEMM). Same bytes, grid and ring: the difference is DRAM locality. */
+template <int PAT>
+__global__ void __launch_bounds__(128) k_stream(const uint16_t *w, int ld, int stages, float *sink) {
+    extern __shared__ __align__(128) unsigned char sm[];
+    const int tid = threadIdx.x, nkb = ld / 64;
+    if (PAT == 2) { /* one 8 KB bulk copy (TMA engine) per stage, an mbarrier per stage */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        __shared__ __align__(8) uint64_t bars[16];
+        const uint16_t *base2 = w + (int64_t)blockIdx.x * 64 * ld;
+        const uint32_t bar0 = smem_u32(&bars[0]), sm0 = smem_u32(sm);
+        if (tid == 0) {
+            for (int i = 0; i < stages; i++)
+                asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar0 + 8 * i));
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        __syncthreads();
+        auto issue = [&](int kb, int st) {
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], 8192;\n" ::"r"(bar0 + 8 * st) : "memory");
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 8192, [%2];\n" ::"r"(
+                             sm0 + st * 8192),
+                         "l"(base2 + (int64_t)kb * 4096), "r"(bar0 + 8 * st)
+                         : "memory");
+        };
+        if (tid == 0)
+            for (int g = 0; g < stages - 1 && g < nkb; g++) issue(g, g);
+        uint32_t acc = 0;
+        for (int kb = 0; kb < nkb; kb++) {
+            const int st = kb % stages;
+            const uint32_t par = (uint32_t)(kb / stages) & 1u;
+            uint32_t ok = 0;
+            while (!ok)
+                asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                             " selp.u32 %0, 1, 0, p;\n}\n"
+                             : "=r"(ok)
+                             : "r"(bar0 + 8 * st), "r"(par)
+                             : "memory");
+            __syncthreads(); /* stage (kb - 1) % stages is consumed by every thread */
+            const int j = kb + stages - 1;
+            if (tid == 0 && j < nkb) issue(j, j % stages);
+            acc += reinterpret_cast<const uint32_t *>(sm + st * 8192)[tid];
+        }
+        if (acc == 0x12345678u) *sink = (float)acc;
+#endif
+        return;
+    }
+    const uint64_t pol = evict_first_policy();
+    const uint16_t *base = w + (int64_t)blockIdx.x * 64 * ld;
+    auto load = [&](int kb, int st) {
+        uint16_t *dst = reinterpret_cast<uint16_t *>(sm + st * 8192);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int q = tid + 128 * i;
+            const uint16_t *src = PAT == 0 ? base + (int64_t)(q >> 3) * ld + kb * 64 + (q & 7) * 8
+                                           : base + (int64_t)kb * 4096 + q * 8;
+            cp_async16_pol(dst + q * 8, src, 16, pol);
+        }
+    };
+    for (int g = 0; g < stages - 1; g++) {
+        if (g < nkb) load(g, g);
+        cp_async_commit();
+    }
+    uint32_t acc = 0;
+    for (int kb = 0; kb < nkb; kb++) {
+        cp_async_wait_n(stages - 2);
+        __syncthreads();
+        const int j = kb + stages - 1;
+        if (j < nkb) load(j, j % stages);
+        cp_async_commit();
+        acc += reinterpret_cast<const uint32_t *>(sm + (kb % stages) * 8192)[tid];
+    }
+    cp_async_wait<0>();
+    if (acc == 0x12345678u) *sink = (float)acc;
+}
+
+static int prop_major() {
+    int v = 0;
+    CK(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, 0));
+    return v;
+}
+
+static void stream_probe() {
+    const int D = 7168;
+    printf("access-pattern probe: cp.async ring of 9 x 8 KB stages per CTA, 64 rows x 7168 bf16 per CTA, L2 flushed\n");
+    for (int ctas : {576, 4096}) {
+        const size_t n = (size_t)ctas * 64 * D;
+        uint16_t *w = dalloc<uint16_t>(n);
+        k_fill_w<<<1024, 256>>>(w, (int64_t)ctas * 64, D, D, 226);
+        const double bytes = (double)n * 2;
+        for (int k : {2, 4}) {
+            const int stages = k == 2 ? 9 : 4;
+            const int smem = stages * 8192;
+            /* occupancy capped at k CTAs per SM by padding the shared memory request */
+            int per_sm = 0;
+            CK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
+            const int pad = (per_sm / k - 1024) / 128 * 128;
+            const int req = pad > smem ? pad : smem;
+            CK(cudaFuncSetAttribute(k_stream<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, req));
+            CK(cudaFuncSetAttribute(k_stream<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, req));
+            const double t0 = time_us([&] { k_stream<0><<<ctas, 128, req>>>(w, D, stages, g_sink); CK(cudaGetLastError()); }, 9);
+            const double t1 = time_us([&] { k_stream<1><<<ctas, 128, req>>>(w, D, stages, g_sink); CK(cudaGetLastError()); }, 9);
+            double t2 = 0;
+            if (prop_major() >= 9) {
+                CK(cudaFuncSetAttribute(k_stream<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, req));
+                t2 = time_us([&] { k_stream<2><<<ctas, 128, req>>>(w, D, stages, g_sink); CK(cudaGetLastError()); }, 9);
+            }
+            printf("  %4d CTAs, %d per SM, %d stages: GEMM order %7.1f us %5.0f GB/s | contiguous 8 KB blocks %7.1f us %5.0f GB/s"
+                   " | one bulk copy per block %7.1f us %5.0f GB/s\n",
+                   ctas, k, stages, t0, bytes / t0 / 1e3, t1, bytes / t1 / 1e3, t2, t2 > 0 ? bytes / t2 / 1e3 : 0.0);
+        }
+        cudaFree(w);
+    }
+}
+
+/* Wave experiment (--wave): a decode's grouped GEMMs, E experts x 1 row, v2 with the pool shrunk to
+ * put k CTAs on an SM (scheduling only: the bits are v2's). Shows whether a decode's 576 gate/up
+ * CTAs lose to the tail wave (per-CTA rate capped) or not. */
+static void wave_timing() {
+    const int D = 7168, I = 2048, EMAX = 9;
+    int n_sm = 0, per_sm = 0;
+    CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
+    CK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
+    uint16_t *gu_all = dalloc<uint16_t>((size_t)EMAX * 2 * I * D), *dn_all = dalloc<uint16_t>((size_t)EMAX * D * I);
+    k_fill_w<<<1024, 256>>>(gu_all, (int64_t)EMAX * 2 * I, D, D, 223);
+    k_fill_w<<<1024, 256>>>(dn_all, (int64_t)EMAX * D, I, I, 224);
+    std::vector<kdt_gpu_expert> ex(EMAX);
+    for (int e = 0; e < EMAX; e++)
+        ex[e] = kdt_gpu_expert{gu_all + (size_t)e * 2 * I * D, dn_all + (size_t)e * D * I, I, I, D, I};
+    kdt_gpu_expert *d_ex = dalloc<kdt_gpu_expert>(EMAX);
+    CK(cudaMemcpy(d_ex, ex.data(), EMAX * sizeof(kdt_gpu_expert), cudaMemcpyHostToDevice));
+    float *xn = dalloc<float>((size_t)D), *h = dalloc<float>((size_t)EMAX * I);
+    float *y = dalloc<float>((size_t)EMAX * 2 * I), *z = dalloc<float>((size_t)EMAX * D);
+    k_fill_x<<<1024, 256>>>(xn, (int64_t)D, 29);
+    k_fill_x<<<1024, 256>>>(h, (int64_t)EMAX * I, 30);
+    printf("\nwave experiment: grouped v2, E experts x 1 row, k CTAs per SM (pool), median us / GB/s\n");
+    for (int which = 0; which < 2; which++)
+        for (int E : {1, 2, 4, 5, 8, 9}) {
+            std::vector<int32_t> items, pr, cnt = {E, E};
+            for (int e = 0; e < E; e++) {
+                items.push_back(e); items.push_back(e); items.push_back(1);
+                pr.push_back(0);
+            }
+            int32_t *d_items = dint(items), *d_pr = dint(pr), *d_cnt = dint(cnt);
+            kdt_grouped_args a;
+            memset(&a, 0, sizeof a);
+            a.which = which;
+            a.x = which ? h : xn;
+            a.ldx = which ? I : D;
+            a.pair_row = d_pr;
+            a.experts = d_ex;
+            a.items = d_items;
+            a.n_items = d_cnt;
+            a.y = which ? z : y;
+            a.ldy = which ? D : 2 * I;
+            a.n_max = which ? D : 2 * I;
+            a.kd = D;
+            a.grid_items = E + 1;
+            a.n_items_hint = E;
+            a.max_item_rows = 1;
+            const double bytes = (double)E * 2 * I * D * (which ? 1 : 2);
+            const dim3 grid((unsigned)((a.n_max + BN - 1) / BN), (unsigned)a.grid_items);
+            printf("  %-7s E=%d (%4d CTAs)", which ? "down" : "gate/up", E, E * (int)grid.x);
+            for (int k = 2; k <= 5; k++) {
+                const int pool = (per_sm / k - 1024) / 128 * 128;
+                const V2Cfg c = v2_config_pool(pool);
+                int occ = 0;
+                if (k > 4) CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v2_grouped_kernel<5>, THREADS, c.pool));
+                else CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v2_grouped_kernel<1>, THREADS, c.pool));
+                const double us = time_us([&] {
+                    if (k > 4) v2_grouped_kernel<5><<<grid, THREADS, c.pool>>>(a, c);
+                    else v2_grouped_kernel<1><<<grid, THREADS, c.pool>>>(a, c);
+                    CK(cudaGetLastError());
+                }, 9);
+                printf(" | k%d(occ %d) s%d %7.1f %5.0f", k, occ, v2_stages(8, pool), us, bytes / us / 1e3);
+            }
+            printf("\n");
+            cudaFree(d_items); cudaFree(d_pr); cudaFree(d_cnt);
+        }
+    cudaFree(gu_all); cudaFree(dn_all); cudaFree(d_ex); cudaFree(xn); cudaFree(h); cudaFree(y); cudaFree(z);
+    /* The same 528 MB as a decode's gate/up (9 x 4096 rows x 7168) as one dense GEMM, 1 row, with
+     * 1..4 K splits (576..2,304 CTAs of 64 columns): does cutting the weight stream into more,
+     * shorter CTAs beat the tail wave? (What a split grouped chain would buy.) */
+    printf("wave experiment: dense v2, N 36864 x K 7168 (528 MB), 1 row, K splits x k CTAs per SM\n");
+    const int N = 9 * 2 * I;
+    uint16_t *w = dalloc<uint16_t>((size_t)N * D);
+    k_fill_w<<<1024, 256>>>(w, N, D, D, 225);
+    float *x1 = dalloc<float>((size_t)D), *yp = dalloc<float>((size_t)4 * N);
+    k_fill_x<<<1024, 256>>>(x1, (int64_t)D, 31);
+    std::vector<int32_t> mv = {1};
+    int32_t *d_m = dint(mv);
+    for (int splits : {1, 2, 3, 4}) {
+        const int kblocks = D / BK, chunk = (kblocks + splits - 1) / splits;
+        kdt_gemm_args g;
+        memset(&g, 0, sizeof g);
+        g.x = x1; g.ldx = D; g.kx = D;
+        g.w = w; g.ldw = D; g.n = N;
+        g.y = yp; g.ldy = N; g.y_split = N;
+        g.m_dev = d_m; g.m_max = 1; g.batch = 1;
+        g.splits = (kblocks + chunk - 1) / chunk;
+        g.k_chunk = chunk * BK;
+        const dim3 grid((unsigned)(N / BN), (unsigned)g.splits, 1);
+        printf("  splits %d (%4d CTAs)", g.splits, (int)(grid.x * grid.y));
+        for (int k = 2; k <= 4; k++) {
+            const int pool = (per_sm / k - 1024) / 128 * 128;
+            const V2Cfg c = v2_config_pool(pool);
+            int occ = 0;
+            CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v2_gemm_kernel, THREADS, c.pool));
+            const double us = time_us([&] { v2_gemm_kernel<<<grid, THREADS, c.pool>>>(g, c); CK(cudaGetLastError()); }, 9);
+            printf(" | k%d(occ %d) s%d %7.1f %5.0f", k, occ, v2_stages(8, pool), us, (double)N * D * 2 / us / 1e3);
+        }
+        printf("\n");
+    }
+    cudaFree(w); cudaFree(x1); cudaFree(yp); cudaFree(d_m);
+}
+
 static void timing() {
     g_flush = dalloc<float>(FLUSH_FLOATS);
     g_sink = dalloc<float>(1);
@@ -811,5 +1088,12 @@ int main(int argc, char **argv) {
     if (!quick) head_case(4160, 7168, 3, seed++);
     printf("bitwise v1 == v2%s: %d passed, %d failed\n", g_v3 ? " == v3" : "", n_pass, n_fail);
     if (do_timing) timing();
+    if (argc > 1 && strcmp(argv[1], "--wave") == 0) {
+        g_flush = dalloc<float>(FLUSH_FLOATS);
+        g_sink = dalloc<float>(1);
+        CK(cudaMemset(g_flush, 0, FLUSH_FLOATS * 4));
+        wave_timing();
+        stream_probe();
+    }
     return n_fail ? 1 : 0;
 }

@@ -654,6 +654,7 @@ static kdt_status moe(pass *p, const kdt_gpu_layer *L, int32_t l) {
     a.max_item_rows = p->M < KDT_G_BM ? p->M : KDT_G_BM; /* an item: one expert's pairs, <= one per row */
     /* up to 64 rows every touched expert is one item: at most min(M K, E) routed + the shared one */
     a.n_items_hint = p->M <= KDT_G_BM ? (p->M * K < E ? p->M * K : E) + g->has_shared : item_bound;
+    a.tiled = g->experts_tiled;
     KDT_TRY(kdt_grouped_launch(&a, p->stages, p->s));
     KDT_TRY(kdt_op_swiglu(r->moe_part, 1, 0, ldp, r->moe_counts + 1, max_pairs, r->pair_expert, L->experts, 0, r->h,
                       r->ld_h, p->s));

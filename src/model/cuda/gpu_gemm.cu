@@ -371,6 +371,7 @@ struct V2Cfg {
 struct V2Pass {
     const uint16_t *w;
     int64_t ldw;
+    int tiled;                                   /* w is a 64-row tile of kdt_gemm_tile64's layout */
     int n_valid, kx, m_valid, k_begin, nk;
     uint32_t xalign;                             /* bit i: xrow[i] is 16-byte aligned */
     const float *xrow[V2_XROWS];
@@ -415,8 +416,10 @@ static_assert(V2_MAX_STAGES - 2 <= 8, "cp_async_wait_n covers the deepest pipeli
  * rows >= n_valid are zero-filled. */
 __device__ __forceinline__ void v2_load_w(const V2Pass &p, uint16_t *ws, int kb, uint64_t pol) {
     const int tid = threadIdx.x, r0 = tid >> 3, c = (tid & 7) * 8;
-    const uint16_t *src = p.w + (int64_t)r0 * p.ldw + p.k_begin + kb * BK + c;
-    const int64_t step = 16 * p.ldw;
+    /* row-major [rows][ldw], or tiled: block (k_begin / 64 + kb) of the tile is [64][64] */
+    const uint16_t *src = p.tiled ? p.w + (int64_t)(p.k_begin / BK + kb) * (BN * BK) + r0 * BK + c
+                                  : p.w + (int64_t)r0 * p.ldw + p.k_begin + kb * BK + c;
+    const int64_t step = p.tiled ? 16 * BK : 16 * p.ldw;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const bool ok = r0 + 16 * i < p.n_valid;
@@ -595,6 +598,7 @@ __global__ void __launch_bounds__(THREADS) v2_gemm_kernel(const kdt_gemm_args a,
     const int M = clamp_m(a.m_dev, a.m_max);
     const uint64_t pol = evict_first_policy();
     V2Pass p;
+    p.tiled = 0;
     p.w = a.w + b * a.w_batch + (int64_t)n0 * a.ldw;
     p.ldw = a.ldw;
     p.n_valid = min(BN, a.n - n0);
@@ -613,7 +617,11 @@ __global__ void __launch_bounds__(THREADS) v2_gemm_kernel(const kdt_gemm_args a,
     }
 }
 
-__global__ void __launch_bounds__(THREADS) v2_grouped_kernel(const kdt_grouped_args a, const V2Cfg c) {
+/* MINB: CTAs per SM the registers must allow. 1 is the default instance (124 registers: 4 per
+ * SM); 5 (96 registers, no spills) serves the opt-in wave shaping of decode-sized launches
+ * (v2_config_grouped). The same code, so the same bits. */
+template <int MINB>
+__global__ void __launch_bounds__(THREADS, MINB) v2_grouped_kernel(const kdt_grouped_args a, const V2Cfg c) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int n0 = blockIdx.x * BN;
     const int n_items = *a.n_items;
@@ -625,6 +633,7 @@ __global__ void __launch_bounds__(THREADS) v2_grouped_kernel(const kdt_grouped_a
         const int N = a.which == 0 ? 2 * ex.i_pad : a.kd;
         if (n0 >= N) continue;
         V2Pass p;
+        p.tiled = a.tiled; /* tile n0 / 64 starts at row n0 in both layouts */
         p.ldw = a.which == 0 ? ex.ld_d : ex.ld_i;
         p.w = (a.which == 0 ? ex.gu : ex.down) + (int64_t)n0 * p.ldw;
         p.n_valid = min(BN, N - n0);
@@ -647,6 +656,7 @@ __global__ void __launch_bounds__(THREADS) v2_head_kernel(const kdt_head_args a,
     const int M = clamp_m(a.m_dev, a.m_max);
     const uint64_t pol = evict_first_policy();
     V2Pass p;
+    p.tiled = 0;
     p.ldw = a.w.ld;
     p.w = a.w.w + (int64_t)n0 * p.ldw;
     p.n_valid = min(BN, a.w.rows - n0);
@@ -1067,8 +1077,9 @@ V2Cfg v2_config(int stages) { return v2_config_pool(pool_bytes(stages)); }
  * a full wave plus a thin tail wave. When 3 or 4 CTAs per SM with a proportionally smaller pool
  * hold the whole grid at once and that pool still runs every row of the launch bound in one pass
  * with >= 3 stages (decode-sized bounds), use it: one wave, the same bytes in flight per SM. */
-V2Cfg v2_config_grid(int stages, int64_t ctas, int m_max) {
+V2Cfg v2_config_grid(int stages, int64_t ctas, int m_max, int k_max = 4, int *per_sm_used = nullptr) {
     const V2Cfg c = v2_config(stages);
+    if (per_sm_used) *per_sm_used = 2;
     int dev = 0, n_sm = 0, per_sm = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
@@ -1078,27 +1089,45 @@ V2Cfg v2_config_grid(int stages, int64_t ctas, int m_max) {
     }
     const int rows = m_max < V2_ROWS ? m_max : V2_ROWS;
     if ((2 * (c.pool + 1024) > per_sm) || ctas <= 2 * (int64_t)n_sm) return c;
-    for (int k = 3; k <= 4; k++) {
+    for (int k = 3; k <= k_max; k++) {
         if (ctas > k * (int64_t)n_sm) continue;
         const int pool = (per_sm / k - 1024) / 128 * 128;
         if (pool >= c.pool) return c;
         const V2Cfg ck = v2_config_pool(pool);
-        if (ck.cap >= rows && v2_stages(v2_tile_rows(rows), pool) >= 3 && V2_ROWS * (BN + 1) * 4 <= pool) return ck;
+        if (ck.cap >= rows && v2_stages(v2_tile_rows(rows), pool) >= 3 && V2_ROWS * (BN + 1) * 4 <= pool) {
+            if (per_sm_used) *per_sm_used = k;
+            return ck;
+        }
         return c;
     }
     return c;
 }
+
+/* KDT_GEMM_GROUPED_WAVE=1 (opt-in until measured on the H200; read once): wave shaping for
+ * grouped launches too, from the launch's item hint (exact for a decode: 8 routed experts + the
+ * shared one, 1 row each = 576 gate/up CTAs of 64 columns, which two CTAs per SM run as 2.2
+ * waves). Up to 5 CTAs per SM (v2_grouped_kernel<5>, 3 stages each): 576 CTAs in one wave; the
+ * down GEMM's 1,008 CTAs stay as they are (3.8 waves). Scheduling only. */
+bool env_on(const char *name) {
+    const char *e = getenv(name);
+    return e != nullptr && e[0] == '1';
+}
+bool grouped_wave() {
+    static const bool on = env_on("KDT_GEMM_GROUPED_WAVE");
+    return on;
+}
+V2Cfg v2_config_grouped(int stages, const kdt_grouped_args &a, int *per_sm) {
+    *per_sm = 2;
+    if (!grouped_wave() || a.n_items_hint < 1) return v2_config(stages);
+    const int64_t ctas = (int64_t)a.n_items_hint * ((a.n_max + BN - 1) / BN);
+    return v2_config_grid(stages, ctas, a.max_item_rows > 0 ? a.max_item_rows : V2_ROWS, 5, per_sm);
+}
 static_assert(V2_ROWS * (BN + 1) * 4 <= 55296, "argmax tile fits the smallest pool");
 static_assert(v2_xc_bytes(16) + 3 * v2_stage_bytes(16) <= 55296, "the smallest pool runs 16-row passes");
 
-bool read_v1_env() {
-    const char *e = getenv("KDT_GEMM_V1");
-    return e != nullptr && e[0] == '1';
-}
-
 /* KDT_GEMM_V1=1: the original kernels (read once per process; both give the same bits). */
 bool use_v1() {
-    static const bool v1 = read_v1_env();
+    static const bool v1 = env_on("KDT_GEMM_V1");
     return v1;
 }
 
@@ -1344,7 +1373,8 @@ extern "C" kdt_status kdt_gemm_init(int32_t stages) {
             break;
         }
     if (e == cudaSuccess) e = set_smem_v2(v2_gemm_kernel, v2_bytes);
-    if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel, v2_bytes);
+    if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<1>, v2_bytes);
+    if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<5>, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_head_kernel, v2_bytes);
     /* v3: every instance may take the whole opt-in limit (its pool is chosen per launch) */
     if (e == cudaSuccess && v3_dev()) {
@@ -1387,6 +1417,13 @@ extern "C" kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cu
 
 extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s) {
     const dim3 grid((unsigned)((a->n_max + BN - 1) / BN), (unsigned)(a->grid_items > 0 ? a->grid_items : 1));
+    if (a->tiled) { /* only v2 reads the tiled layout */
+        int per_sm = 2;
+        const V2Cfg c = v2_config_grouped(stages, *a, &per_sm);
+        if (per_sm > 4) v2_grouped_kernel<5><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+        else v2_grouped_kernel<1><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+        return launch_error("GPU grouped GEMM");
+    }
     if (use_v1()) {
         const size_t smem = (size_t)(stages < 2 ? 2 : (stages > 4 ? 4 : stages)) * v1::STAGE_BYTES;
         switch (stages) {
@@ -1400,11 +1437,40 @@ extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stag
         if (v3_grouped(*a, p3, pl)) {
             v3_launch(p3, pl, s);
         } else {
-            const V2Cfg c = v2_config(stages);
-            v2_grouped_kernel<<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+            int per_sm = 2;
+            const V2Cfg c = v2_config_grouped(stages, *a, &per_sm);
+            if (per_sm > 4) v2_grouped_kernel<5><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+            else v2_grouped_kernel<1><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
         }
     }
     return launch_error("GPU grouped GEMM");
+}
+
+/* [rows][ld] -> [rows / 64][ld / 64][64][64] for rows [0, n) of src into dst (16-byte chunks). */
+__global__ void k_tile64(const uint16_t *src, uint16_t *dst, int64_t n, int ld) {
+    const int64_t chunks = n * ld / 8;
+    const int nkb = ld / BK;
+    for (int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; q < chunks; q += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = q / (ld / 8);
+        const int c8 = (int)(q % (ld / 8)), kb = c8 >> 3, t = (int)(r % BN);
+        const int64_t tile = r / BN;
+        const int64_t d = ((tile * nkb + kb) * BN + t) * BK + (c8 & 7) * 8;
+        *reinterpret_cast<uint4 *>(dst + d) = *reinterpret_cast<const uint4 *>(src + r * ld + c8 * 8);
+    }
+}
+
+extern "C" kdt_status kdt_gemm_tile64(uint16_t *w, int64_t rows, int32_t ld, uint16_t *tmp, int64_t tmp_rows,
+                                      cudaStream_t s) {
+    if (rows % BN || ld % BK || tmp_rows < BN || tmp_rows % BN)
+        return kdt_fail(KDT_ERR_INTERNAL, "kdt_gemm_tile64: rows %lld, ld %d, tmp_rows %lld", (long long)rows, ld,
+                        (long long)tmp_rows);
+    for (int64_t r0 = 0; r0 < rows; r0 += tmp_rows) {
+        const int64_t n = rows - r0 < tmp_rows ? rows - r0 : tmp_rows;
+        k_tile64<<<1024, 256, 0, s>>>(w + r0 * ld, tmp, n, ld);
+        const cudaError_t e = cudaMemcpyAsync(w + r0 * ld, tmp, (size_t)n * ld * 2, cudaMemcpyDeviceToDevice, s);
+        if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "kdt_gemm_tile64: %s", cudaGetErrorString(e));
+    }
+    return launch_error("GPU weight tiling");
 }
 
 extern "C" kdt_status kdt_head_launch(const kdt_head_args *a, int32_t stages, cudaStream_t s) {

@@ -107,6 +107,7 @@ struct kdt_gpu_model {
     kdt_gpu_layer *layers;          /* host array [n_layers] */
     int32_t has_shared;
     int32_t max_inter_pad;          /* widest i_pad over routed / shared / dense MLPs */
+    int32_t experts_tiled;          /* expert gu / down in kdt_gemm_tile64's layout */
     void **allocs;                  /* every cudaMalloc of the model, freed together */
     int32_t n_allocs, cap_allocs;
     size_t total_bytes;
@@ -251,8 +252,17 @@ typedef struct kdt_grouped_args {
     int32_t grid_items;
     int32_t max_item_rows;      /* most rows an item can have (<= 64; 0 = 64): sizes v3's passes */
     int32_t n_items_hint;       /* expected items (0 = grid_items): balances v3's persistent grid */
+    int32_t tiled;              /* the experts' gu / down are in the 64 x 64 tiled layout
+                                   (kdt_gemm_tile64): only v2 reads it, so v1 / v3 are skipped */
 } kdt_grouped_args;
 kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s);
+
+/* Rewrites a bf16 weight [rows][ld] (rows % 64 == 0, ld % 64 == 0) in place into the tiled
+ * layout [rows / 64][ld / 64][64][64]: every 64 x 64 block the GEMM stages at once becomes 8 KB
+ * of contiguous memory instead of 64 segments of 128 B, ld * 2 bytes apart. A permutation: the
+ * values, and so the GEMM's bits, are the same. tmp: device scratch of tmp_rows (a multiple of
+ * 64) rows. KDT_GPU_TILED_EXPERTS=1 (opt-in, unmeasured) applies it to every expert matrix. */
+kdt_status kdt_gemm_tile64(uint16_t *w, int64_t rows, int32_t ld, uint16_t *tmp, int64_t tmp_rows, cudaStream_t s);
 
 /* lm_head with the fused argmax: per 64-column vocabulary tile, every head row's best (value,
  * id) goes to am_val/am_idx [tile][row]; logits rows are written when logits != NULL. */

@@ -208,6 +208,49 @@ kdt_status kdt_gpu_model_weight_bytes(const kdt_gpu_model *g, int32_t layer, kdt
     return KDT_OK;
 }
 
+/* ---- KDT_GPU_TILED_EXPERTS=1: expert weights in the GEMM's 64 x 64 tiled layout ------------- */
+
+/* Opt-in until measured on the H200 (docs/model_gpu.md): rewrites every expert gate/up and down
+ * matrix in place with kdt_gemm_tile64, so each stage block the grouped GEMM loads is contiguous.
+ * Values and results are unchanged (the GEMM reads the layout; bits are the row-major ones). A
+ * model whose expert matrices are not whole 64-row tiles stays row-major. */
+static kdt_status tile_experts(kdt_gpu_model *g) {
+    const char *env = getenv("KDT_GPU_TILED_EXPERTS");
+    if (!env || env[0] != '1') return KDT_OK;
+    int32_t max_ld = 0;
+    for (int32_t l = 0; l < g->cfg.n_layers; l++) {
+        const kdt_gpu_layer *L = &g->layers[l];
+        if (!L->is_moe) continue;
+        const kdt_gmat *ms[4] = {&L->experts_gu, &L->experts_down, &L->shared_gu, &L->shared_down};
+        for (int i = 0; i < 4; i++) {
+            if (!ms[i]->w || ms[i]->rows == 0) continue;
+            if (ms[i]->rows % 64 || ms[i]->ld % 64 || (ms[i]->batch > 1 && ms[i]->batch_stride != (int64_t)ms[i]->rows * ms[i]->ld))
+                return KDT_OK;
+            if (ms[i]->ld > max_ld) max_ld = ms[i]->ld;
+        }
+    }
+    if (max_ld == 0) return KDT_OK;
+    const int64_t tmp_rows = 4096;
+    uint16_t *tmp = NULL;
+    cudaError_t e = cudaMalloc((void **)&tmp, (size_t)tmp_rows * max_ld * 2);
+    if (e != cudaSuccess) return cuda_fail(e, "KDT_GPU_TILED_EXPERTS: scratch");
+    kdt_status st = KDT_OK;
+    for (int32_t l = 0; st == KDT_OK && l < g->cfg.n_layers; l++) {
+        kdt_gpu_layer *L = &g->layers[l];
+        if (!L->is_moe) continue;
+        kdt_gmat *ms[4] = {&L->experts_gu, &L->experts_down, &L->shared_gu, &L->shared_down};
+        for (int i = 0; st == KDT_OK && i < 4; i++) {
+            if (!ms[i]->w || ms[i]->rows == 0) continue;
+            const int64_t batch = ms[i]->batch > 1 ? ms[i]->batch : 1;
+            st = kdt_gemm_tile64(ms[i]->w, batch * ms[i]->rows, ms[i]->ld, tmp, tmp_rows, 0);
+        }
+    }
+    if (st == KDT_OK && (e = cudaDeviceSynchronize()) != cudaSuccess) st = cuda_fail(e, "KDT_GPU_TILED_EXPERTS");
+    cudaFree(tmp);
+    if (st == KDT_OK) g->experts_tiled = 1;
+    return st;
+}
+
 /* ---- random models ------------------------------------------------------------------------- */
 
 kdt_status kdt_gpu_model_random(const char *config_json, const kdt_gpu_random_init *init, const kdt_gpu_options *opt,
@@ -281,6 +324,7 @@ kdt_status kdt_gpu_model_random(const char *config_json, const kdt_gpu_random_in
         const cudaError_t e = cudaDeviceSynchronize();
         if (e != cudaSuccess) st = cuda_fail(e, "kdt_gpu_model_random");
     }
+    if (st == KDT_OK) st = tile_experts(g);
     if (st != KDT_OK) {
         kdt_gpu_model_free(g);
         return st;
@@ -583,6 +627,7 @@ kdt_status kdt_model_to_gpu(const kdt_model *m, const kdt_gpu_options *opt, kdt_
         if (st == KDT_OK) st = flush_stage(&u);
         if (st == KDT_OK && (e = cudaDeviceSynchronize()) != cudaSuccess) st = cuda_fail(e, "kdt_model_to_gpu");
         if (u.show && u.sent < u.total) fprintf(stderr, "\n");
+        if (st == KDT_OK) st = tile_experts(g);
     }
     if (u.stream) cudaStreamSynchronize(u.stream);
     if (u.stage[0]) cudaFreeHost(u.stage[0]);
