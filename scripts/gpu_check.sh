@@ -63,7 +63,7 @@ done
 if [ $EXPER = 1 ]; then
   # opt-in variants: correctness first (the model test's fixtures, bitwise contracts and greedy
   # runs with both on), then the probes, then the layer bench per variant
-  for v in "KDT_GEMM_GROUPED_WAVE=1 KDT_GPU_TILED_EXPERTS=1"; do
+  for v in "KDT_GEMM_GROUPED_WAVE=1 KDT_GPU_TILED_EXPERTS=1 KDT_GEMM_BULK_W=1"; do
     if [ -x "$BUILD/gpu_test_model_gpu" ]; then
       env $v timeout "${KDT_TEST_LIMIT:-600}" "$BUILD/gpu_test_model_gpu" >"$LOG/exp_model_gpu.log" 2>&1 &&
         r=pass || { r=FAIL; fail=1; tail -30 "$LOG/exp_model_gpu.log"; }
@@ -74,7 +74,7 @@ if [ $EXPER = 1 ]; then
     tee "$LOG/exp_wave.log" | grep -vE '^\s*$' | tail -40
   if [ -x "$BUILD/bench_model" ]; then
     for v in "KDT_EXP=default" "KDT_GEMM_GROUPED_WAVE=1" "KDT_GPU_TILED_EXPERTS=1" \
-             "KDT_GEMM_GROUPED_WAVE=1 KDT_GPU_TILED_EXPERTS=1"; do
+             "KDT_GPU_TILED_EXPERTS=1 KDT_GEMM_BULK_W=1" "KDT_GEMM_GROUPED_WAVE=1 KDT_GPU_TILED_EXPERTS=1 KDT_GEMM_BULK_W=1"; do
       f="$LOG/exp_bench_model_$(echo "$v" | tr ' =' '_-').log"
       env $v timeout "$BENCH_LIMIT" "$BUILD/bench_model" --quick --only kimi --md "$f.md" >"$f" 2>&1 || fail=1
       echo "== bench_model --quick --only kimi with $v"

@@ -149,7 +149,7 @@ static void launch_grouped(const kdt_grouped_args &a, bool v1) {
     if (v1) v1::grouped_kernel<STAGES><<<grid, THREADS, STAGES * v1::STAGE_BYTES>>>(a);
     else {
         const V2Cfg c = v2_config(STAGES);
-        v2_grouped_kernel<1><<<grid, THREADS, c.pool>>>(a, c);
+        v2_grouped_kernel<0, W_ROWS><<<grid, THREADS, c.pool>>>(a, c);
     }
     CK(cudaGetLastError());
 }
@@ -378,10 +378,10 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
         poison(y2, b0);
         poison(z2, b1);
         a.y = y2;
-        v2_grouped_kernel<5><<<grid, THREADS, c5.pool>>>(a, c5);
+        v2_grouped_kernel<5, W_ROWS><<<grid, THREADS, c5.pool>>>(a, c5);
         b.y = z2;
         const dim3 gridb((unsigned)((b.n_max + BN - 1) / BN), grid.y);
-        v2_grouped_kernel<5><<<gridb, THREADS, c5.pool>>>(b, c5);
+        v2_grouped_kernel<5, W_ROWS><<<gridb, THREADS, c5.pool>>>(b, c5);
         CK(cudaGetLastError());
         CK(cudaDeviceSynchronize());
         snprintf(what, sizeof what, "grouped gate/up, 5 CTAs per SM instance, D=%d I=%d E=%d items=%d", D, I, E, n_items);
@@ -415,16 +415,51 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
         kdt_grouped_args at = a, bt = b;
         at.experts = bt.experts = d_ext;
         at.tiled = bt.tiled = 1;
-        poison(y2, b0);
-        poison(z2, b1);
         at.y = y2;
         bt.y = z2;
-        if (kdt_grouped_launch(&at, STAGES, 0) != KDT_OK || kdt_grouped_launch(&bt, STAGES, 0) != KDT_OK) n_fail++;
-        CK(cudaDeviceSynchronize());
-        snprintf(what, sizeof what, "grouped gate/up, tiled weights, D=%d I=%d E=%d items=%d", D, I, E, n_items);
-        same(y1, y2, b0, what);
-        snprintf(what, sizeof what, "grouped down, tiled weights, D=%d I=%d E=%d items=%d", D, I, E, n_items);
-        same(z1, z2, b1, what);
+        /* the launcher's choice, then every tiled instance directly: cp.async or bulk loader
+         * (sm_90+), default pool or the 5-per-SM one */
+        int per_sm = 0, major = 0;
+        CK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
+        CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+        const V2Cfg cd = v2_config(STAGES), c5 = v2_config_pool((per_sm / 5 - 1024) / 128 * 128);
+        const dim3 ga((unsigned)((at.n_max + BN - 1) / BN), (unsigned)(at.grid_items > 0 ? at.grid_items : 1));
+        const dim3 gb((unsigned)((bt.n_max + BN - 1) / BN), ga.y);
+        for (int v = 0; v < 5; v++) {
+            if (v >= 3 && major < 9) break;
+            static const char *names[5] = {"launcher", "cp.async", "cp.async 5/SM", "bulk", "bulk 5/SM"};
+            poison(y2, b0);
+            poison(z2, b1);
+            switch (v) {
+            case 0:
+                if (kdt_grouped_launch(&at, STAGES, 0) != KDT_OK || kdt_grouped_launch(&bt, STAGES, 0) != KDT_OK) n_fail++;
+                break;
+            case 1:
+                v2_grouped_kernel<0, W_TILED><<<ga, THREADS, cd.pool>>>(at, cd);
+                v2_grouped_kernel<0, W_TILED><<<gb, THREADS, cd.pool>>>(bt, cd);
+                break;
+            case 2:
+                v2_grouped_kernel<5, W_TILED><<<ga, THREADS, c5.pool>>>(at, c5);
+                v2_grouped_kernel<5, W_TILED><<<gb, THREADS, c5.pool>>>(bt, c5);
+                break;
+            case 3:
+                v2_grouped_kernel<0, W_BULK><<<ga, THREADS, cd.pool>>>(at, cd);
+                v2_grouped_kernel<0, W_BULK><<<gb, THREADS, cd.pool>>>(bt, cd);
+                break;
+            default:
+                v2_grouped_kernel<5, W_BULK><<<ga, THREADS, c5.pool>>>(at, c5);
+                v2_grouped_kernel<5, W_BULK><<<gb, THREADS, c5.pool>>>(bt, c5);
+                break;
+            }
+            CK(cudaGetLastError());
+            CK(cudaDeviceSynchronize());
+            snprintf(what, sizeof what, "grouped gate/up, tiled weights (%s), D=%d I=%d E=%d items=%d", names[v], D, I, E,
+                     n_items);
+            same(y1, y2, b0, what);
+            snprintf(what, sizeof what, "grouped down, tiled weights (%s), D=%d I=%d E=%d items=%d", names[v], D, I, E,
+                     n_items);
+            same(z1, z2, b1, what);
+        }
         for (auto q : tbufs) cudaFree(q);
         cudaFree(tmp);
         cudaFree(d_ext);
@@ -777,10 +812,11 @@ static void stream_probe() {
  * put k CTAs on an SM (scheduling only: the bits are v2's). Shows whether a decode's 576 gate/up
  * CTAs lose to the tail wave (per-CTA rate capped) or not. */
 static void wave_timing() {
-    const int D = 7168, I = 2048, EMAX = 9;
-    int n_sm = 0, per_sm = 0;
+    const int D = 7168, I = 2048, EMAX = 64;
+    int n_sm = 0, per_sm = 0, major = 0;
     CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
     CK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
+    CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
     uint16_t *gu_all = dalloc<uint16_t>((size_t)EMAX * 2 * I * D), *dn_all = dalloc<uint16_t>((size_t)EMAX * D * I);
     k_fill_w<<<1024, 256>>>(gu_all, (int64_t)EMAX * 2 * I, D, D, 223);
     k_fill_w<<<1024, 256>>>(dn_all, (int64_t)EMAX * D, I, I, 224);
@@ -793,50 +829,78 @@ static void wave_timing() {
     float *y = dalloc<float>((size_t)EMAX * 2 * I), *z = dalloc<float>((size_t)EMAX * D);
     k_fill_x<<<1024, 256>>>(xn, (int64_t)D, 29);
     k_fill_x<<<1024, 256>>>(h, (int64_t)EMAX * I, 30);
+    /* one launch of instance (k > 4 ? 5 : 0 registers bound, loader wl) with the pool of k per SM */
+    auto launch = [&](const kdt_grouped_args &a, const dim3 &grid, int k, int wl, const V2Cfg &c) {
+        if (k > 4) {
+            if (wl == W_ROWS) v2_grouped_kernel<5, W_ROWS><<<grid, THREADS, c.pool>>>(a, c);
+            else if (wl == W_TILED) v2_grouped_kernel<5, W_TILED><<<grid, THREADS, c.pool>>>(a, c);
+            else v2_grouped_kernel<5, W_BULK><<<grid, THREADS, c.pool>>>(a, c);
+        } else {
+            if (wl == W_ROWS) v2_grouped_kernel<0, W_ROWS><<<grid, THREADS, c.pool>>>(a, c);
+            else if (wl == W_TILED) v2_grouped_kernel<0, W_TILED><<<grid, THREADS, c.pool>>>(a, c);
+            else v2_grouped_kernel<0, W_BULK><<<grid, THREADS, c.pool>>>(a, c);
+        }
+        CK(cudaGetLastError());
+    };
+    /* E experts x 1 row, gate/up (which 0) or down (1), loader wl, CTAs per SM ks */
+    auto line = [&](int which, int E, int wl, std::initializer_list<int> ks) {
+        std::vector<int32_t> items, pr, cnt = {E, E};
+        for (int e = 0; e < E; e++) {
+            items.push_back(e); items.push_back(e); items.push_back(1);
+            pr.push_back(0);
+        }
+        int32_t *d_items = dint(items), *d_pr = dint(pr), *d_cnt = dint(cnt);
+        kdt_grouped_args a;
+        memset(&a, 0, sizeof a);
+        a.which = which;
+        a.x = which ? h : xn;
+        a.ldx = which ? I : D;
+        a.pair_row = d_pr;
+        a.experts = d_ex;
+        a.items = d_items;
+        a.n_items = d_cnt;
+        a.y = which ? z : y;
+        a.ldy = which ? D : 2 * I;
+        a.n_max = which ? D : 2 * I;
+        a.kd = D;
+        a.grid_items = E + 1;
+        a.n_items_hint = E;
+        a.max_item_rows = 1;
+        a.tiled = wl != W_ROWS;
+        const double bytes = (double)E * 2 * I * D * (which ? 1 : 2);
+        const dim3 grid((unsigned)((a.n_max + BN - 1) / BN), (unsigned)a.grid_items);
+        static const char *wn[3] = {"rows ", "tiled", "bulk "};
+        printf("  %-7s %s E=%-2d (%4d CTAs)", which ? "down" : "gate/up", wn[wl], E, E * (int)grid.x);
+        for (int k : ks) {
+            const int pool = (per_sm / k - 1024) / 128 * 128;
+            const V2Cfg c = v2_config_pool(pool);
+            int occ = 0;
+            if (k > 4 && wl == W_ROWS) CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v2_grouped_kernel<5, W_ROWS>, THREADS, c.pool));
+            else if (k > 4 && wl == W_TILED) CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v2_grouped_kernel<5, W_TILED>, THREADS, c.pool));
+            else if (k > 4) CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v2_grouped_kernel<5, W_BULK>, THREADS, c.pool));
+            else if (wl == W_ROWS) CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v2_grouped_kernel<0, W_ROWS>, THREADS, c.pool));
+            else if (wl == W_TILED) CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v2_grouped_kernel<0, W_TILED>, THREADS, c.pool));
+            else CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v2_grouped_kernel<0, W_BULK>, THREADS, c.pool));
+            const double us = time_us([&] { launch(a, grid, k, wl, c); }, 9);
+            printf(" | k%d(occ %d) s%d %7.1f %5.0f", k, occ, wl == W_BULK ? v2_stages_bulk(8, pool) : v2_stages(8, pool), us,
+                   bytes / us / 1e3);
+        }
+        printf("\n");
+        cudaFree(d_items); cudaFree(d_pr); cudaFree(d_cnt);
+    };
     printf("\nwave experiment: grouped v2, E experts x 1 row, k CTAs per SM (pool), median us / GB/s\n");
     for (int which = 0; which < 2; which++)
-        for (int E : {1, 2, 4, 5, 8, 9}) {
-            std::vector<int32_t> items, pr, cnt = {E, E};
-            for (int e = 0; e < E; e++) {
-                items.push_back(e); items.push_back(e); items.push_back(1);
-                pr.push_back(0);
-            }
-            int32_t *d_items = dint(items), *d_pr = dint(pr), *d_cnt = dint(cnt);
-            kdt_grouped_args a;
-            memset(&a, 0, sizeof a);
-            a.which = which;
-            a.x = which ? h : xn;
-            a.ldx = which ? I : D;
-            a.pair_row = d_pr;
-            a.experts = d_ex;
-            a.items = d_items;
-            a.n_items = d_cnt;
-            a.y = which ? z : y;
-            a.ldy = which ? D : 2 * I;
-            a.n_max = which ? D : 2 * I;
-            a.kd = D;
-            a.grid_items = E + 1;
-            a.n_items_hint = E;
-            a.max_item_rows = 1;
-            const double bytes = (double)E * 2 * I * D * (which ? 1 : 2);
-            const dim3 grid((unsigned)((a.n_max + BN - 1) / BN), (unsigned)a.grid_items);
-            printf("  %-7s E=%d (%4d CTAs)", which ? "down" : "gate/up", E, E * (int)grid.x);
-            for (int k = 2; k <= 5; k++) {
-                const int pool = (per_sm / k - 1024) / 128 * 128;
-                const V2Cfg c = v2_config_pool(pool);
-                int occ = 0;
-                if (k > 4) CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v2_grouped_kernel<5>, THREADS, c.pool));
-                else CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v2_grouped_kernel<1>, THREADS, c.pool));
-                const double us = time_us([&] {
-                    if (k > 4) v2_grouped_kernel<5><<<grid, THREADS, c.pool>>>(a, c);
-                    else v2_grouped_kernel<1><<<grid, THREADS, c.pool>>>(a, c);
-                    CK(cudaGetLastError());
-                }, 9);
-                printf(" | k%d(occ %d) s%d %7.1f %5.0f", k, occ, v2_stages(8, pool), us, bytes / us / 1e3);
-            }
-            printf("\n");
-            cudaFree(d_items); cudaFree(d_pr); cudaFree(d_cnt);
-        }
+        for (int E : {1, 2, 4, 5, 8, 9, 64}) line(which, E, W_ROWS, {2, 3, 4, 5});
+    /* the same weights in kdt_gemm_tile64's layout: cp.async and bulk-copy loaders */
+    uint16_t *tmp = dalloc<uint16_t>((size_t)4096 * D);
+    if (kdt_gemm_tile64(gu_all, (int64_t)EMAX * 2 * I, D, tmp, 4096, 0) != KDT_OK ||
+        kdt_gemm_tile64(dn_all, (int64_t)EMAX * D, I, tmp, 4096, 0) != KDT_OK)
+        printf("  kdt_gemm_tile64 failed\n");
+    CK(cudaDeviceSynchronize());
+    cudaFree(tmp);
+    for (int which = 0; which < 2; which++)
+        for (int E : {1, 9, 64})
+            for (int wl = W_TILED; wl <= (major >= 9 ? W_BULK : W_TILED); wl++) line(which, E, wl, {2, 5});
     cudaFree(gu_all); cudaFree(dn_all); cudaFree(d_ex); cudaFree(xn); cudaFree(h); cudaFree(y); cudaFree(z);
     /* The same 528 MB as a decode's gate/up (9 x 4096 rows x 7168) as one dense GEMM, 1 row, with
      * 1..4 K splits (576..2,304 CTAs of 64 columns): does cutting the weight stream into more,

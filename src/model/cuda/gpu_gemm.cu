@@ -359,6 +359,18 @@ __host__ __device__ inline int v2_stages(int R, int pool) {
     const int s = (pool - v2_xc_bytes(R)) / v2_stage_bytes(R);
     return s > V2_MAX_STAGES ? V2_MAX_STAGES : s;
 }
+/* The bulk-copy W loader (KDT_GEMM_BULK_W=1, tiled weights only): the pool starts with one
+ * mbarrier per stage, and a W stage is the tiled block verbatim, [64][64] bf16 with the layout's
+ * XOR swizzle (8192 B, no padding: the swizzle keeps ldmatrix conflict-free). Never fewer stages
+ * than v2_stages gives the same pool. */
+constexpr int V2_BAR_BYTES = 128;
+constexpr int V2_W_STAGE_BULK = BN * BK * 2;     /* 8192 B */
+__host__ __device__ constexpr int v2_stage_bytes_bulk(int R) { return V2_W_STAGE_BULK + R * V2_X_ROW; }
+__host__ __device__ inline int v2_stages_bulk(int R, int pool) {
+    const int s = (pool - V2_BAR_BYTES - v2_xc_bytes(R)) / v2_stage_bytes_bulk(R);
+    return s > V2_MAX_STAGES ? V2_MAX_STAGES : s;
+}
+static_assert(V2_MAX_STAGES * 8 <= V2_BAR_BYTES, "one mbarrier per stage");
 
 /* Launch configuration: dynamic shared memory of the launch and rows per pass (<= V2_ROWS). */
 struct V2Cfg {
@@ -371,7 +383,6 @@ struct V2Cfg {
 struct V2Pass {
     const uint16_t *w;
     int64_t ldw;
-    int tiled;                                   /* w is a 64-row tile of kdt_gemm_tile64's layout */
     int n_valid, kx, m_valid, k_begin, nk;
     uint32_t xalign;                             /* bit i: xrow[i] is 16-byte aligned */
     const float *xrow[V2_XROWS];
@@ -414,12 +425,19 @@ static_assert(V2_MAX_STAGES - 2 <= 8, "cp_async_wait_n covers the deepest pipeli
 
 /* W block kb of the pass into a stage: thread tid copies chunk (tid & 7) of rows (tid >> 3) + 16 i;
  * rows >= n_valid are zero-filled. */
+/* How a kernel instance reads W: row-major [rows][ldw] by cp.async; kdt_gemm_tile64's tiled layout
+ * by cp.async (KDT_GPU_TILED_EXPERTS=1); or tiled by one bulk copy per stage (+ KDT_GEMM_BULK_W=1).
+ * A W pointer at row n0 (a multiple of 64) starts tile n0 / 64 in both layouts. */
+enum WLoad { W_ROWS = 0, W_TILED = 1, W_BULK = 2 };
+
+template <int WL = W_ROWS>
 __device__ __forceinline__ void v2_load_w(const V2Pass &p, uint16_t *ws, int kb, uint64_t pol) {
     const int tid = threadIdx.x, r0 = tid >> 3, c = (tid & 7) * 8;
-    /* row-major [rows][ldw], or tiled: block (k_begin / 64 + kb) of the tile is [64][64] */
-    const uint16_t *src = p.tiled ? p.w + (int64_t)(p.k_begin / BK + kb) * (BN * BK) + r0 * BK + c
-                                  : p.w + (int64_t)r0 * p.ldw + p.k_begin + kb * BK + c;
-    const int64_t step = p.tiled ? 16 * BK : 16 * p.ldw;
+    /* tiled: block (k_begin / 64 + kb) of the tile is [64][64] with chunk c of row r at chunk
+     * c ^ (r & 7); (r0 + 16 i) & 7 == r0 & 7 */
+    const uint16_t *src = WL == W_TILED ? p.w + (int64_t)(p.k_begin / BK + kb) * (BN * BK) + r0 * BK + (c ^ ((r0 & 7) << 3))
+                                        : p.w + (int64_t)r0 * p.ldw + p.k_begin + kb * BK + c;
+    const int64_t step = WL == W_TILED ? 16 * BK : 16 * p.ldw;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const bool ok = r0 + 16 * i < p.n_valid;
@@ -471,20 +489,24 @@ __device__ __forceinline__ void v2_convert(const V2Pass &p, const float *xs, uin
 /* acc[mt][j] += X W^T over one 64-wide K block: per kk, per accumulator, hi then lo (the v1 order).
  * WST / XST: elements per W / X row in shared memory. This is the one place the mma chain of the
  * batch-invariance rule (top of file) is written; v2 and v3 both call it. */
-template <int WST, int XST>
+template <int WST, int XST, bool WSWZ = false>
 __device__ __forceinline__ void k64_compute(const uint16_t *ws, const uint16_t *hi, const uint16_t *lo, bool half,
                                             int mtiles, float (&acc)[V2_MT][2][4]) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     /* B: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15) of the warp's
-     * 16 columns -> b[0] b[1] (n8 tile 0), b[2] b[3] (n8 tile 1): v1's b[j][0], b[j][1]. */
-    const uint16_t *wp = ws + (warp * 16 + ((lane >> 4) << 3) + (lane & 7)) * WST + ((lane >> 3) & 1) * 8;
+     * 16 columns -> b[0] b[1] (n8 tile 0), b[2] b[3] (n8 tile 1): v1's b[j][0], b[j][1].
+     * WSWZ: W is a swizzled [64][64] block (row r's chunk c at chunk c ^ (r & 7); the row is
+     * lane & 7 modulo 8), so k step kk reads chunk (2 kk + ((lane >> 3) & 1)) ^ (lane & 7). */
+    const int wrow = warp * 16 + ((lane >> 4) << 3) + (lane & 7), wch = (lane >> 3) & 1;
+    const uint16_t *wp = ws + wrow * WST + wch * 8;
+#define K64_W(kk) (WSWZ ? ws + wrow * WST + (((2 * (kk) + wch) ^ (lane & 7)) << 3) : wp + (kk) * 16)
     if (half) {
         /* rows 0-7 only: matrices hi k 0-7, hi k 8-15, lo k 0-7, lo k 8-15 -> a0, a2 of hi and lo */
         const uint16_t *xp = (lane < 16 ? hi : lo) + (lane & 7) * XST + ((lane >> 3) & 1) * 8;
 #pragma unroll
         for (int kk = 0; kk < BK / 16; kk++) {
             uint32_t b[4], x[4];
-            ldsm_x4(b, wp + kk * 16);
+            ldsm_x4(b, K64_W(kk));
             ldsm_x4(x, xp + kk * 16);
             const uint32_t ah[4] = {x[0], 0u, x[1], 0u}, al[4] = {x[2], 0u, x[3], 0u};
             mma16816(acc[0][0], ah, b[0], b[1]);
@@ -500,7 +522,7 @@ __device__ __forceinline__ void k64_compute(const uint16_t *ws, const uint16_t *
 #pragma unroll
     for (int kk = 0; kk < BK / 16; kk++) {
         uint32_t b[4];
-        ldsm_x4(b, wp + kk * 16);
+        ldsm_x4(b, K64_W(kk));
 #pragma unroll
         for (int mt = 0; mt < V2_MT; mt++) {
             if (mt < mtiles) {
@@ -514,6 +536,7 @@ __device__ __forceinline__ void k64_compute(const uint16_t *ws, const uint16_t *
             }
         }
     }
+#undef K64_W
 }
 
 __device__ __forceinline__ void v2_compute(const uint16_t *ws, const uint16_t *hi, const uint16_t *lo, bool half,
@@ -522,17 +545,39 @@ __device__ __forceinline__ void v2_compute(const uint16_t *ws, const uint16_t *h
 }
 
 /* One pass: acc = the pass's X rows times the CTA's 64 W rows over its K blocks. Ends with the
- * pipeline drained and a barrier (shared memory free for the caller). */
+ * pipeline drained and a barrier (shared memory free for the caller).
+ * BULK (tiled weights, KDT_GEMM_BULK_W=1): thread 0 fetches each W block with one 8 KB bulk copy
+ * onto the stage's mbarrier (the pool's first V2_BAR_BYTES; v2_bulk_init set them up), every
+ * thread waits on it where the cp.async path waits on its group; wpar holds the parity of each
+ * barrier's next phase across the CTA's passes (each pass waits once per copy it issues). The X
+ * blocks, the hi / lo conversion and the mma chain are the same. */
+template <int WL>
 __device__ __forceinline__ void v2_pass(const V2Pass &p, unsigned char *smem, int pool, uint64_t pol,
-                                     float (&acc)[V2_MT][2][4]) {
+                                        float (&acc)[V2_MT][2][4], uint32_t &wpar) {
+    constexpr bool BULK = WL == W_BULK;
     const int tid = threadIdx.x;
-    const int R = v2_tile_rows(p.m_valid), plane = R * V2_XCP, sb = v2_stage_bytes(R);
-    const int S = v2_stages(R, pool), nk = p.nk;
+    const int R = v2_tile_rows(p.m_valid), plane = R * V2_XCP;
+    const int sb = BULK ? v2_stage_bytes_bulk(R) : v2_stage_bytes(R);
+    const int S = BULK ? v2_stages_bulk(R, pool) : v2_stages(R, pool), nk = p.nk;
+    const int wbytes = BULK ? V2_W_STAGE_BULK : V2_W_STAGE;
     const bool half = p.m_valid <= 8;
-    uint16_t *xc = reinterpret_cast<uint16_t *>(smem);        /* [buffer][hi, lo][R][V2_XCP] */
-    unsigned char *st = smem + v2_xc_bytes(R);
+    const uint32_t bar0 = smem_u32(smem);
+    uint16_t *xc = reinterpret_cast<uint16_t *>(smem + (BULK ? V2_BAR_BYTES : 0)); /* [buffer][hi, lo][R][V2_XCP] */
+    unsigned char *st = reinterpret_cast<unsigned char *>(xc) + v2_xc_bytes(R);
 #define V2_W(s) reinterpret_cast<uint16_t *>(st + (s) * sb)
-#define V2_X(s) reinterpret_cast<float *>(st + (s) * sb + V2_W_STAGE)
+#define V2_X(s) reinterpret_cast<float *>(st + (s) * sb + wbytes)
+    /* W block kb into stage s: a bulk copy (thread 0) or every thread's cp.async chunks */
+    auto load_w = [&](int kb, int s) {
+        if (BULK) {
+            if (tid == 0) {
+                bulk_fence_proxy(); /* earlier reads of the stage */
+                bulk_copy_g2s(smem_u32(V2_W(s)), p.w + (int64_t)(p.k_begin / BK + kb) * (BN * BK), V2_W_STAGE_BULK,
+                              bar0 + 8 * s, pol);
+            }
+        } else {
+            v2_load_w<WL>(p, V2_W(s), kb, pol);
+        }
+    };
 #pragma unroll
     for (int mt = 0; mt < V2_MT; mt++)
 #pragma unroll
@@ -547,10 +592,11 @@ __device__ __forceinline__ void v2_pass(const V2Pass &p, unsigned char *smem, in
                 make_uint4(0u, 0u, 0u, 0u);
         }
     }
-    /* prologue: groups 0 .. S-2; group g = W block g + X block g + 1 (group 0: + X block 0) */
+    /* prologue: groups 0 .. S-2; group g = W block g + X block g + 1 (group 0: + X block 0); with
+     * BULK the W blocks go by bulk copy and the groups carry the X blocks only */
     if (nk > 0) v2_load_x(p, V2_X(0), 0);
     for (int g = 0; g < S - 1; g++) {
-        if (g < nk) v2_load_w(p, V2_W(g), g, pol);
+        if (g < nk) load_w(g, g);
         if (g + 1 < nk) v2_load_x(p, V2_X(g + 1), g + 1);
         cp_async_commit();
     }
@@ -561,14 +607,19 @@ __device__ __forceinline__ void v2_pass(const V2Pass &p, unsigned char *smem, in
     int xs = 1;                                   /* stage of X block it + 1 */
     for (int it = 0; it < nk; it++) {
         cp_async_wait_n(S - 2);                   /* groups <= it: W block it, X block it + 1 */
+        if (BULK) {
+            bulk_bar_wait(bar0 + 8 * cs, (wpar >> cs) & 1u); /* W block it */
+            wpar ^= 1u << cs;
+        }
         __syncthreads();                          /* ... of every thread; block it - 1 consumed */
         const int j = it + S - 1;
-        if (j < nk) v2_load_w(p, V2_W(ls), j, pol);
+        if (j < nk) load_w(j, ls);
         if (j + 1 < nk) v2_load_x(p, V2_X(cs), j + 1);
         cp_async_commit();
         uint16_t *cur = xc + (it & 1) * 2 * plane, *nxt = xc + ((it + 1) & 1) * 2 * plane;
         if (it + 1 < nk) v2_convert(p, V2_X(xs), nxt, nxt + plane);
-        v2_compute(V2_W(cs), cur, cur + plane, half, R >> 4, acc);
+        if (BULK) k64_compute<BK, V2_XCP, true>(V2_W(cs), cur, cur + plane, half, R >> 4, acc);
+        else v2_compute(V2_W(cs), cur, cur + plane, half, R >> 4, acc);
         cs = cs + 1 == S ? 0 : cs + 1;
         ls = ls + 1 == S ? 0 : ls + 1;
         xs = xs + 1 == S ? 0 : xs + 1;
@@ -576,6 +627,17 @@ __device__ __forceinline__ void v2_pass(const V2Pass &p, unsigned char *smem, in
 #undef V2_W
 #undef V2_X
     cp_async_wait<0>();
+    /* BULK: the next pass's bulk copies may land where this pass's X chunks were written */
+    if (BULK) bulk_fence_proxy();
+    __syncthreads();
+}
+
+/* The bulk loader's mbarriers (one per stage, at the pool's start): once per CTA, before any pass. */
+__device__ __forceinline__ void v2_bulk_init(unsigned char *smem) {
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < V2_MAX_STAGES; i++) bulk_bar_init(smem_u32(smem) + 8 * i);
+        bulk_bar_fence_init();
+    }
     __syncthreads();
 }
 
@@ -598,7 +660,6 @@ __global__ void __launch_bounds__(THREADS) v2_gemm_kernel(const kdt_gemm_args a,
     const int M = clamp_m(a.m_dev, a.m_max);
     const uint64_t pol = evict_first_policy();
     V2Pass p;
-    p.tiled = 0;
     p.w = a.w + b * a.w_batch + (int64_t)n0 * a.ldw;
     p.ldw = a.ldw;
     p.n_valid = min(BN, a.n - n0);
@@ -612,28 +673,33 @@ __global__ void __launch_bounds__(THREADS) v2_gemm_kernel(const kdt_gemm_args a,
         p.m_valid = min(c.cap, M - m0);
         if (a.x_rows) v2_set_x_rows(p, x, a.ldx, m0, Gather{a.x_rows});
         else v2_set_x_rows(p, x, a.ldx, m0, Identity{});
-        v2_pass(p, smem, c.pool, pol, acc);
+        uint32_t wpar = 0;
+        v2_pass<W_ROWS>(p, smem, c.pool, pol, acc, wpar);
         store_acc(acc, y + (int64_t)m0 * a.ldy, a.ldy, p.m_valid, p.n_valid);
     }
 }
 
-/* MINB: CTAs per SM the registers must allow. 1 is the default instance (124 registers: 4 per
- * SM); 5 (96 registers, no spills) serves the opt-in wave shaping of decode-sized launches
- * (v2_config_grouped). The same code, so the same bits. */
-template <int MINB>
+/* MINB: CTAs per SM the registers must allow. 0 (no bound: __launch_bounds__ with a minimum of 1
+ * raises ptxas's register use from 124 to 132) is the default instance, 4 CTAs per SM at most;
+ * 5 (96 registers, no spills) serves the opt-in wave shaping of decode-sized launches
+ * (v2_config_grouped). WL: how W is read (WLoad). The same chain in every instance, so the same
+ * bits. */
+template <int MINB, int WL>
 __global__ void __launch_bounds__(THREADS, MINB) v2_grouped_kernel(const kdt_grouped_args a, const V2Cfg c) {
+    constexpr bool BULK = WL == W_BULK;
     extern __shared__ __align__(16) unsigned char smem[];
     const int n0 = blockIdx.x * BN;
     const int n_items = *a.n_items;
     const uint64_t pol = evict_first_policy();
     float acc[V2_MT][2][4];
+    uint32_t wpar = 0;
+    if (BULK) v2_bulk_init(smem);
     for (int it = blockIdx.y; it < n_items; it += gridDim.y) {
         const int e = a.items[3 * it], p0 = a.items[3 * it + 1], rows = a.items[3 * it + 2];
         const kdt_gpu_expert ex = a.experts[e];
         const int N = a.which == 0 ? 2 * ex.i_pad : a.kd;
         if (n0 >= N) continue;
         V2Pass p;
-        p.tiled = a.tiled; /* tile n0 / 64 starts at row n0 in both layouts */
         p.ldw = a.which == 0 ? ex.ld_d : ex.ld_i;
         p.w = (a.which == 0 ? ex.gu : ex.down) + (int64_t)n0 * p.ldw;
         p.n_valid = min(BN, N - n0);
@@ -644,7 +710,7 @@ __global__ void __launch_bounds__(THREADS, MINB) v2_grouped_kernel(const kdt_gro
             p.m_valid = min(c.cap, rows - m0);
             if (a.which == 0) v2_set_x_rows(p, a.x, a.ldx, p0 + m0, Gather{a.pair_row});
             else v2_set_x_rows(p, a.x, a.ldx, p0 + m0, Identity{});
-            v2_pass(p, smem, c.pool, pol, acc);
+            v2_pass<WL>(p, smem, c.pool, pol, acc, wpar);
             store_acc(acc, a.y + (int64_t)(p0 + m0) * a.ldy + n0, a.ldy, p.m_valid, p.n_valid);
         }
     }
@@ -656,7 +722,6 @@ __global__ void __launch_bounds__(THREADS) v2_head_kernel(const kdt_head_args a,
     const int M = clamp_m(a.m_dev, a.m_max);
     const uint64_t pol = evict_first_policy();
     V2Pass p;
-    p.tiled = 0;
     p.ldw = a.w.ld;
     p.w = a.w.w + (int64_t)n0 * p.ldw;
     p.n_valid = min(BN, a.w.rows - n0);
@@ -668,7 +733,8 @@ __global__ void __launch_bounds__(THREADS) v2_head_kernel(const kdt_head_args a,
     for (int m0 = 0; m0 < M; m0 += c.cap) {
         p.m_valid = min(c.cap, M - m0);
         v2_set_x_rows(p, a.x, a.kx, m0, Identity{});
-        v2_pass(p, smem, c.pool, pol, acc);
+        uint32_t wpar = 0;
+        v2_pass<W_ROWS>(p, smem, c.pool, pol, acc, wpar);
         store_acc(acc, tile, BN + 1, p.m_valid, p.n_valid);
         __syncthreads();
         head_epilogue(a, tile, m0, p.m_valid, n0, p.n_valid);
@@ -1116,6 +1182,23 @@ bool grouped_wave() {
     static const bool on = env_on("KDT_GEMM_GROUPED_WAVE");
     return on;
 }
+/* KDT_GEMM_BULK_W=1 (opt-in, unmeasured; read once): tiled expert weights are fetched by one 8 KB
+ * bulk copy per stage (the TMA engine) instead of 512 cp.async per stage; compute capability
+ * >= 9 only. */
+bool read_bulk_w() {
+    if (!env_on("KDT_GEMM_BULK_W")) return false;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return major >= 9;
+}
+bool bulk_w() {
+    static const bool on = read_bulk_w();
+    return on;
+}
 V2Cfg v2_config_grouped(int stages, const kdt_grouped_args &a, int *per_sm) {
     *per_sm = 2;
     if (!grouped_wave() || a.n_items_hint < 1) return v2_config(stages);
@@ -1373,8 +1456,12 @@ extern "C" kdt_status kdt_gemm_init(int32_t stages) {
             break;
         }
     if (e == cudaSuccess) e = set_smem_v2(v2_gemm_kernel, v2_bytes);
-    if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<1>, v2_bytes);
-    if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<5>, v2_bytes);
+    if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<0, W_ROWS>, v2_bytes);
+    if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<5, W_ROWS>, v2_bytes);
+    if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<0, W_TILED>, v2_bytes);
+    if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<5, W_TILED>, v2_bytes);
+    if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<0, W_BULK>, v2_bytes);
+    if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<5, W_BULK>, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_head_kernel, v2_bytes);
     /* v3: every instance may take the whole opt-in limit (its pool is chosen per launch) */
     if (e == cudaSuccess && v3_dev()) {
@@ -1417,11 +1504,14 @@ extern "C" kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cu
 
 extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s) {
     const dim3 grid((unsigned)((a->n_max + BN - 1) / BN), (unsigned)(a->grid_items > 0 ? a->grid_items : 1));
-    if (a->tiled) { /* only v2 reads the tiled layout */
+    if (a->tiled) { /* only v2 reads the tiled layout; KDT_GEMM_BULK_W=1: by bulk copies */
         int per_sm = 2;
         const V2Cfg c = v2_config_grouped(stages, *a, &per_sm);
-        if (per_sm > 4) v2_grouped_kernel<5><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
-        else v2_grouped_kernel<1><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+        const bool bulk = bulk_w();
+        if (per_sm > 4 && bulk) v2_grouped_kernel<5, W_BULK><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+        else if (per_sm > 4) v2_grouped_kernel<5, W_TILED><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+        else if (bulk) v2_grouped_kernel<0, W_BULK><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+        else v2_grouped_kernel<0, W_TILED><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
         return launch_error("GPU grouped GEMM");
     }
     if (use_v1()) {
@@ -1439,14 +1529,15 @@ extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stag
         } else {
             int per_sm = 2;
             const V2Cfg c = v2_config_grouped(stages, *a, &per_sm);
-            if (per_sm > 4) v2_grouped_kernel<5><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
-            else v2_grouped_kernel<1><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+            if (per_sm > 4) v2_grouped_kernel<5, W_ROWS><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+            else v2_grouped_kernel<0, W_ROWS><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
         }
     }
     return launch_error("GPU grouped GEMM");
 }
 
-/* [rows][ld] -> [rows / 64][ld / 64][64][64] for rows [0, n) of src into dst (16-byte chunks). */
+/* [rows][ld] -> [rows / 64][ld / 64][64][64] for rows [0, n) of src into dst (16-byte chunks;
+ * chunk c of block row t at chunk c ^ (t & 7)). */
 __global__ void k_tile64(const uint16_t *src, uint16_t *dst, int64_t n, int ld) {
     const int64_t chunks = n * ld / 8;
     const int nkb = ld / BK;
@@ -1454,7 +1545,7 @@ __global__ void k_tile64(const uint16_t *src, uint16_t *dst, int64_t n, int ld) 
         const int64_t r = q / (ld / 8);
         const int c8 = (int)(q % (ld / 8)), kb = c8 >> 3, t = (int)(r % BN);
         const int64_t tile = r / BN;
-        const int64_t d = ((tile * nkb + kb) * BN + t) * BK + (c8 & 7) * 8;
+        const int64_t d = ((tile * nkb + kb) * BN + t) * BK + (((c8 & 7) ^ (t & 7)) << 3); /* XOR swizzle */
         *reinterpret_cast<uint4 *>(dst + d) = *reinterpret_cast<const uint4 *>(src + r * ld + c8 * 8);
     }
 }

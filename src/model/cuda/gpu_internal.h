@@ -259,9 +259,11 @@ kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStr
 
 /* Rewrites a bf16 weight [rows][ld] (rows % 64 == 0, ld % 64 == 0) in place into the tiled
  * layout [rows / 64][ld / 64][64][64]: every 64 x 64 block the GEMM stages at once becomes 8 KB
- * of contiguous memory instead of 64 segments of 128 B, ld * 2 bytes apart. A permutation: the
- * values, and so the GEMM's bits, are the same. tmp: device scratch of tmp_rows (a multiple of
- * 64) rows. KDT_GPU_TILED_EXPERTS=1 (opt-in, unmeasured) applies it to every expert matrix. */
+ * of contiguous memory instead of 64 segments of 128 B, ld * 2 bytes apart. Inside a block, the
+ * 16-byte chunk c of row t sits at chunk c ^ (t & 7), so a block copied verbatim into shared
+ * memory (KDT_GEMM_BULK_W) reads without bank conflicts. A permutation: the values, and so the
+ * GEMM's bits, are the same. tmp: device scratch of tmp_rows (a multiple of 64) rows.
+ * KDT_GPU_TILED_EXPERTS=1 (opt-in, unmeasured) applies it to every expert matrix. */
 kdt_status kdt_gemm_tile64(uint16_t *w, int64_t rows, int32_t ld, uint16_t *tmp, int64_t tmp_rows, cudaStream_t s);
 
 /* lm_head with the fused argmax: per 64-column vocabulary tile, every head row's best (value,

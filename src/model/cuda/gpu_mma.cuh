@@ -32,6 +32,48 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
+/* ---- 1-D bulk copies (the TMA engine, sm_90 and later) completing on an mbarrier ----------
+ * Used by the GEMM's opt-in bulk W loader (KDT_GEMM_BULK_W=1); the host selects it only on a
+ * device of compute capability >= 9, so the pre-sm_90 bodies (a trap) never run. Waiters pass
+ * the parity of the phase they wait for: 0 for a barrier's first completion, then alternating. */
+__device__ __forceinline__ void bulk_bar_init(uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_bar_fence_init() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+/* One arrival that announces `bytes`, then the copy of `bytes` (multiple of 16, both ends
+ * 16-byte aligned) from global src to shared dst, completing on bar; L2 policy pol. */
+__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar,
+                                              uint64_t pol) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(pol)
+                 : "memory");
+#else
+    __trap();
+#endif
+}
+/* Orders this thread's (and, after a barrier, the CTA's) generic shared-memory accesses before its
+ * later bulk copies into the same bytes. */
+__device__ __forceinline__ void bulk_fence_proxy() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_bar_wait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{\n.reg .pred p;\nKDT_BULK_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra KDT_BULK_WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+#endif
+}
+
 /* Four transposed 8x8 b16 matrices; lane l addresses row (l % 8) of matrix (l / 8). */
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"

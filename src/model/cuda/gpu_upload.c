@@ -213,11 +213,14 @@ kdt_status kdt_gpu_model_weight_bytes(const kdt_gpu_model *g, int32_t layer, kdt
 /* Opt-in until measured on the H200 (docs/model_gpu.md): rewrites every expert gate/up and down
  * matrix in place with kdt_gemm_tile64, so each stage block the grouped GEMM loads is contiguous.
  * Values and results are unchanged (the GEMM reads the layout; bits are the row-major ones). A
- * model whose expert matrices are not whole 64-row tiles stays row-major. */
-static kdt_status tile_experts(kdt_gpu_model *g) {
+ * model whose expert matrices are not whole 64-row tiles stays row-major. iid_fill: the experts
+ * hold i.i.d. random values (kdt_gpu_model_random); where no matrix has padding columns, any
+ * permutation of them is an equally random model, so the layout is only declared (the rewrite
+ * of a Kimi layer's 34 GB would take the benchmark ~35 s). */
+static kdt_status tile_experts(kdt_gpu_model *g, int iid_fill) {
     const char *env = getenv("KDT_GPU_TILED_EXPERTS");
     if (!env || env[0] != '1') return KDT_OK;
-    int32_t max_ld = 0;
+    int32_t max_ld = 0, padded = 0;
     for (int32_t l = 0; l < g->cfg.n_layers; l++) {
         const kdt_gpu_layer *L = &g->layers[l];
         if (!L->is_moe) continue;
@@ -227,9 +230,14 @@ static kdt_status tile_experts(kdt_gpu_model *g) {
             if (ms[i]->rows % 64 || ms[i]->ld % 64 || (ms[i]->batch > 1 && ms[i]->batch_stride != (int64_t)ms[i]->rows * ms[i]->ld))
                 return KDT_OK;
             if (ms[i]->ld > max_ld) max_ld = ms[i]->ld;
+            if (ms[i]->ld != ms[i]->cols) padded = 1;
         }
     }
     if (max_ld == 0) return KDT_OK;
+    if (iid_fill && !padded) {
+        g->experts_tiled = 1;
+        return KDT_OK;
+    }
     const int64_t tmp_rows = 4096;
     uint16_t *tmp = NULL;
     cudaError_t e = cudaMalloc((void **)&tmp, (size_t)tmp_rows * max_ld * 2);
@@ -324,7 +332,7 @@ kdt_status kdt_gpu_model_random(const char *config_json, const kdt_gpu_random_in
         const cudaError_t e = cudaDeviceSynchronize();
         if (e != cudaSuccess) st = cuda_fail(e, "kdt_gpu_model_random");
     }
-    if (st == KDT_OK) st = tile_experts(g);
+    if (st == KDT_OK) st = tile_experts(g, 1);
     if (st != KDT_OK) {
         kdt_gpu_model_free(g);
         return st;
@@ -627,7 +635,7 @@ kdt_status kdt_model_to_gpu(const kdt_model *m, const kdt_gpu_options *opt, kdt_
         if (st == KDT_OK) st = flush_stage(&u);
         if (st == KDT_OK && (e = cudaDeviceSynchronize()) != cudaSuccess) st = cuda_fail(e, "kdt_model_to_gpu");
         if (u.show && u.sent < u.total) fprintf(stderr, "\n");
-        if (st == KDT_OK) st = tile_experts(g);
+        if (st == KDT_OK) st = tile_experts(g, 0);
     }
     if (u.stream) cudaStreamSynchronize(u.stream);
     if (u.stage[0]) cudaFreeHost(u.stage[0]);
