@@ -63,7 +63,8 @@ done
 if [ $EXPER = 1 ]; then
   # opt-in variants: correctness first (the model test's fixtures, bitwise contracts and greedy
   # runs with both on), then the probes, then the layer bench per variant
-  for v in "KDT_GEMM_GROUPED_WAVE=1 KDT_GPU_TILED_EXPERTS=1 KDT_GEMM_BULK_W=1"; do
+  ALL="KDT_GEMM_GROUPED_WAVE=1 KDT_GPU_TILED_EXPERTS=1 KDT_GPU_TILED_DENSE=1 KDT_GEMM_BULK_W=1"
+  for v in "$ALL"; do
     if [ -x "$BUILD/gpu_test_model_gpu" ]; then
       env $v timeout "${KDT_TEST_LIMIT:-600}" "$BUILD/gpu_test_model_gpu" >"$LOG/exp_model_gpu.log" 2>&1 &&
         r=pass || { r=FAIL; fail=1; tail -30 "$LOG/exp_model_gpu.log"; }
@@ -73,13 +74,16 @@ if [ $EXPER = 1 ]; then
   [ -x "$BUILD/gpu_test_gemm_ab" ] && KDT_TEST_QUICK=1 timeout 300 "$BUILD/gpu_test_gemm_ab" --wave 2>&1 |
     tee "$LOG/exp_wave.log" | grep -vE '^\s*$' | tail -40
   if [ -x "$BUILD/bench_model" ]; then
-    for v in "KDT_EXP=default" "KDT_GEMM_GROUPED_WAVE=1" "KDT_GPU_TILED_EXPERTS=1" \
-             "KDT_GPU_TILED_EXPERTS=1 KDT_GEMM_BULK_W=1" "KDT_GEMM_GROUPED_WAVE=1 KDT_GPU_TILED_EXPERTS=1 KDT_GEMM_BULK_W=1"; do
+    # KDT_EXP_VARIANTS (';'-separated env sets) overrides the list, e.g. to split it over two calls
+    IFS=';' read -r -a VARS <<< "${KDT_EXP_VARIANTS:-KDT_EXP=default;KDT_GEMM_GROUPED_WAVE=1;KDT_GPU_TILED_EXPERTS=1;KDT_GPU_TILED_EXPERTS=1 KDT_GPU_TILED_DENSE=1;KDT_GPU_TILED_EXPERTS=1 KDT_GPU_TILED_DENSE=1 KDT_GEMM_BULK_W=1;$ALL}"
+    : >"$LOG/exp_summary.txt"
+    for v in "${VARS[@]}"; do
       f="$LOG/exp_bench_model_$(echo "$v" | tr ' =' '_-').log"
+      s=$(date +%s)
       env $v timeout "$BENCH_LIMIT" "$BUILD/bench_model" --quick --only kimi --md "$f.md" >"$f" 2>&1 || fail=1
-      echo "== bench_model --quick --only kimi with $v"
-      grep -E '^\| kimi-k2.6 layer \| (decode \| random \| 1 |verify \| random)' "$f.md"
-    done | tee "$LOG/exp_summary.txt"
+      { echo "== bench_model --quick --only kimi with $v ($(( $(date +%s) - s )) s)"
+        grep -E '^\| kimi-k2.6 layer \| (decode \| random \| 1 |verify \| random)' "$f.md"; } | tee -a "$LOG/exp_summary.txt"
+    done
   fi
 fi
 if [ $BENCH = 1 ] && [ -x "$BUILD/bench_kernels" ]; then

@@ -140,7 +140,7 @@ static void launch_gemm(const kdt_gemm_args &a, bool v1) {
     if (v1) v1::gemm_kernel<STAGES><<<grid, THREADS, STAGES * v1::STAGE_BYTES>>>(a);
     else {
         const V2Cfg c = v2_config(STAGES);
-        v2_gemm_kernel<<<grid, THREADS, c.pool>>>(a, c);
+        v2_gemm_kernel<W_ROWS><<<grid, THREADS, c.pool>>>(a, c);
     }
     CK(cudaGetLastError());
 }
@@ -219,6 +219,41 @@ static void dense_case(const DenseCase &dc, uint64_t seed) {
     snprintf(what, sizeof what, "dense n=%d cols=%d batch=%d kx=%d ldx=%lld gather=%d M=%d splits=%d", dc.n, dc.cols,
              batch, kx, (long long)ldx, dc.gather, dc.M, splits);
     same(y1, y2, ybytes, what);
+    if (dc.n % 64 == 0) {
+        /* tiled weights (kdt_gemm_tile64, KDT_GPU_TILED_DENSE): the launcher's choice, then the
+         * cp.async and (sm_90+) bulk-copy instances directly: v1's bits */
+        uint16_t *wt = dalloc<uint16_t>((size_t)batch * dc.n * ld), *tmp = dalloc<uint16_t>((size_t)128 * ld);
+        CK(cudaMemcpy(wt, w, (size_t)batch * dc.n * ld * 2, cudaMemcpyDeviceToDevice));
+        if (kdt_gemm_tile64(wt, (int64_t)batch * dc.n, ld, tmp, 128, 0) != KDT_OK) n_fail++;
+        kdt_gemm_args t = a;
+        t.w = wt;
+        t.tiled = 1;
+        int major = 0;
+        CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+        const dim3 grid((unsigned)((t.n + BN - 1) / BN), (unsigned)t.splits, (unsigned)(t.batch > 0 ? t.batch : 1));
+        const V2Cfg c = v2_config(STAGES);
+        float *yt = dalloc<float>(ybytes / 4);
+        for (int v = 0; v < (major >= 9 ? 3 : 2); v++) {
+            static const char *names[3] = {"launcher", "cp.async", "bulk"};
+            poison(yt, ybytes);
+            t.y = yt;
+            if (v == 0) {
+                if (kdt_gemm_launch(&t, STAGES, 0) != KDT_OK) n_fail++;
+            } else if (v == 1) {
+                v2_gemm_kernel<W_TILED><<<grid, THREADS, c.pool>>>(t, c);
+            } else {
+                v2_gemm_kernel<W_BULK><<<grid, THREADS, c.pool>>>(t, c);
+            }
+            CK(cudaGetLastError());
+            CK(cudaDeviceSynchronize());
+            char wtn[260];
+            snprintf(wtn, sizeof wtn, "tiled weights (%s): %s", names[v], what);
+            same(y1, yt, ybytes, wtn);
+        }
+        cudaFree(yt);
+        cudaFree(wt);
+        cudaFree(tmp);
+    }
     if (g_v3 && dc.M <= v3::ROWS) {
         float *y3 = dalloc<float>(ybytes / 4);
         for (int c = 0; c < N_V3_CONFIGS; c++) {
@@ -929,8 +964,8 @@ static void wave_timing() {
             const int pool = (per_sm / k - 1024) / 128 * 128;
             const V2Cfg c = v2_config_pool(pool);
             int occ = 0;
-            CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v2_gemm_kernel, THREADS, c.pool));
-            const double us = time_us([&] { v2_gemm_kernel<<<grid, THREADS, c.pool>>>(g, c); CK(cudaGetLastError()); }, 9);
+            CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v2_gemm_kernel<W_ROWS>, THREADS, c.pool));
+            const double us = time_us([&] { v2_gemm_kernel<W_ROWS><<<grid, THREADS, c.pool>>>(g, c); CK(cudaGetLastError()); }, 9);
             printf(" | k%d(occ %d) s%d %7.1f %5.0f", k, occ, v2_stages(8, pool), us, (double)N * D * 2 / us / 1e3);
         }
         printf("\n");

@@ -583,6 +583,7 @@ static kdt_status gemm(pass *p, const float *x, int64_t ldx, int64_t x_batch, in
     a.batch = w->batch;
     a.splits = *splits;
     a.k_chunk = k_chunk;
+    a.tiled = w->tiled;
     return kdt_gemm_launch(&a, p->stages, p->s);
 }
 

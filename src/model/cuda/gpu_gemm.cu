@@ -654,8 +654,12 @@ __device__ __forceinline__ void v2_set_x_rows(V2Pass &p, const float *x, int64_t
     }
 }
 
+/* WL: how W is read (WLoad; the tiled loaders only for kdt_gemm_args.tiled). Same chain, same bits. */
+template <int WL>
 __global__ void __launch_bounds__(THREADS) v2_gemm_kernel(const kdt_gemm_args a, const V2Cfg c) {
     extern __shared__ __align__(16) unsigned char smem[];
+    uint32_t wpar = 0; /* bulk loader: its barriers' phases across passes */
+    if (WL == W_BULK) v2_bulk_init(smem);
     const int n0 = blockIdx.x * BN, split = blockIdx.y, b = blockIdx.z;
     const int M = clamp_m(a.m_dev, a.m_max);
     const uint64_t pol = evict_first_policy();
@@ -673,8 +677,7 @@ __global__ void __launch_bounds__(THREADS) v2_gemm_kernel(const kdt_gemm_args a,
         p.m_valid = min(c.cap, M - m0);
         if (a.x_rows) v2_set_x_rows(p, x, a.ldx, m0, Gather{a.x_rows});
         else v2_set_x_rows(p, x, a.ldx, m0, Identity{});
-        uint32_t wpar = 0;
-        v2_pass<W_ROWS>(p, smem, c.pool, pol, acc, wpar);
+        v2_pass<WL>(p, smem, c.pool, pol, acc, wpar);
         store_acc(acc, y + (int64_t)m0 * a.ldy, a.ldy, p.m_valid, p.n_valid);
     }
 }
@@ -1455,7 +1458,9 @@ extern "C" kdt_status kdt_gemm_init(int32_t stages) {
             v2_bytes = (size_t)pool_bytes(s2);
             break;
         }
-    if (e == cudaSuccess) e = set_smem_v2(v2_gemm_kernel, v2_bytes);
+    if (e == cudaSuccess) e = set_smem_v2(v2_gemm_kernel<W_ROWS>, v2_bytes);
+    if (e == cudaSuccess) e = set_smem_v2(v2_gemm_kernel<W_TILED>, v2_bytes);
+    if (e == cudaSuccess) e = set_smem_v2(v2_gemm_kernel<W_BULK>, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<0, W_ROWS>, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<5, W_ROWS>, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<0, W_TILED>, v2_bytes);
@@ -1482,6 +1487,12 @@ extern "C" kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cu
         return kdt_fail(KDT_ERR_INTERNAL, "GPU GEMM: ld %d, k_chunk %d, m_max %d, n %d", a->ldw, a->k_chunk,
                         a->m_max, a->n);
     const dim3 grid((unsigned)((a->n + BN - 1) / BN), (unsigned)a->splits, (unsigned)(a->batch > 0 ? a->batch : 1));
+    if (a->tiled) { /* only v2 reads the tiled layout; KDT_GEMM_BULK_W=1: by bulk copies */
+        const V2Cfg c = v2_config_grid(stages, (int64_t)grid.x * grid.y * grid.z, a->m_max);
+        if (bulk_w()) v2_gemm_kernel<W_BULK><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+        else v2_gemm_kernel<W_TILED><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+        return launch_error("GPU GEMM");
+    }
     if (use_v1()) {
         const size_t smem = (size_t)(stages < 2 ? 2 : (stages > 4 ? 4 : stages)) * v1::STAGE_BYTES;
         switch (stages) {
@@ -1496,7 +1507,7 @@ extern "C" kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cu
             v3_launch(p3, pl, s);
         } else {
             const V2Cfg c = v2_config_grid(stages, (int64_t)grid.x * grid.y * grid.z, a->m_max);
-            v2_gemm_kernel<<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+            v2_gemm_kernel<W_ROWS><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
         }
     }
     return launch_error("GPU GEMM");

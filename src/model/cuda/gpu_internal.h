@@ -58,6 +58,7 @@ typedef struct kdt_gmat {
     int32_t rows, cols, ld;
     int32_t batch;
     int64_t batch_stride;
+    int32_t tiled;          /* in kdt_gemm_tile64's layout (KDT_GPU_TILED_DENSE / _EXPERTS) */
 } kdt_gmat;
 
 /* One expert of the grouped MoE GEMMs (device array per layer: E routed, then the shared
@@ -236,6 +237,7 @@ typedef struct kdt_gemm_args {
     float *y; int64_t ldy, y_split, y_batch;
     const int32_t *m_dev; int32_t m_max;               /* rows: *m_dev on the device, <= m_max */
     int32_t batch, splits, k_chunk;
+    int32_t tiled;                                     /* W in kdt_gemm_tile64's layout: v2 only */
 } kdt_gemm_args;
 kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cudaStream_t s);
 

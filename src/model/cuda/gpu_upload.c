@@ -208,54 +208,71 @@ kdt_status kdt_gpu_model_weight_bytes(const kdt_gpu_model *g, int32_t layer, kdt
     return KDT_OK;
 }
 
-/* ---- KDT_GPU_TILED_EXPERTS=1: expert weights in the GEMM's 64 x 64 tiled layout ------------- */
+/* ---- KDT_GPU_TILED_EXPERTS=1 / KDT_GPU_TILED_DENSE=1: weights in the GEMM's tiled layout -------- */
 
-/* Opt-in until measured on the H200 (docs/model_gpu.md): rewrites every expert gate/up and down
- * matrix in place with kdt_gemm_tile64, so each stage block the grouped GEMM loads is contiguous.
- * Values and results are unchanged (the GEMM reads the layout; bits are the row-major ones). A
- * model whose expert matrices are not whole 64-row tiles stays row-major. iid_fill: the experts
- * hold i.i.d. random values (kdt_gpu_model_random); where no matrix has padding columns, any
- * permutation of them is an equally random model, so the layout is only declared (the rewrite
- * of a Kimi layer's 34 GB would take the benchmark ~35 s). */
-static kdt_status tile_experts(kdt_gpu_model *g, int iid_fill) {
-    const char *env = getenv("KDT_GPU_TILED_EXPERTS");
-    if (!env || env[0] != '1') return KDT_OK;
-    int32_t max_ld = 0, padded = 0;
-    for (int32_t l = 0; l < g->cfg.n_layers; l++) {
+/* Opt-in until measured on the H200 (docs/model_gpu.md): rewrites weight matrices in place with
+ * kdt_gemm_tile64, so each stage block a GEMM loads (64 rows x 64 K) is 8 KB of contiguous memory.
+ * Values and results are unchanged (the GEMM reads the layout; the bits are the row-major ones).
+ * EXPERTS: every routed and shared expert's gate/up and down, all or none (one grouped launch
+ * reads them all; a model whose expert matrices are not whole 64-row tiles stays row-major).
+ * DENSE: the attention projections, o_proj, the router and dense MLPs, each on its own (a matrix
+ * that is not whole tiles stays row-major); not the embedding or lm_head. iid_fill: the values
+ * are i.i.d. random (kdt_gpu_model_random); where a matrix has no padding columns any
+ * permutation of it is an equally random matrix, so the layout is only declared (the rewrite of
+ * a Kimi layer's 34 GB of experts would add ~35 s to every benchmark run). */
+static int env_flag(const char *name) {
+    const char *e = getenv(name);
+    return e && e[0] == '1';
+}
+static int tileable(const kdt_gmat *m) {
+    return m->w && m->rows > 0 && m->rows % 64 == 0 && m->ld % 64 == 0 &&
+           (m->batch <= 1 || m->batch_stride == (int64_t)m->rows * m->ld);
+}
+/* Tiles (or, iid_fill without padding, declares) m with scratch tmp of tmp_rows rows. */
+static kdt_status tile_mat(kdt_gmat *m, int iid_fill, uint16_t *tmp, int64_t tmp_rows) {
+    if (!(iid_fill && m->ld == m->cols)) {
+        const int64_t batch = m->batch > 1 ? m->batch : 1;
+        KDT_TRY(kdt_gemm_tile64(m->w, batch * m->rows, m->ld, tmp, tmp_rows, 0));
+    }
+    m->tiled = 1;
+    return KDT_OK;
+}
+static kdt_status tile_weights(kdt_gpu_model *g, int iid_fill) {
+    const int experts = env_flag("KDT_GPU_TILED_EXPERTS"), dense = env_flag("KDT_GPU_TILED_DENSE");
+    if (!experts && !dense) return KDT_OK;
+    const int32_t NL = g->cfg.n_layers;
+    int experts_ok = experts;
+    int32_t max_ld = 0;
+    for (int32_t l = 0; l < NL; l++) {
         const kdt_gpu_layer *L = &g->layers[l];
-        if (!L->is_moe) continue;
-        const kdt_gmat *ms[4] = {&L->experts_gu, &L->experts_down, &L->shared_gu, &L->shared_down};
-        for (int i = 0; i < 4; i++) {
-            if (!ms[i]->w || ms[i]->rows == 0) continue;
-            if (ms[i]->rows % 64 || ms[i]->ld % 64 || (ms[i]->batch > 1 && ms[i]->batch_stride != (int64_t)ms[i]->rows * ms[i]->ld))
-                return KDT_OK;
-            if (ms[i]->ld > max_ld) max_ld = ms[i]->ld;
-            if (ms[i]->ld != ms[i]->cols) padded = 1;
+        const kdt_gmat *ex[4] = {&L->experts_gu, &L->experts_down, &L->shared_gu, &L->shared_down};
+        const kdt_gmat *de[8] = {&L->w_a, &L->q_b, &L->uk_t, &L->uv, &L->o_proj, &L->router, &L->dense_gu, &L->dense_down};
+        for (int i = 0; experts && L->is_moe && i < 4; i++) {
+            if (!ex[i]->w || ex[i]->rows == 0) continue;
+            if (!tileable(ex[i])) experts_ok = 0;
+            else if (ex[i]->ld > max_ld) max_ld = ex[i]->ld;
         }
+        for (int i = 0; dense && i < 8; i++)
+            if (tileable(de[i]) && de[i]->ld > max_ld) max_ld = de[i]->ld;
     }
     if (max_ld == 0) return KDT_OK;
-    if (iid_fill && !padded) {
-        g->experts_tiled = 1;
-        return KDT_OK;
-    }
     const int64_t tmp_rows = 4096;
     uint16_t *tmp = NULL;
     cudaError_t e = cudaMalloc((void **)&tmp, (size_t)tmp_rows * max_ld * 2);
-    if (e != cudaSuccess) return cuda_fail(e, "KDT_GPU_TILED_EXPERTS: scratch");
+    if (e != cudaSuccess) return cuda_fail(e, "tiled weights: scratch");
     kdt_status st = KDT_OK;
-    for (int32_t l = 0; st == KDT_OK && l < g->cfg.n_layers; l++) {
+    for (int32_t l = 0; st == KDT_OK && l < NL; l++) {
         kdt_gpu_layer *L = &g->layers[l];
-        if (!L->is_moe) continue;
-        kdt_gmat *ms[4] = {&L->experts_gu, &L->experts_down, &L->shared_gu, &L->shared_down};
-        for (int i = 0; st == KDT_OK && i < 4; i++) {
-            if (!ms[i]->w || ms[i]->rows == 0) continue;
-            const int64_t batch = ms[i]->batch > 1 ? ms[i]->batch : 1;
-            st = kdt_gemm_tile64(ms[i]->w, batch * ms[i]->rows, ms[i]->ld, tmp, tmp_rows, 0);
-        }
+        kdt_gmat *ex[4] = {&L->experts_gu, &L->experts_down, &L->shared_gu, &L->shared_down};
+        kdt_gmat *de[8] = {&L->w_a, &L->q_b, &L->uk_t, &L->uv, &L->o_proj, &L->router, &L->dense_gu, &L->dense_down};
+        for (int i = 0; st == KDT_OK && experts_ok && L->is_moe && i < 4; i++)
+            if (ex[i]->w && ex[i]->rows > 0) st = tile_mat(ex[i], iid_fill, tmp, tmp_rows);
+        for (int i = 0; st == KDT_OK && dense && i < 8; i++)
+            if (tileable(de[i])) st = tile_mat(de[i], iid_fill, tmp, tmp_rows);
     }
-    if (st == KDT_OK && (e = cudaDeviceSynchronize()) != cudaSuccess) st = cuda_fail(e, "KDT_GPU_TILED_EXPERTS");
+    if (st == KDT_OK && (e = cudaDeviceSynchronize()) != cudaSuccess) st = cuda_fail(e, "tiled weights");
     cudaFree(tmp);
-    if (st == KDT_OK) g->experts_tiled = 1;
+    if (st == KDT_OK && experts_ok) g->experts_tiled = 1;
     return st;
 }
 
@@ -332,7 +349,7 @@ kdt_status kdt_gpu_model_random(const char *config_json, const kdt_gpu_random_in
         const cudaError_t e = cudaDeviceSynchronize();
         if (e != cudaSuccess) st = cuda_fail(e, "kdt_gpu_model_random");
     }
-    if (st == KDT_OK) st = tile_experts(g, 1);
+    if (st == KDT_OK) st = tile_weights(g, 1);
     if (st != KDT_OK) {
         kdt_gpu_model_free(g);
         return st;
@@ -635,7 +652,7 @@ kdt_status kdt_model_to_gpu(const kdt_model *m, const kdt_gpu_options *opt, kdt_
         if (st == KDT_OK) st = flush_stage(&u);
         if (st == KDT_OK && (e = cudaDeviceSynchronize()) != cudaSuccess) st = cuda_fail(e, "kdt_model_to_gpu");
         if (u.show && u.sent < u.total) fprintf(stderr, "\n");
-        if (st == KDT_OK) st = tile_experts(g, 0);
+        if (st == KDT_OK) st = tile_weights(g, 0);
     }
     if (u.stream) cudaStreamSynchronize(u.stream);
     if (u.stage[0]) cudaFreeHost(u.stage[0]);
