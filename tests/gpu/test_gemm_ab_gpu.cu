@@ -737,9 +737,10 @@ __global__ void __launch_bounds__(128) k_stream(const uint16_t *w, int ld, int s
     const int tid = threadIdx.x, nkb = ld / 64;
     if (PAT == 2) { /* one 8 KB bulk copy (TMA engine) per stage, an mbarrier per stage */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        __shared__ __align__(8) uint64_t bars[16];
+        /* the barriers after the stages, inside the dynamic buffer: static shared memory would
+         * push two padded CTAs past the SM's 228 KB */
         const uint16_t *base2 = w + (int64_t)blockIdx.x * 64 * ld;
-        const uint32_t bar0 = smem_u32(&bars[0]), sm0 = smem_u32(sm);
+        const uint32_t sm0 = smem_u32(sm), bar0 = sm0 + (uint32_t)stages * 8192;
         if (tid == 0) {
             for (int i = 0; i < stages; i++)
                 asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar0 + 8 * i));

@@ -41,6 +41,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "gemm_tiles.cuh"
 #include "gpu_internal.h"
 #include "gpu_mma.cuh"
 
@@ -432,12 +433,13 @@ enum WLoad { W_ROWS = 0, W_TILED = 1, W_BULK = 2 };
 
 template <int WL = W_ROWS>
 __device__ __forceinline__ void v2_load_w(const V2Pass &p, uint16_t *ws, int kb, uint64_t pol) {
-    const int tid = threadIdx.x, r0 = tid >> 3, c = (tid & 7) * 8;
-    /* tiled: block (k_begin / 64 + kb) of the tile is [64][64] with chunk c of row r at chunk
-     * c ^ (r & 7); (r0 + 16 i) & 7 == r0 & 7 */
-    const uint16_t *src = WL == W_TILED ? p.w + (int64_t)(p.k_begin / BK + kb) * (BN * BK) + r0 * BK + (c ^ ((r0 & 7) << 3))
-                                        : p.w + (int64_t)r0 * p.ldw + p.k_begin + kb * BK + c;
-    const int64_t step = WL == W_TILED ? 16 * BK : 16 * p.ldw;
+    const int tid = threadIdx.x, r0 = gt_load_row(tid, 0), c = gt_load_chunk(tid) * 8;
+    /* tiled: block (k_begin / 64 + kb) of the tile (gemm_tiles.cuh); rows r0 + 16 i share r0's
+     * swizzle, so copy i is 16 block rows further */
+    const uint16_t *src = WL == W_TILED
+                              ? p.w + (int64_t)(p.k_begin / BK + kb) * (BN * BK) + gt_block_chunk(r0, gt_load_chunk(tid))
+                              : p.w + (int64_t)r0 * p.ldw + p.k_begin + kb * BK + c;
+    const int64_t step = WL == W_TILED ? (int64_t)(gt_load_row(tid, 1) - r0) * BK : 16 * p.ldw;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const bool ok = r0 + 16 * i < p.n_valid;
@@ -495,11 +497,10 @@ __device__ __forceinline__ void k64_compute(const uint16_t *ws, const uint16_t *
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     /* B: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15) of the warp's
      * 16 columns -> b[0] b[1] (n8 tile 0), b[2] b[3] (n8 tile 1): v1's b[j][0], b[j][1].
-     * WSWZ: W is a swizzled [64][64] block (row r's chunk c at chunk c ^ (r & 7); the row is
-     * lane & 7 modulo 8), so k step kk reads chunk (2 kk + ((lane >> 3) & 1)) ^ (lane & 7). */
-    const int wrow = warp * 16 + ((lane >> 4) << 3) + (lane & 7), wch = (lane >> 3) & 1;
-    const uint16_t *wp = ws + wrow * WST + wch * 8;
-#define K64_W(kk) (WSWZ ? ws + wrow * WST + (((2 * (kk) + wch) ^ (lane & 7)) << 3) : wp + (kk) * 16)
+     * WSWZ: W is a swizzled [64][64] tiled block (gemm_tiles.cuh). */
+    const int wrow = gt_w_frag_row(warp, lane);
+    const uint16_t *wp = ws + wrow * WST + gt_w_frag_chunk(lane, 0) * 8;
+#define K64_W(kk) (WSWZ ? ws + gt_block_chunk(wrow, gt_w_frag_chunk(lane, kk)) : wp + (kk) * 16)
     if (half) {
         /* rows 0-7 only: matrices hi k 0-7, hi k 8-15, lo k 0-7, lo k 8-15 -> a0, a2 of hi and lo */
         const uint16_t *xp = (lane < 16 ? hi : lo) + (lane & 7) * XST + ((lane >> 3) & 1) * 8;
@@ -1547,19 +1548,18 @@ extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stag
     return launch_error("GPU grouped GEMM");
 }
 
+namespace {
 /* [rows][ld] -> [rows / 64][ld / 64][64][64] for rows [0, n) of src into dst (16-byte chunks;
  * chunk c of block row t at chunk c ^ (t & 7)). */
 __global__ void k_tile64(const uint16_t *src, uint16_t *dst, int64_t n, int ld) {
     const int64_t chunks = n * ld / 8;
-    const int nkb = ld / BK;
     for (int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; q < chunks; q += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = q / (ld / 8);
-        const int c8 = (int)(q % (ld / 8)), kb = c8 >> 3, t = (int)(r % BN);
-        const int64_t tile = r / BN;
-        const int64_t d = ((tile * nkb + kb) * BN + t) * BK + (((c8 & 7) ^ (t & 7)) << 3); /* XOR swizzle */
-        *reinterpret_cast<uint4 *>(dst + d) = *reinterpret_cast<const uint4 *>(src + r * ld + c8 * 8);
+        const int c8 = (int)(q % (ld / 8));
+        *reinterpret_cast<uint4 *>(dst + gt_tiled_chunk(r, c8, ld)) = *reinterpret_cast<const uint4 *>(src + r * ld + c8 * 8);
     }
 }
+} // namespace
 
 extern "C" kdt_status kdt_gemm_tile64(uint16_t *w, int64_t rows, int32_t ld, uint16_t *tmp, int64_t tmp_rows,
                                       cudaStream_t s) {

@@ -233,11 +233,15 @@ void kdt_gemm_plan(int32_t n, int32_t ldw, int32_t batch, int32_t *splits, int32
 typedef struct kdt_gemm_args {
     const float *x; int64_t ldx, x_batch; int32_t kx;  /* X fp32 [M][ldx]; columns >= kx read as 0 */
     const int32_t *x_rows;                             /* optional: pass row m reads X row x_rows[m] */
-    const uint16_t *w; int32_t ldw; int64_t w_batch; int32_t n;
+    const uint16_t *w; int32_t ldw;
+    int32_t tiled;                                     /* W in kdt_gemm_tile64's layout: v2 only (in
+                                                          the padding before w_batch: a field at the
+                                                          end made ptxas give the default kernel 121
+                                                          registers instead of 110) */
+    int64_t w_batch; int32_t n;
     float *y; int64_t ldy, y_split, y_batch;
     const int32_t *m_dev; int32_t m_max;               /* rows: *m_dev on the device, <= m_max */
     int32_t batch, splits, k_chunk;
-    int32_t tiled;                                     /* W in kdt_gemm_tile64's layout: v2 only */
 } kdt_gemm_args;
 kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cudaStream_t s);
 

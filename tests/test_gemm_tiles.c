@@ -1,0 +1,110 @@
+/* test_gemm_tiles.c - the tiled weight layout of the GPU GEMMs on the CPU, no GPU needed: the
+ * index maps of src/model/cuda/gemm_tiles.cuh that kdt_gemm_tile64 (k_tile64), v2's tiled
+ * cp.async W loader and the bulk loader's swizzled ldmatrix addresses (k64_compute<.., WSWZ>)
+ * use. Emulates each on matrices of distinct values and checks:
+ *   1. the tiling is a permutation of the matrix (every element lands exactly once);
+ *   2. the tiled cp.async loader fills v2's padded [64][72] stage with exactly the row-major
+ *      block (what the row-major loader puts there);
+ *   3. for every warp, lane and k step, the 8 elements the bulk path's ldmatrix address (in the
+ *      verbatim 8 KB block) points at are the 8 the padded path's address points at;
+ *   4. the swizzle is conflict-free: the 8 row addresses of each 8x8 matrix fall in 8 distinct
+ *      16-byte bank groups of a 128-byte line.
+ * Since the mma chain only sees the fragments, 2 and 3 are what keeps the tiled kernels'
+ * bits equal to the row-major ones (the GPU test checks that end to end). */
+#include <stdint.h>
+#include <string.h>
+
+#include "model/cuda/gemm_tiles.cuh"
+#include "t.h"
+
+enum { WP = 72 }; /* v2's padded stage row (V2_WP in gpu_gemm.cu) */
+
+/* the host twin of k_tile64: chunk (r, q) of src to gt_tiled_chunk(r, q, ld) of dst */
+static void tile_host(const uint16_t *src, uint16_t *dst, int64_t rows, int ld) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int q = 0; q < ld / 8; q++) memcpy(dst + gt_tiled_chunk(r, q, ld), src + r * ld + q * 8, 16);
+}
+
+static void check_shape(int rows, int ld) {
+    const size_t n = (size_t)rows * ld;
+    uint16_t *w = xmalloc(n * 2), *t = xmalloc(n * 2);
+    unsigned char *seen = xmalloc(n);
+    for (size_t i = 0; i < n; i++) w[i] = (uint16_t)(i * 40503u + 7u); /* distinct mod 2^16 for n <= 65536 */
+    memset(t, 0xff, n * 2);
+    tile_host(w, t, rows, ld);
+    /* 1. permutation */
+    memset(seen, 0, n);
+    int bad_perm = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int q = 0; q < ld / 8; q++) {
+            const int64_t o = gt_tiled_chunk(r, q, ld);
+            if (o < 0 || o + 8 > (int64_t)n || o % 8) {
+                bad_perm++;
+                continue;
+            }
+            for (int e = 0; e < 8; e++) bad_perm += seen[o + e]++ != 0;
+        }
+    CHECK_EQ_INT(bad_perm, 0);
+    int bad_load = 0, bad_frag = 0, bad_bank = 0;
+    uint16_t stage[64 * WP];
+    for (int tile = 0; tile < rows / 64; tile++)
+        for (int kb = 0; kb < ld / 64; kb++) {
+            const uint16_t *blk = t + ((int64_t)tile * (ld / 64) + kb) * 64 * 64;
+            /* 2. the tiled cp.async loader: 128 threads x 4 copies of 16 bytes */
+            memset(stage, 0, sizeof stage);
+            for (int tid = 0; tid < 128; tid++)
+                for (int i = 0; i < 4; i++) {
+                    const int r = gt_load_row(tid, i), c = gt_load_chunk(tid);
+                    /* the kernel's source: block + gt_block_chunk(r0, c) + i * (16 rows) */
+                    const int src = gt_block_chunk(gt_load_row(tid, 0), c) + (gt_load_row(tid, i) - gt_load_row(tid, 0)) * 64;
+                    memcpy(stage + r * WP + c * 8, blk + src, 16);
+                }
+            for (int r = 0; r < 64; r++)
+                for (int k = 0; k < 64; k++)
+                    bad_load += stage[r * WP + k] != w[((int64_t)tile * 64 + r) * ld + kb * 64 + k];
+            /* 3. and 4. fragments: bulk (verbatim block, swizzled) vs padded */
+            for (int warp = 0; warp < 4; warp++)
+                for (int kk = 0; kk < 4; kk++) {
+                    int groups[4] = {0, 0, 0, 0}; /* per 8x8 matrix: bank groups hit (bit mask) */
+                    for (int lane = 0; lane < 32; lane++) {
+                        const int row = gt_w_frag_row(warp, lane), ch = gt_w_frag_chunk(lane, kk);
+                        const int swz = gt_block_chunk(row, ch), pad = row * WP + ch * 8;
+                        bad_frag += memcmp(blk + swz, stage + pad, 16) != 0;
+                        groups[lane >> 3] |= 1 << ((swz % 64) / 8); /* 16-byte unit inside the 128-byte row */
+                    }
+                    for (int m = 0; m < 4; m++) bad_bank += groups[m] != 0xff;
+                }
+        }
+    CHECK_EQ_INT(bad_load, 0);
+    CHECK_EQ_INT(bad_frag, 0);
+    CHECK_EQ_INT(bad_bank, 0);
+    free(w);
+    free(t);
+    free(seen);
+}
+
+static void test_tiled_layout(void) {
+    check_shape(64, 64);
+    check_shape(128, 192);  /* several tiles and K blocks */
+    check_shape(256, 256);
+}
+
+/* The split-K and batched views: block (k_begin / 64 + kb) of tile n0 / 64 starts where the
+ * kernels look (W pointer at row n0 of matrix b: b * rows * ld + n0 * ld in both layouts). */
+static void test_tile_starts(void) {
+    const int rows = 192, ld = 320;
+    for (int n0 = 0; n0 < rows; n0 += 64)
+        for (int kb = 0; kb < ld / 64; kb++)
+            CHECK_EQ_INT(gt_tiled_chunk(n0, kb * 8, ld), (int64_t)n0 * ld + (int64_t)kb * 64 * 64);
+    /* a batch of matrices tiled as one [batch * rows][ld] matrix = each tiled on its own */
+    for (int b = 0; b < 3; b++)
+        for (int r = 0; r < rows; r += 17)
+            for (int q = 0; q < ld / 8; q += 3)
+                CHECK_EQ_INT(gt_tiled_chunk((int64_t)b * rows + r, q, ld), (int64_t)b * rows * ld + gt_tiled_chunk(r, q, ld));
+}
+
+int main(void) {
+    T_RUN(test_tiled_layout);
+    T_RUN(test_tile_starts);
+    return t_summary();
+}
