@@ -84,6 +84,23 @@ if [ $EXPER = 1 ]; then
       { echo "== bench_model --quick --only kimi with $v ($(( $(date +%s) - s )) s)"
         grep -E '^\| kimi-k2.6 layer \| (decode \| random \| 1 |verify \| random)' "$f.md"; } | tee -a "$LOG/exp_summary.txt"
     done
+    # KDT_EXP_NCU=1: per-kernel times of one decode S 1 layer replay, default and all variants on
+    # (ncu serialises the kernels and flushes the caches: the sum exceeds the graph replay)
+    if [ "${KDT_EXP_NCU:-0}" = 1 ] && command -v ncu >/dev/null 2>&1; then
+      for v in "KDT_EXP=default" "$ALL"; do
+        echo "== ncu, decode S 1, $v" | tee -a "$LOG/exp_summary.txt"
+        env $v KDT_BENCH_MODEL_SHAPE=decode,1 timeout "$BENCH_LIMIT" ncu --profile-from-start off --clock-control none \
+          --cache-control all --csv --metrics gpu__time_duration.sum "$BUILD/bench_model" --quick --only kimi 2>/dev/null |
+          awk -F'","' '$0 ~ /gpu__time_duration/ {
+              n = $5; gsub(/\(anonymous namespace\)::/, "", n); sub(/\(.*/, "", n)
+              v = $NF; gsub(/[",]/, "", v); u = $(NF - 1)
+              f = (u ~ /nsecond/) ? 0.001 : ((u ~ /msecond/) ? 1000 : 1)
+              t[n] += v * f; c[n]++; all += v * f }
+            END { for (k in t) printf "  %9.1f us %3d x %s\n", t[k], c[k], k
+                  printf "  %9.1f us       total (serialised)\n", all }' |
+          sort -n -r | tee -a "$LOG/exp_summary.txt"
+      done
+    fi
   fi
 fi
 if [ $BENCH = 1 ] && [ -x "$BUILD/bench_kernels" ]; then
