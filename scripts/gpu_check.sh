@@ -4,9 +4,10 @@
 # build/bench_kernels, bench_model, the engine bench and a 64-client server load (ar / ddtree /
 # auto), and print a short summary table last.
 #   scripts/gpu_check.sh [--no-sanitizer] [--no-bench] [--quick-bench] [--only-tests REGEX] [--experiments]
-# --experiments: after the tests, the opt-in GEMM variants (docs/model_gpu.md, "Prepared in
-# session 7"): the model test under them, the wave / access-pattern probes, and the Kimi layer
-# bench (quick) with each variant; a table of decode S 1 and verify lines per variant last.
+# --experiments: after the tests, the opt-in variants prepared in session 7 (docs/model_gpu.md,
+# docs/verify_attn_notes.md): the model test under the GEMM variants, the wave / access-pattern
+# probes, verify_attn with and without KDT_VA_FUSED=1, and the Kimi layer bench (quick) per GEMM
+# variant set, each printing its summary lines.
 # Order: tests, bench, then the sanitizer runs (KDT_TEST_QUICK=1), bounded by KDT_CHECK_DEADLINE.
 # Environment: KDT_PREBUILT=DIR uses binaries built elsewhere (e.g. carried build dir) instead of
 # building; OUT=DIR receives logs and bench/RESULTS-style markdown (default /tmp/kdt_gpu_check).
@@ -60,20 +61,36 @@ for t in "${TESTS[@]}"; do
   echo "--- $n: ${RES[$n]} (${SECS[$n]} s): $(tail -1 "$LOG/$n.log")"
   [ "${RES[$n]}" = pass ] || tail -30 "$LOG/$n.log"
 done
+# KDT_EXP_PARTS (default "model,probes,va,layer") picks the experiment parts, so a run that would
+# pass the device's 10-minute call limit can be split into two calls
+EXP_PARTS=",${KDT_EXP_PARTS:-model,probes,va,layer},"
+exp_part() { [[ "$EXP_PARTS" == *",$1,"* ]]; }
 if [ $EXPER = 1 ]; then
   # opt-in variants: correctness first (the model test's fixtures, bitwise contracts and greedy
-  # runs with both on), then the probes, then the layer bench per variant
+  # runs with all GEMM variants on), then the probes, verify_attn, the layer bench per variant
   ALL="KDT_GEMM_GROUPED_WAVE=1 KDT_GPU_TILED_EXPERTS=1 KDT_GPU_TILED_DENSE=1 KDT_GEMM_BULK_W=1"
   for v in "$ALL"; do
-    if [ -x "$BUILD/gpu_test_model_gpu" ]; then
+    if exp_part model && [ -x "$BUILD/gpu_test_model_gpu" ]; then
       env $v timeout "${KDT_TEST_LIMIT:-600}" "$BUILD/gpu_test_model_gpu" >"$LOG/exp_model_gpu.log" 2>&1 &&
         r=pass || { r=FAIL; fail=1; tail -30 "$LOG/exp_model_gpu.log"; }
       echo "--- gpu_test_model_gpu with $v: $r: $(tail -1 "$LOG/exp_model_gpu.log")"
     fi
   done
-  [ -x "$BUILD/gpu_test_gemm_ab" ] && KDT_TEST_QUICK=1 timeout 300 "$BUILD/gpu_test_gemm_ab" --wave 2>&1 |
+  exp_part probes && [ -x "$BUILD/gpu_test_gemm_ab" ] && KDT_TEST_QUICK=1 timeout 300 "$BUILD/gpu_test_gemm_ab" --wave 2>&1 |
     tee "$LOG/exp_wave.log" | grep -vE '^\s*$' | tail -40
-  if [ -x "$BUILD/bench_model" ]; then
+  if exp_part va && [ -x "$BUILD/bench_kernels" ] && nvidia-smi --query-gpu=compute_cap --format=csv,noheader | grep -q '^9\.'; then
+    # verify_attn v4 with and without the fused softmax (KDT_VA_FUSED=1): the target shapes and
+    # the phase stamps of the headline one
+    for v in "KDT_EXP=default" "KDT_VA_FUSED=1"; do
+      f="$LOG/exp_va_$(echo "$v" | tr ' =' '_-').log"
+      env $v timeout "$BENCH_LIMIT" "$BUILD/bench_kernels" --only verify_attn >"$f" 2>&1 || fail=1
+      { echo "== bench_kernels --only verify_attn with $v"
+        grep -E '^ *(64|8|1) +(4096|16384|256) +(33|65|9|1) ' "$f"
+        env $v KDT_VA_PROFILE=1 KDT_BENCH_VA_SHAPE=64,4096,33 timeout 60 "$BUILD/bench_kernels" --only verify_attn 2>&1 |
+          grep -A2 'phases'; } | tee -a "$LOG/exp_va.txt"
+    done
+  fi
+  if exp_part layer && [ -x "$BUILD/bench_model" ]; then
     # KDT_EXP_VARIANTS (';'-separated env sets) overrides the list, e.g. to split it over two calls
     IFS=';' read -r -a VARS <<< "${KDT_EXP_VARIANTS:-KDT_EXP=default;KDT_GEMM_GROUPED_WAVE=1;KDT_GPU_TILED_EXPERTS=1;KDT_GPU_TILED_EXPERTS=1 KDT_GPU_TILED_DENSE=1;KDT_GPU_TILED_EXPERTS=1 KDT_GPU_TILED_DENSE=1 KDT_GEMM_BULK_W=1;$ALL}"
     : >"$LOG/exp_summary.txt"

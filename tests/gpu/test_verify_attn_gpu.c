@@ -489,6 +489,9 @@ int main(void) {
         setenv("KDT_VA_TMA", "0", 1); /* v4's cp.async loads, used where pages are not 64-key tiles */
         run_suite("sm_90a path v4 (KV by cp.async)");
         unsetenv("KDT_VA_TMA");
+        setenv("KDT_VA_FUSED", "1", 1); /* v4 with FlashMLA's softmax shape, opt-in */
+        run_suite("sm_90a path v4, fused softmax (KDT_VA_FUSED=1)");
+        unsetenv("KDT_VA_FUSED");
         setenv("KDT_VA_SEESAW", "1", 1); /* v5, opt-in */
         run_suite("sm_90a path v5 (seesaw, KV by TMA)");
         unsetenv("KDT_VA_SEESAW");

@@ -685,8 +685,15 @@ __device__ __forceinline__ void w_store_half(const VaArgs &a, const VaItem &it, 
 }
 #endif
 
-/* PROF: the KDT_VA_PROFILE build of the kernel (phase stamps); the default one has none. */
-template <bool PROF>
+/* PROF: the KDT_VA_PROFILE build of the kernel (phase stamps); the default one has none.
+ * FUSED (KDT_VA_FUSED=1, opt-in until measured; softmax scale > 0 only): FlashMLA's softmax shape.
+ * The row max is taken on the raw scores and scaled once (for a positive scale that is exactly
+ * the max of the scaled scores, rounding being monotonic), the scale folds into one FFMA per
+ * element before the exponent (one rounding fewer: P may differ from v4's in the last bit), and
+ * WG0 rescales its O half right after the max, in the softmax's basic block, where the 128
+ * independent multiplies can fill the exponent chain's latency, instead of after PREADY on the
+ * path to its P V. */
+template <bool PROF, bool FUSED = false>
 __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaArgs a, const __grid_constant__ CUtensorMap kv_map) {
 #if KDT_HAS_WGMMA
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -782,8 +789,10 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
                  * slots or the split end, as a separate loop: a per-element test of need_mask
                  * compiled to 32 branches around the mask code in every tile */
                 const bool need_mask = t0 + 64 > P || t0 + 64 > ke;
+                if (!FUSED) {
 #pragma unroll
-                for (int e = 0; e < 32; e++) sc[e] *= a.scale_log2;
+                    for (int e = 0; e < 32; e++) sc[e] *= a.scale_log2;
+                }
                 if (need_mask) {
 #pragma unroll
                     for (int j = 0; j < 8; j++)
@@ -800,15 +809,20 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
                 for (int h = 0; h < 2; h++) {
                     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
                     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+                    if (FUSED) mx[h] *= a.scale_log2; /* -inf stays -inf (scale > 0) */
                     const float mn = fmaxf(m[h], mx[h]);
                     alpha[h] = mn == -INFINITY ? 1.f : va_ex2(m[h] - mn);
                     mu[h] = mn == -INFINITY ? 0.f : mn;
                     m[h] = mn;
                 }
+                if (FUSED) { /* this tile's P V waited last iteration: o is ours to rescale */
+#pragma unroll
+                    for (int e = 0; e < 128; e++) o[e] *= alpha[(e >> 1) & 1];
+                }
                 float ls[2] = {0.f, 0.f};
 #pragma unroll
                 for (int e = 0; e < 32; e++) {
-                    const float pv = va_ex2(sc[e] - mu[(e >> 1) & 1]);
+                    const float pv = FUSED ? va_ex2(fmaf(sc[e], a.scale_log2, -mu[(e >> 1) & 1])) : va_ex2(sc[e] - mu[(e >> 1) & 1]);
                     sc[e] = pv;
                     ls[(e >> 1) & 1] += pv; /* fp32 weights: lse stays accurate to fp32 rounding */
                 }
@@ -832,8 +846,10 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
                 W_STAMP(3);
                 wg::bar_sync(BAR_PREADY, THREADS);
                 W_STAMP(4);
+                if (!FUSED) {
 #pragma unroll
-                for (int e = 0; e < 128; e++) o[e] *= alpha[(e >> 1) & 1];
+                    for (int e = 0; e < 128; e++) o[e] *= alpha[(e >> 1) & 1];
+                }
                 wg::fence();
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++)
@@ -1045,6 +1061,10 @@ int sm90_ready(const char **why) {
                               (int)W_SMEM) == cudaSuccess &&
          cudaFuncSetAttribute(verify_attn_sm90_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               (int)W_SMEM) == cudaSuccess &&
+         cudaFuncSetAttribute(verify_attn_sm90_kernel<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)W_SMEM) == cudaSuccess &&
+         cudaFuncSetAttribute(verify_attn_sm90_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)W_SMEM) == cudaSuccess &&
          (size_t)optin >= SS_SMEM &&
          cudaFuncSetAttribute(verify_attn_seesaw_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               (int)SS_SMEM) == cudaSuccess &&
@@ -1215,9 +1235,16 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
         const char *seesaw = getenv("KDT_VA_SEESAW");
         const int use_seesaw = a.use_tma && seesaw && !strcmp(seesaw, "1");
         g_va_prof_kind = use_seesaw;
+        /* KDT_VA_FUSED=1: v4 with FlashMLA's softmax shape (opt-in until measured; its FFMA form
+         * needs a positive scale) */
+        const char *fused_env = getenv("KDT_VA_FUSED");
+        const int fused = fused_env && !strcmp(fused_env, "1") && a.scale_log2 > 0.f;
         if (use_seesaw) {
             if (a.prof) verify_attn_seesaw_kernel<true><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
             else verify_attn_seesaw_kernel<false><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
+        } else if (fused) {
+            if (a.prof) verify_attn_sm90_kernel<true, true><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
+            else verify_attn_sm90_kernel<false, true><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
         } else if (a.prof) {
             verify_attn_sm90_kernel<true><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
         } else {
