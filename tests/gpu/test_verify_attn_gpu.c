@@ -494,6 +494,9 @@ int main(void) {
         unsetenv("KDT_VA_FUSED");
         setenv("KDT_VA_SEESAW", "1", 1); /* v5, opt-in */
         run_suite("sm_90a path v5 (seesaw, KV by TMA)");
+        setenv("KDT_VA_FUSED", "1", 1);
+        run_suite("sm_90a path v5, fused softmax (KDT_VA_SEESAW=1 KDT_VA_FUSED=1)");
+        unsetenv("KDT_VA_FUSED");
         unsetenv("KDT_VA_SEESAW");
         unsetenv("KDT_VERIFY_ATTN");
     } else {

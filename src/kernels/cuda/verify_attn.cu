@@ -1069,6 +1069,10 @@ int sm90_ready(const char **why) {
          cudaFuncSetAttribute(verify_attn_seesaw_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               (int)SS_SMEM) == cudaSuccess &&
          cudaFuncSetAttribute(verify_attn_seesaw_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)SS_SMEM) == cudaSuccess &&
+         cudaFuncSetAttribute(verify_attn_seesaw_kernel<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)SS_SMEM) == cudaSuccess &&
+         cudaFuncSetAttribute(verify_attn_seesaw_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               (int)SS_SMEM) == cudaSuccess;
     (void)cudaGetLastError();
     if (dev >= 0 && dev < MAX_DEVICES) g_dev_sm90[dev].store(ok ? 2 : 1, std::memory_order_release);
@@ -1235,11 +1239,14 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
         const char *seesaw = getenv("KDT_VA_SEESAW");
         const int use_seesaw = a.use_tma && seesaw && !strcmp(seesaw, "1");
         g_va_prof_kind = use_seesaw;
-        /* KDT_VA_FUSED=1: v4 with FlashMLA's softmax shape (opt-in until measured; its FFMA form
-         * needs a positive scale) */
+        /* KDT_VA_FUSED=1: v4 (or, with KDT_VA_SEESAW=1, v5) with FlashMLA's softmax shape (opt-in
+         * until measured; its FFMA form needs a positive scale) */
         const char *fused_env = getenv("KDT_VA_FUSED");
         const int fused = fused_env && !strcmp(fused_env, "1") && a.scale_log2 > 0.f;
-        if (use_seesaw) {
+        if (use_seesaw && fused) {
+            if (a.prof) verify_attn_seesaw_kernel<true, true><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
+            else verify_attn_seesaw_kernel<false, true><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
+        } else if (use_seesaw) {
             if (a.prof) verify_attn_seesaw_kernel<true><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
             else verify_attn_seesaw_kernel<false><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
         } else if (fused) {

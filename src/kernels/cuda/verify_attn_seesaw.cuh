@@ -140,11 +140,16 @@ __device__ __forceinline__ uint32_t ss_visible_bits(const uint64_t *mask, int wo
     return bits;
 }
 
-/* The log2-domain scores of one tile (this thread's 2 rows x 16 keys), -inf where hidden. */
+/* The log2-domain scores of one tile (this thread's 2 rows x 16 keys), -inf where hidden.
+ * FUSED (KDT_VA_FUSED=1, positive scale): the raw scores, masked; the scale goes into the max
+ * (ss_row_max's result times scale_log2) and into the exponent's FFMA (ss_exp). */
+template <bool FUSED>
 __device__ __forceinline__ void ss_scale_mask(float (&sc)[32], const VaArgs &a, const VaItem &it, const int *sNode,
                                               int r0, int tq, int t0) {
+    if (!FUSED) {
 #pragma unroll
-    for (int e = 0; e < 32; e++) sc[e] *= a.scale_log2;
+        for (int e = 0; e < 32; e++) sc[e] *= a.scale_log2;
+    }
     if (t0 + 64 > it.P || t0 + 64 > it.ke) {
         const uint32_t bits = ss_visible_bits(it.mask, a.words, it.P, it.ke, sNode[r0], sNode[r0 + 8], t0, tq);
 #pragma unroll
@@ -170,9 +175,11 @@ __device__ __forceinline__ void ss_row_max(const float (&sc)[32], float mx[2]) {
 
 /* sc <- 2^(sc - mu) per row (fp32 weights: lse stays accurate to fp32 rounding), their row
  * sums into ls, in the same shape as ss_row_max. */
-__device__ __forceinline__ void ss_exp(float (&sc)[32], const float mu[2], float ls[2]) {
+template <bool FUSED>
+__device__ __forceinline__ void ss_exp(float (&sc)[32], const float mu[2], float ls[2], float scale_log2) {
 #pragma unroll
-    for (int e = 0; e < 32; e++) sc[e] = va_ex2(sc[e] - mu[(e >> 1) & 1]);
+    for (int e = 0; e < 32; e++)
+        sc[e] = FUSED ? va_ex2(fmaf(sc[e], scale_log2, -mu[(e >> 1) & 1])) : va_ex2(sc[e] - mu[(e >> 1) & 1]);
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         float s4[4];
@@ -200,8 +207,12 @@ __device__ __forceinline__ void ss_scale_o(float (&o)[128], float s0, float s1) 
 }
 #endif
 
-/* PROF: the KDT_VA_PROFILE build (phase stamps per pair of tiles); the default one has none. */
-template <bool PROF>
+/* PROF: the KDT_VA_PROFILE build (phase stamps per pair of tiles); the default one has none.
+ * FUSED (KDT_VA_FUSED=1 with KDT_VA_SEESAW=1, positive scale): FlashMLA's softmax shape, as in
+ * v4's FUSED instance: max on the raw scores, the scale in one FFMA per exponent, and each
+ * warpgroup's O rescale (by its softmax's factor) unconditional, right after the max, in the
+ * softmax's straight-line block, instead of behind a warp vote after the exponents. */
+template <bool PROF, bool FUSED = false>
 __global__ void __launch_bounds__(THREADS, 1) verify_attn_seesaw_kernel(const VaArgs a, const __grid_constant__ CUtensorMap kv_map) {
 #if KDT_HAS_WGMMA
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -280,22 +291,24 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_seesaw_kernel(const Va
             SS_STAMP(0);
             if (wgi == 0) {
                 /* softmax of S0 against the running max */
-                ss_scale_mask(sc, a, itm, sNode, r0, tq, t0);
+                ss_scale_mask<FUSED>(sc, a, itm, sNode, r0, tq, t0);
                 float mx[2], ls[2], mn[2], c0[2];
                 ss_row_max(sc, mx);
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
+                    if (FUSED) mx[h] *= a.scale_log2;
                     const float old = sR->m[r0 + 8 * h];
                     mn[h] = fmaxf(old, mx[h]);
                     c0[h] = va_ex2(old - mn[h]);
                 }
+                if (FUSED) ss_scale_o(o, c0[0], c0[1]);
                 __syncwarp(); /* the quad's reads of m before its update */
                 if (tq == 0)
 #pragma unroll
                     for (int h = 0; h < 2; h++) sR->m[r0 + 8 * h] = mn[h], sR->scale0[r0 + 8 * h] = c0[h];
-                ss_exp(sc, mn, ls);
+                ss_exp<FUSED>(sc, mn, ls, a.scale_log2);
                 l[0] = l[0] * c0[0] + ls[0], l[1] = l[1] * c0[1] + ls[1];
-                if (ss_moved(c0)) ss_scale_o(o, c0[0], c0[1]);
+                if (!FUSED && ss_moved(c0)) ss_scale_o(o, c0[0], c0[1]);
                 uint32_t pa[4][4];
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++) wg::s_to_a_frag(sc, kk, pa[kk]);
@@ -363,23 +376,25 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_seesaw_kernel(const Va
                  * rope slab for WG0 */
                 float mx[2] = {-INFINITY, -INFINITY}, ls[2] = {0.f, 0.f}, mn[2], s1[2], c[2];
                 if (has1) {
-                    ss_scale_mask(sc, a, itm, sNode, r0, tq, t1);
+                    ss_scale_mask<FUSED>(sc, a, itm, sNode, r0, tq, t1);
                     ss_row_max(sc, mx);
                 }
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
+                    if (FUSED) mx[h] *= a.scale_log2; /* -inf stays -inf (scale > 0) */
                     const float old = sR->m[r0 + 8 * h];
                     mn[h] = fmaxf(old, mx[h]);
                     s1[h] = va_ex2(old - mn[h]);
                     c[h] = s1[h] * sR->scale0[r0 + 8 * h];
                 }
+                if (FUSED) ss_scale_o(o, c[0], c[1]);
                 __syncwarp();
                 if (tq == 0)
 #pragma unroll
                     for (int h = 0; h < 2; h++) sR->m[r0 + 8 * h] = mn[h], sR->scale1[r0 + 8 * h] = s1[h];
                 uint32_t pa[4][4];
                 if (has1) {
-                    ss_exp(sc, mn, ls);
+                    ss_exp<FUSED>(sc, mn, ls, a.scale_log2);
 #pragma unroll
                     for (int kk = 0; kk < 4; kk++) wg::s_to_a_frag(sc, kk, pa[kk]);
                     ss_store_p(kv1_p + 8 * W_SLAB, pa, r0, tq);
@@ -387,7 +402,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_seesaw_kernel(const Va
                     if (ke - t1 < 64) ss_zero_tail(kv1_p, ke - t1, 4, 8, SS_BAR_WG1);
                 }
                 l[0] = l[0] * c[0] + ls[0], l[1] = l[1] * c[1] + ls[1];
-                if (ss_moved(c)) ss_scale_o(o, c[0], c[1]);
+                if (!FUSED && ss_moved(c)) ss_scale_o(o, c[0], c[1]);
                 SS_STAMP(2);
                 wg::bar_sync(SS_BAR_SCALE1, THREADS);
                 if (ke - t0 < 64) ss_zero_tail(kv0_p, ke - t0, 4, 8, SS_BAR_WG1);
