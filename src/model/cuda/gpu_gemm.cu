@@ -424,13 +424,14 @@ __device__ __forceinline__ void cp_async_wait_n(int n) {
 }
 static_assert(V2_MAX_STAGES - 2 <= 8, "cp_async_wait_n covers the deepest pipeline");
 
-/* W block kb of the pass into a stage: thread tid copies chunk (tid & 7) of rows (tid >> 3) + 16 i;
- * rows >= n_valid are zero-filled. */
 /* How a kernel instance reads W: row-major [rows][ldw] by cp.async; kdt_gemm_tile64's tiled layout
- * by cp.async (KDT_GPU_TILED_EXPERTS=1); or tiled by one bulk copy per stage (+ KDT_GEMM_BULK_W=1).
- * A W pointer at row n0 (a multiple of 64) starts tile n0 / 64 in both layouts. */
+ * by cp.async (KDT_GPU_TILED_EXPERTS / _DENSE=1); or tiled by one bulk copy per stage (+
+ * KDT_GEMM_BULK_W=1, in v2_pass). A W pointer at row n0 (a multiple of 64) starts tile n0 / 64 in
+ * both layouts. */
 enum WLoad { W_ROWS = 0, W_TILED = 1, W_BULK = 2 };
 
+/* W block kb of the pass into a stage: thread tid copies chunk (tid & 7) of rows (tid >> 3) + 16 i;
+ * rows >= n_valid are zero-filled. */
 template <int WL = W_ROWS>
 __device__ __forceinline__ void v2_load_w(const V2Pass &p, uint16_t *ws, int kb, uint64_t pol) {
     const int tid = threadIdx.x, r0 = gt_load_row(tid, 0), c = gt_load_chunk(tid) * 8;
