@@ -49,6 +49,8 @@ else
 fi
 echo "build: $(( $(date +%s) - t0 )) s"
 
+# --experiments: the tests also check the opt-in variants that have suites of their own
+[ $EXPER = 1 ] && export KDT_TEST_VA_VARIANTS=1
 mapfile -t TESTS < <(ls "$BUILD"/gpu_test_* 2>/dev/null | grep -E "${ONLY:-.}" | sort)
 [ ${#TESTS[@]} -gt 0 ] || { echo "no GPU tests found in $BUILD"; exit 1; }
 declare -A RES MEM RACE SECS
