@@ -692,7 +692,8 @@ __device__ __forceinline__ void w_store_half(const VaArgs &a, const VaItem &it, 
  * element before the exponent (one rounding fewer: P may differ from v4's in the last bit), and
  * WG0 rescales its O half right after the max, in the softmax's basic block, where the 128
  * independent multiplies can fill the exponent chain's latency, instead of after PREADY on the
- * path to its P V. */
+ * path to its P V; and it issues that P V as soon as P is in registers, before P's stores to
+ * shared memory and the PREADY barrier (it needs nothing from WG1). */
 template <bool PROF, bool FUSED = false>
 __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaArgs a, const __grid_constant__ CUtensorMap kv_map) {
 #if KDT_HAS_WGMMA
@@ -832,6 +833,16 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
                 uint32_t pa[4][4];
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++) wg::s_to_a_frag(sc, kk, pa[kk]);
+                if (FUSED) {
+                    /* WG0's P V needs nothing from WG1 (O is rescaled, P is in registers, V landed
+                     * at KV): issue it before P goes out and before PREADY; the stores below only
+                     * read pa, which the product reads too */
+                    wg::fence();
+#pragma unroll
+                    for (int kk = 0; kk < 4; kk++)
+                        wg::mma_m64n256k16_rs_tb(o, pa[kk], wg::desc_v(kv_cur, 64, 0, kk, 64u * 128u, 1024u), 1);
+                    wg::commit();
+                }
                 unsigned char *p_slab = smem + (kv_cur - q_base) + 8 * W_SLAB;
 #pragma unroll
                 for (int kk = 0; kk < 4; kk++) {
@@ -849,12 +860,12 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
                 if (!FUSED) {
 #pragma unroll
                     for (int e = 0; e < 128; e++) o[e] *= alpha[(e >> 1) & 1];
-                }
-                wg::fence();
+                    wg::fence();
 #pragma unroll
-                for (int kk = 0; kk < 4; kk++)
-                    wg::mma_m64n256k16_rs_tb(o, pa[kk], wg::desc_v(kv_cur, 64, 0, kk, 64u * 128u, 1024u), 1);
-                wg::commit();
+                    for (int kk = 0; kk < 4; kk++)
+                        wg::mma_m64n256k16_rs_tb(o, pa[kk], wg::desc_v(kv_cur, 64, 0, kk, 64u * 128u, 1024u), 1);
+                    wg::commit();
+                }
                 wg::wait<0>();
                 W_STAMP(5);
             }
