@@ -10,7 +10,8 @@
  *   4. the swizzle is conflict-free: the 8 row addresses of each 8x8 matrix fall in 8 distinct
  *      16-byte bank groups of a 128-byte line.
  * Since the mma chain only sees the fragments, 2 and 3 are what keeps the tiled kernels'
- * bits equal to the row-major ones (the GPU test checks that end to end). */
+ * bits equal to the row-major ones (the GPU test checks that end to end). Also the bulk loader's
+ * mbarrier protocol across a CTA's passes (test_bulk_pipeline_protocol). */
 #include <stdint.h>
 #include <string.h>
 
@@ -103,8 +104,57 @@ static void test_tile_starts(void) {
                 CHECK_EQ_INT(gt_tiled_chunk((int64_t)b * rows + r, q, ld), (int64_t)b * rows * ld + gt_tiled_chunk(r, q, ld));
 }
 
+/* The bulk loader's mbarrier protocol (v2_pass<W_BULK>), replayed on the CPU over many passes
+ * of one CTA with different stage counts S and K-block counts nk (a CTA's passes differ in rows,
+ * so in S): per stage s, thread 0 issues copy j into stage j % S (the prologue for j < S - 1,
+ * else in iteration j - S + 1 after its barrier) and every thread waits at iteration it on stage
+ * it % S with the parity bit wpar carries across passes. An mbarrier's phase count ph completes
+ * once per copy (modelled as completing at once: the earliest, the worst case for the parity);
+ * try_wait.parity(P) passes when ph's parity differs from P. Checks: every wait passes (no
+ * deadlock), it consumes exactly the copy it is for (ph == waits + 1 at the wait: never two
+ * completions ahead), and no copy is issued into a stage whose previous copy is unconsumed. */
+static void test_bulk_pipeline_protocol(void) {
+    enum { MAXS = 10 };
+    int ph[MAXS] = {0}, waits[MAXS] = {0}, holds[MAXS], bad_wait = 0, bad_issue = 0, bad_block = 0;
+    uint32_t wpar = 0, seed = 12345;
+    for (int pass = 0; pass < 2000; pass++) {
+        seed = seed * 1103515245u + 12345u;
+        const int S = 2 + (int)((seed >> 16) % (MAXS - 1)); /* 2..10 */
+        seed = seed * 1103515245u + 12345u;
+        const int nk = (int)((seed >> 16) % 41);           /* 0..40 */
+        for (int s = 0; s < MAXS; s++) holds[s] = -1;
+#define ISSUE(j, st)                                                          \
+    do {                                                                      \
+        if (ph[(st)] != waits[(st)]) bad_issue++; /* previous copy unconsumed */ \
+        ph[(st)]++;                                                           \
+        holds[(st)] = (j);                                                    \
+    } while (0)
+        for (int g = 0; g < S - 1; g++)
+            if (g < nk) ISSUE(g, g);
+        int cs = 0, ls = S - 1;
+        for (int it = 0; it < nk; it++) {
+            const uint32_t P = (wpar >> cs) & 1u;
+            if (((uint32_t)ph[cs] & 1u) == P) bad_wait++;   /* try_wait would spin forever */
+            if (ph[cs] != waits[cs] + 1) bad_wait++;         /* not exactly the next copy */
+            if (holds[cs] != it) bad_block++;                /* the stage holds another block */
+            waits[cs]++;
+            wpar ^= 1u << cs;
+            const int j = it + S - 1;
+            if (j < nk) ISSUE(j, ls);
+            cs = cs + 1 == S ? 0 : cs + 1;
+            ls = ls + 1 == S ? 0 : ls + 1;
+        }
+#undef ISSUE
+        for (int s = 0; s < MAXS; s++) bad_wait += ph[s] != waits[s]; /* the pass drained */
+    }
+    CHECK_EQ_INT(bad_wait, 0);
+    CHECK_EQ_INT(bad_issue, 0);
+    CHECK_EQ_INT(bad_block, 0);
+}
+
 int main(void) {
     T_RUN(test_tiled_layout);
     T_RUN(test_tile_starts);
+    T_RUN(test_bulk_pipeline_protocol);
     return t_summary();
 }
