@@ -323,6 +323,40 @@ static void dense_case(const DenseCase &dc, uint64_t seed) {
 }
 
 /* ---- grouped ----------------------------------------------------------------------------------- */
+/* The gate/up launch over an item list (X rows of xn [.][D] gathered by pair_row, N = ldp =
+ * 2 i_pad, output y [pairs][ldp]), and the down launch of the same items (X = h [pairs][ldh],
+ * N = D, output z [pairs][D]). */
+static kdt_grouped_args gate_up_args(const float *xn, int D, const int32_t *pair_row, const kdt_gpu_expert *experts,
+                                     const int32_t *items, const int32_t *counts, float *y, int ldp, int grid_items,
+                                     int hint) {
+    kdt_grouped_args a;
+    memset(&a, 0, sizeof a);
+    a.which = 0;
+    a.x = xn;
+    a.ldx = D;
+    a.pair_row = pair_row;
+    a.experts = experts;
+    a.items = items;
+    a.n_items = counts;
+    a.y = y;
+    a.ldy = ldp;
+    a.n_max = ldp;
+    a.kd = D;
+    a.grid_items = grid_items;
+    a.n_items_hint = hint;
+    return a;
+}
+static kdt_grouped_args down_args(const kdt_grouped_args &gu, const float *h, int64_t ldh, float *z) {
+    kdt_grouped_args b = gu;
+    b.which = 1;
+    b.x = h;
+    b.ldx = ldh;
+    b.y = z;
+    b.ldy = gu.kd;
+    b.n_max = gu.kd;
+    return b;
+}
+
 static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_expert, int xrows, uint64_t seed,
                          int grid_items, bool h_aligned = false) {
     const int i_pad = (int)kdt_g_round_up(I, 32), ld_d = (int)kdt_g_round_up(D, 64), ld_i = (int)kdt_g_round_up(I, 64);
@@ -370,30 +404,11 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
     poison(y2, b0);
     poison(z1, b1);
     poison(z2, b1);
-    kdt_grouped_args a;
-    memset(&a, 0, sizeof a);
-    a.which = 0;
-    a.x = xn;
-    a.ldx = D;
-    a.pair_row = d_pr;
-    a.experts = d_ex;
-    a.items = d_items;
-    a.n_items = d_cnt;
-    a.ldy = ldp;
-    a.n_max = ldp;
-    a.kd = D;
-    a.grid_items = grid_items;
-    a.y = y1;
+    kdt_grouped_args a = gate_up_args(xn, D, d_pr, d_ex, d_items, d_cnt, y1, ldp, grid_items, 0);
     launch_grouped(a, true);
     a.y = y2;
     launch_grouped(a, false);
-    kdt_grouped_args b = a;
-    b.which = 1;
-    b.x = h_aligned ? h : h + 1;
-    b.ldx = ldh;
-    b.ldy = D;
-    b.n_max = D;
-    b.y = z1;
+    kdt_grouped_args b = down_args(a, h_aligned ? h : h + 1, ldh, z1);
     launch_grouped(b, true);
     b.y = z2;
     launch_grouped(b, false);
@@ -683,29 +698,9 @@ static void many_experts_timing(int D, int I) {
         float *y = dalloc<float>((size_t)E * R * 2 * I), *z = dalloc<float>((size_t)E * R * D);
         k_fill_x<<<1024, 256>>>(xn, (int64_t)9 * D, 19);
         k_fill_x<<<1024, 256>>>(h, (int64_t)E * R * I, 20);
-        kdt_grouped_args a;
-        memset(&a, 0, sizeof a);
-        a.which = 0;
-        a.x = xn;
-        a.ldx = D;
-        a.pair_row = d_pr;
-        a.experts = d_ex;
-        a.items = d_items;
-        a.n_items = d_cnt;
-        a.y = y;
-        a.ldy = 2 * I;
-        a.n_max = 2 * I;
-        a.kd = D;
-        a.grid_items = E + 1;
-        a.n_items_hint = E;
+        kdt_grouped_args a = gate_up_args(xn, D, d_pr, d_ex, d_items, d_cnt, y, 2 * I, E + 1, E);
         a.max_item_rows = 9;
-        kdt_grouped_args b = a;
-        b.which = 1;
-        b.x = h;
-        b.ldx = I;
-        b.y = z;
-        b.ldy = D;
-        b.n_max = D;
+        const kdt_grouped_args b = down_args(a, h, I, z);
         const double t2 = time_us([&] { launch_grouped(a, false); }, 5), t3 = time_us([&] { launch_grouped3(a); }, 5);
         printf("  grouped gate/up %d experts x %d rows          v2 %8.1f us %5.0f GB/s  v3 %8.1f us %5.0f GB/s\n", E, R,
                t2, gu_bytes / t2 / 1e3, t3, gu_bytes / t3 / 1e3);
@@ -886,21 +881,8 @@ static void wave_timing() {
             pr.push_back(0);
         }
         int32_t *d_items = dint(items), *d_pr = dint(pr), *d_cnt = dint(cnt);
-        kdt_grouped_args a;
-        memset(&a, 0, sizeof a);
-        a.which = which;
-        a.x = which ? h : xn;
-        a.ldx = which ? I : D;
-        a.pair_row = d_pr;
-        a.experts = d_ex;
-        a.items = d_items;
-        a.n_items = d_cnt;
-        a.y = which ? z : y;
-        a.ldy = which ? D : 2 * I;
-        a.n_max = which ? D : 2 * I;
-        a.kd = D;
-        a.grid_items = E + 1;
-        a.n_items_hint = E;
+        const kdt_grouped_args gu = gate_up_args(xn, D, d_pr, d_ex, d_items, d_cnt, y, 2 * I, E + 1, E);
+        kdt_grouped_args a = which ? down_args(gu, h, I, z) : gu;
         a.max_item_rows = 1;
         a.tiled = wl != W_ROWS;
         const double bytes = (double)E * 2 * I * D * (which ? 1 : 2);
@@ -1066,28 +1048,8 @@ static void timing() {
         float *y = dalloc<float>((size_t)pairs * 2 * i_pad), *z = dalloc<float>((size_t)pairs * D);
         k_fill_x<<<1024, 256>>>(xn, (int64_t)R * D, 9);
         k_fill_x<<<1024, 256>>>(h, (int64_t)pairs * I, 10);
-        kdt_grouped_args a;
-        memset(&a, 0, sizeof a);
-        a.which = 0;
-        a.x = xn;
-        a.ldx = D;
-        a.pair_row = d_pr;
-        a.experts = d_ex;
-        a.items = d_items;
-        a.n_items = d_cnt;
-        a.y = y;
-        a.ldy = 2 * i_pad;
-        a.n_max = 2 * i_pad;
-        a.kd = D;
-        a.grid_items = n_items + 1;
-        a.n_items_hint = n_items;
-        kdt_grouped_args b = a;
-        b.which = 1;
-        b.x = h;
-        b.ldx = I;
-        b.y = z;
-        b.ldy = D;
-        b.n_max = D;
+        kdt_grouped_args a = gate_up_args(xn, D, d_pr, d_ex, d_items, d_cnt, y, 2 * i_pad, n_items + 1, n_items);
+        kdt_grouped_args b = down_args(a, h, I, z);
         a.max_item_rows = b.max_item_rows = std::min(R, 64);
         const double t1 = time_us([&] { launch_grouped(a, true); }, 9), t2 = time_us([&] { launch_grouped(a, false); }, 9);
         const double t5 = g_v3 ? time_us([&] { launch_grouped3(a); }, 9) : 0.0;

@@ -634,6 +634,21 @@ __device__ __forceinline__ void w_zero_tail(unsigned char *tile, int first) {
     }
 }
 
+/* One warpgroup's half of O += P V over a 64-key tile at kv: V = slabs 4 half .. 4 half + 3 (read
+ * transposed), P as the A fragments of its 4 key steps in registers (pa), or bf16 [64][64] in the
+ * tile's rope slab (both operands in shared memory). Issues the 4 products only: the caller
+ * fences and commits (where that goes decides what overlaps, see the kernels). */
+__device__ __forceinline__ void w_pv_regs(float (&o)[128], const uint32_t (&pa)[4][4], uint32_t kv, int half) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wg::mma_m64n256k16_rs_tb(o, pa[kk], wg::desc_v(kv, 64, 4 * half, kk, 64u * 128u, 1024u), 1);
+}
+__device__ __forceinline__ void w_pv_slab(float (&o)[128], uint32_t kv, int half) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+        wg::mma_m64n256k16_ss_tb(o, wg::desc_kmajor(kv + 8 * W_SLAB, 64, kk),
+                                 wg::desc_v(kv, 64, 4 * half, kk, 64u * 128u, 1024u), 1);
+}
+
 /* The sm_90a kernels' epilogue (v4 and v5), in two steps around a CTA barrier.
  * w_finish_rows (one warpgroup, tq == 0 threads write): 1 / l, the zero flag and lse of this
  * thread's rows r0, r0 + 8 from their max m (log2 domain) and total sum l. */
@@ -838,9 +853,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
                      * at KV): issue it before P goes out and before PREADY; the stores below only
                      * read pa, which the product reads too */
                     wg::fence();
-#pragma unroll
-                    for (int kk = 0; kk < 4; kk++)
-                        wg::mma_m64n256k16_rs_tb(o, pa[kk], wg::desc_v(kv_cur, 64, 0, kk, 64u * 128u, 1024u), 1);
+                    w_pv_regs(o, pa, kv_cur, 0);
                     wg::commit();
                 }
                 unsigned char *p_slab = smem + (kv_cur - q_base) + 8 * W_SLAB;
@@ -861,9 +874,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
 #pragma unroll
                     for (int e = 0; e < 128; e++) o[e] *= alpha[(e >> 1) & 1];
                     wg::fence();
-#pragma unroll
-                    for (int kk = 0; kk < 4; kk++)
-                        wg::mma_m64n256k16_rs_tb(o, pa[kk], wg::desc_v(kv_cur, 64, 0, kk, 64u * 128u, 1024u), 1);
+                    w_pv_regs(o, pa, kv_cur, 0);
                     wg::commit();
                 }
                 wg::wait<0>();
@@ -879,12 +890,8 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
                 const float al0 = sRows->alpha[b][r0], al1 = sRows->alpha[b][r0 + 8];
 #pragma unroll
                 for (int e = 0; e < 128; e++) o[e] *= (e & 2) ? al1 : al0;
-                const uint32_t p_slab = kv_cur + 8 * W_SLAB;
                 wg::fence();
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++)
-                    wg::mma_m64n256k16_ss_tb(o, wg::desc_kmajor(p_slab, 64, kk),
-                                             wg::desc_v(kv_cur, 64, 4, kk, 64u * 128u, 1024u), 1);
+                w_pv_slab(o, kv_cur, 1); /* P from the rope slab */
                 wg::commit();
                 /* no wait here: this product runs on while WG0, past KV, forms the next scores */
                 W_STAMP(2);
@@ -1010,10 +1017,14 @@ constexpr int MAX_DEVICES = 64;
 std::atomic<int> g_dev_cfg[MAX_DEVICES]; /* 0 = not probed yet, else cfg + 1 */
 std::atomic<int> g_dev_sms[MAX_DEVICES];
 
+/* Lets `kernel` take `bytes` of dynamic shared memory. */
+template <class K>
+cudaError_t allow_smem(K kernel, size_t bytes) {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
 template <int BN, int STAGES>
 cudaError_t raise_smem_limit() {
-    return cudaFuncSetAttribute(verify_attn_kernel<BN, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)Cfg<BN, STAGES>::SMEM);
+    return allow_smem(verify_attn_kernel<BN, STAGES>, Cfg<BN, STAGES>::SMEM);
 }
 
 /* Picks (once per device) the configuration that fits the device's shared memory per block. */
@@ -1067,24 +1078,15 @@ int sm90_ready(const char **why) {
     int ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
              cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
              cudaFuncGetAttributes(&fa, verify_attn_sm90_kernel<false>) == cudaSuccess;
-    ok = ok && major == 9 && fa.ptxVersion >= 90 && (size_t)optin >= W_SMEM &&
-         cudaFuncSetAttribute(verify_attn_sm90_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)W_SMEM) == cudaSuccess &&
-         cudaFuncSetAttribute(verify_attn_sm90_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)W_SMEM) == cudaSuccess &&
-         cudaFuncSetAttribute(verify_attn_sm90_kernel<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)W_SMEM) == cudaSuccess &&
-         cudaFuncSetAttribute(verify_attn_sm90_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)W_SMEM) == cudaSuccess &&
-         (size_t)optin >= SS_SMEM &&
-         cudaFuncSetAttribute(verify_attn_seesaw_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)SS_SMEM) == cudaSuccess &&
-         cudaFuncSetAttribute(verify_attn_seesaw_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)SS_SMEM) == cudaSuccess &&
-         cudaFuncSetAttribute(verify_attn_seesaw_kernel<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)SS_SMEM) == cudaSuccess &&
-         cudaFuncSetAttribute(verify_attn_seesaw_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              (int)SS_SMEM) == cudaSuccess;
+    ok = ok && major == 9 && fa.ptxVersion >= 90 && (size_t)optin >= W_SMEM && (size_t)optin >= SS_SMEM &&
+         allow_smem(verify_attn_sm90_kernel<false>, W_SMEM) == cudaSuccess &&
+         allow_smem(verify_attn_sm90_kernel<true>, W_SMEM) == cudaSuccess &&
+         allow_smem(verify_attn_sm90_kernel<false, true>, W_SMEM) == cudaSuccess &&
+         allow_smem(verify_attn_sm90_kernel<true, true>, W_SMEM) == cudaSuccess &&
+         allow_smem(verify_attn_seesaw_kernel<false>, SS_SMEM) == cudaSuccess &&
+         allow_smem(verify_attn_seesaw_kernel<true>, SS_SMEM) == cudaSuccess &&
+         allow_smem(verify_attn_seesaw_kernel<false, true>, SS_SMEM) == cudaSuccess &&
+         allow_smem(verify_attn_seesaw_kernel<true, true>, SS_SMEM) == cudaSuccess;
     (void)cudaGetLastError();
     if (dev >= 0 && dev < MAX_DEVICES) g_dev_sm90[dev].store(ok ? 2 : 1, std::memory_order_release);
     *why = ok ? NULL : "the device is not an sm_90 GPU, the binary lacks sm_90a code, or shared memory is short";

@@ -317,9 +317,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_seesaw_kernel(const Va
                 wg::bar_sync(SS_BAR_SCALE0, THREADS);
                 /* O_L += P0 V0L */
                 wg::fence();
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++)
-                    wg::mma_m64n256k16_rs_tb(o, pa[kk], wg::desc_v(kv0, 64, 0, kk, 64u * 128u, 1024u), 1);
+                w_pv_regs(o, pa, kv0, 0);
                 wg::commit();
                 SS_STAMP(2);
                 wg::bar_sync(SS_BAR_SCALE1, THREADS); /* WG1's softmax: scale1, the pair's max, P1 out */
@@ -346,10 +344,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_seesaw_kernel(const Va
                      * SCALE1, so buffer 1's slabs 0-3 and 8 are refilled early */
                     if (ke - t1 < 64) ss_zero_tail(kv1_p, ke - t1, 0, 4, SS_BAR_WG0);
                     wg::fence();
-#pragma unroll
-                    for (int kk = 0; kk < 4; kk++)
-                        wg::mma_m64n256k16_ss_tb(o, wg::desc_kmajor(kv1 + 8 * W_SLAB, 64, kk),
-                                                 wg::desc_v(kv1, 64, 0, kk, 64u * 128u, 1024u), 1);
+                    w_pv_slab(o, kv1, 0);
                     wg::commit();
                 }
                 SS_STAMP(3);
@@ -412,21 +407,13 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_seesaw_kernel(const Va
                  * refilled a product earlier (S0' needs them before S1' needs buffer 1's 4-7) */
                 if (has1) {
                     wg::fence();
-#pragma unroll
-                    for (int kk = 0; kk < 4; kk++)
-                        wg::mma_m64n256k16_ss_tb(o, wg::desc_kmajor(kv0 + 8 * W_SLAB, 64, kk),
-                                                 wg::desc_v(kv0, 64, 4, kk, 64u * 128u, 1024u), 1);
+                    w_pv_slab(o, kv0, 1);
                     wg::commit();
-#pragma unroll
-                    for (int kk = 0; kk < 4; kk++)
-                        wg::mma_m64n256k16_rs_tb(o, pa[kk], wg::desc_v(kv1, 64, 4, kk, 64u * 128u, 1024u), 1);
+                    w_pv_regs(o, pa, kv1, 1);
                     wg::commit();
                 } else {
                     wg::fence();
-#pragma unroll
-                    for (int kk = 0; kk < 4; kk++)
-                        wg::mma_m64n256k16_ss_tb(o, wg::desc_kmajor(kv0 + 8 * W_SLAB, 64, kk),
-                                                 wg::desc_v(kv0, 64, 4, kk, 64u * 128u, 1024u), 1);
+                    w_pv_slab(o, kv0, 1);
                     wg::commit();
                 }
                 /* with K1 the P1 V1R group is behind it, so this waits for P0' V0R; without K1

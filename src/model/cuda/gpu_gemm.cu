@@ -65,6 +65,17 @@ struct Gather {
     __device__ int operator()(int m) const { return rows[m]; }
 };
 
+/* Every accumulator of a CTA pass (4 m-tiles x this warp's two n8 tiles) to +0: the start of the
+ * chain (top of file). */
+__device__ __forceinline__ void zero_acc(float (&acc)[4][2][4]) {
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][j][e] = 0.0f;
+}
+
 /* Writes a pass's accumulators (rows of 4 m-tiles, this warp's two n8 tiles) to y (row i of the
  * pass at y + i * ldy), rows < m_valid, columns < n_valid. */
 __device__ __forceinline__ void store_acc(const float (&acc)[4][2][4], float *y, int64_t ldy, int m_valid,
@@ -218,12 +229,7 @@ __device__ __forceinline__ void compute_stage(const unsigned char *stage, int mt
 
 template <int STAGES>
 __device__ __forceinline__ void mainloop(const Pass &p, unsigned char *smem, float (&acc)[4][2][4]) {
-#pragma unroll
-    for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[mt][j][e] = 0.0f;
+    zero_acc(acc);
     const int nk = (p.k_end - p.k_begin) / BK;
     const int mtiles = (p.m_valid + 15) >> 4;
 #pragma unroll
@@ -580,12 +586,7 @@ __device__ __forceinline__ void v2_pass(const V2Pass &p, unsigned char *smem, in
             v2_load_w<WL>(p, V2_W(s), kb, pol);
         }
     };
-#pragma unroll
-    for (int mt = 0; mt < V2_MT; mt++)
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[mt][j][e] = 0.0f;
+    zero_acc(acc);
     {   /* rows m_valid..R-1 of both buffers' planes: zero (64 used columns = 8 chunks per row) */
         const int per_plane = (R - p.m_valid) * 8;
         for (int i = tid; i < 4 * per_plane; i += THREADS) {
@@ -1080,12 +1081,7 @@ __global__ void __launch_bounds__(NTHREADS, P::GROUPED ? 2 : 3) v3_kernel(const 
     cp_async_wait_n(S - 2);                      /* group 0 */
     convert_x<KB>(C.m_valid(rcap), C.nsub() * BK, V3_X(0), xc, xc + plane);
     float acc[V2_MT][2][4];
-#pragma unroll
-    for (int mt = 0; mt < V2_MT; mt++)
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[mt][j][e] = 0.0f;
+    zero_acc(acc);
     int cs = 0;                                  /* stage of block j */
     for (int j = 0; C.valid; j++) {
         cp_async_wait_n(S - 2);                  /* groups <= j: W j, X j + 1 (this thread's chunks) */
