@@ -71,13 +71,11 @@ if [ $EXPER = 1 ]; then
   # opt-in variants: correctness first (the model test's fixtures, bitwise contracts and greedy
   # runs with all GEMM variants on), then the probes, verify_attn, the layer bench per variant
   ALL="KDT_GEMM_GROUPED_WAVE=1 KDT_GPU_TILED_EXPERTS=1 KDT_GPU_TILED_DENSE=1 KDT_GEMM_BULK_W=1"
-  for v in "$ALL"; do
-    if exp_part model && [ -x "$BUILD/gpu_test_model_gpu" ]; then
-      env $v timeout "${KDT_TEST_LIMIT:-600}" "$BUILD/gpu_test_model_gpu" >"$LOG/exp_model_gpu.log" 2>&1 &&
-        r=pass || { r=FAIL; fail=1; tail -30 "$LOG/exp_model_gpu.log"; }
-      echo "--- gpu_test_model_gpu with $v: $r: $(tail -1 "$LOG/exp_model_gpu.log")"
-    fi
-  done
+  if exp_part model && [ -x "$BUILD/gpu_test_model_gpu" ]; then
+    env $ALL timeout "${KDT_TEST_LIMIT:-600}" "$BUILD/gpu_test_model_gpu" >"$LOG/exp_model_gpu.log" 2>&1 &&
+      r=pass || { r=FAIL; fail=1; tail -30 "$LOG/exp_model_gpu.log"; }
+    echo "--- gpu_test_model_gpu with $ALL: $r: $(tail -1 "$LOG/exp_model_gpu.log")"
+  fi
   exp_part probes && [ -x "$BUILD/gpu_test_gemm_ab" ] && KDT_TEST_QUICK=1 timeout 300 "$BUILD/gpu_test_gemm_ab" --wave 2>&1 |
     tee "$LOG/exp_wave.log" | grep -vE '^\s*$' | tail -40
   if exp_part va && [ -x "$BUILD/bench_kernels" ] && nvidia-smi --query-gpu=compute_cap --format=csv,noheader | grep -q '^9\.'; then
