@@ -4,10 +4,10 @@
 # build/bench_kernels, bench_model, the engine bench and a 64-client server load (ar / ddtree /
 # auto), and print a short summary table last.
 #   scripts/gpu_check.sh [--no-sanitizer] [--no-bench] [--quick-bench] [--only-tests REGEX] [--experiments]
-# --experiments: after the tests, the opt-in variants prepared in session 7 (docs/model_gpu.md,
-# docs/verify_attn_notes.md): the model test under the GEMM variants, the wave / access-pattern
-# probes, verify_attn with and without KDT_VA_FUSED=1, and the Kimi layer bench (quick) per GEMM
-# variant set, each printing its summary lines.
+# --experiments: after the tests, the opt-in variants and the previous defaults (docs/model_gpu.md,
+# docs/verify_attn_notes.md): the model test under them, the wave / access-pattern probes,
+# verify_attn with and without KDT_VA_FUSED=1, and the Kimi layer bench (quick) per variant set,
+# each printing its summary lines.
 # Order: tests, bench, then the sanitizer runs (KDT_TEST_QUICK=1), bounded by KDT_CHECK_DEADLINE.
 # Environment: KDT_PREBUILT=DIR uses binaries built elsewhere (e.g. carried build dir) instead of
 # building; OUT=DIR receives logs and bench/RESULTS-style markdown (default /tmp/kdt_gpu_check).
@@ -70,11 +70,16 @@ exp_part() { [[ "$EXP_PARTS" == *",$1,"* ]]; }
 if [ $EXPER = 1 ]; then
   # opt-in variants: correctness first (the model test's fixtures, bitwise contracts and greedy
   # runs with all GEMM variants on), then the probes, verify_attn, the layer bench per variant
-  ALL="KDT_GEMM_GROUPED_WAVE=1 KDT_GPU_TILED_EXPERTS=1 KDT_GPU_TILED_DENSE=1 KDT_GEMM_BULK_W=1"
+  # ALL: every opt-in model variant at once; OLD: session 7's defaults (2 CTAs per SM for the
+  # grouped GEMM, row-major experts), kept reachable for A/B runs
+  ALL="KDT_GPU_TILED_DENSE=1 ${KDT_EXP_ALL_EXTRA:-}"
+  OLD="KDT_GEMM_GROUPED_PER_SM=2 KDT_GPU_TILED_EXPERTS=0"
   if exp_part model && [ -x "$BUILD/gpu_test_model_gpu" ]; then
-    env $ALL timeout "${KDT_TEST_LIMIT:-600}" "$BUILD/gpu_test_model_gpu" >"$LOG/exp_model_gpu.log" 2>&1 &&
-      r=pass || { r=FAIL; fail=1; tail -30 "$LOG/exp_model_gpu.log"; }
-    echo "--- gpu_test_model_gpu with $ALL: $r: $(tail -1 "$LOG/exp_model_gpu.log")"
+    for v in "$ALL" "$OLD"; do
+      env $v timeout "${KDT_TEST_LIMIT:-600}" "$BUILD/gpu_test_model_gpu" >"$LOG/exp_model_gpu.log" 2>&1 &&
+        r=pass || { r=FAIL; fail=1; tail -30 "$LOG/exp_model_gpu.log"; }
+      echo "--- gpu_test_model_gpu with $v: $r: $(tail -1 "$LOG/exp_model_gpu.log")"
+    done
   fi
   exp_part probes && [ -x "$BUILD/gpu_test_gemm_ab" ] && KDT_TEST_QUICK=1 timeout 300 "$BUILD/gpu_test_gemm_ab" --wave 2>&1 |
     tee "$LOG/exp_wave.log" | grep -vE '^\s*$' | tail -40
@@ -92,7 +97,7 @@ if [ $EXPER = 1 ]; then
   fi
   if exp_part layer && [ -x "$BUILD/bench_model" ]; then
     # KDT_EXP_VARIANTS (';'-separated env sets) overrides the list, e.g. to split it over two calls
-    IFS=';' read -r -a VARS <<< "${KDT_EXP_VARIANTS:-KDT_EXP=default;KDT_GEMM_GROUPED_WAVE=1;KDT_GPU_TILED_EXPERTS=1;KDT_GPU_TILED_EXPERTS=1 KDT_GPU_TILED_DENSE=1;KDT_GPU_TILED_EXPERTS=1 KDT_GPU_TILED_DENSE=1 KDT_GEMM_BULK_W=1;$ALL}"
+    IFS=';' read -r -a VARS <<< "${KDT_EXP_VARIANTS:-KDT_EXP=default;$OLD;KDT_GEMM_GROUPED_PER_SM=5;KDT_GEMM_BULK_W=0;$ALL}"
     : >"$LOG/exp_summary.txt"
     for v in "${VARS[@]}"; do
       f="$LOG/exp_bench_model_$(echo "$v" | tr ' =' '_-').log"
@@ -111,7 +116,7 @@ if [ $EXPER = 1 ]; then
           awk -F'","' '$0 ~ /gpu__time_duration/ {
               n = $5; gsub(/\(anonymous namespace\)::/, "", n); sub(/\(.*/, "", n)
               v = $NF; gsub(/[",]/, "", v); u = $(NF - 1)
-              f = (u ~ /nsecond/) ? 0.001 : ((u ~ /msecond/) ? 1000 : 1)
+              f = (u ~ /^(ns|nsecond)/) ? 0.001 : ((u ~ /^(ms|msecond)/) ? 1000 : 1)
               t[n] += v * f; c[n]++; all += v * f }
             END { for (k in t) printf "  %9.1f us %3d x %s\n", t[k], c[k], k
                   printf "  %9.1f us       total (serialised)\n", all }' |

@@ -1170,24 +1170,21 @@ V2Cfg v2_config_grid(int stages, int64_t ctas, int m_max, int k_max = 4, int *pe
     return c;
 }
 
-/* KDT_GEMM_GROUPED_WAVE=1 (opt-in until measured on the H200; read once): wave shaping for
- * grouped launches too, from the launch's item hint (exact for a decode: 8 routed experts + the
- * shared one, 1 row each = 576 gate/up CTAs of 64 columns, which two CTAs per SM run as 2.2
- * waves). Up to 5 CTAs per SM (v2_grouped_kernel<5>, 3 stages each): 576 CTAs in one wave; the
- * down GEMM's 1,008 CTAs stay as they are (3.8 waves). Scheduling only. */
 bool env_on(const char *name) {
     const char *e = getenv(name);
     return e != nullptr && e[0] == '1';
 }
-bool grouped_wave() {
-    static const bool on = env_on("KDT_GEMM_GROUPED_WAVE");
-    return on;
+bool env_off(const char *name) {
+    const char *e = getenv(name);
+    return e != nullptr && e[0] == '0';
 }
-/* KDT_GEMM_BULK_W=1 (opt-in, unmeasured; read once): tiled expert weights are fetched by one 8 KB
- * bulk copy per stage (the TMA engine) instead of 512 cp.async per stage; compute capability
- * >= 9 only. */
+/* The bulk-copy W loader for tiled weights (the default on compute capability >= 9;
+ * KDT_GEMM_BULK_W=0 keeps cp.async; read once): one 8 KB bulk copy per stage (the TMA engine)
+ * instead of 512 cp.async. Measured with 5 CTAs per SM (H200, bench/RESULTS.md session 8): the
+ * decode's gate/up 127 us instead of 146 (tiled, cp.async) and 151 (row-major); with 2 CTAs per
+ * SM it was slower than cp.async, so it comes with the grouped policy below. */
 bool read_bulk_w() {
-    if (!env_on("KDT_GEMM_BULK_W")) return false;
+    if (env_off("KDT_GEMM_BULK_W")) return false;
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
@@ -1200,11 +1197,76 @@ bool bulk_w() {
     static const bool on = read_bulk_w();
     return on;
 }
+/* CTAs per SM of a grouped launch (scheduling only: the bits stay v1's). The runner's pool
+ * puts 2 CTAs on an SM; grouped launches stream expert weights for very few rows per item, and
+ * more, smaller CTAs per SM stream them faster (H200, session 8, gpu_test_gemm_ab --wave and the
+ * Kimi layer: bench/RESULTS.md). The policy:
+ *  - rows per item <= 8 (decode, S <= 8): 5 per SM (v2_grouped_kernel<5>, whose 45.5 KB pool
+ *    holds 3 stages of 8-row passes), or 4 when that fills the last wave clearly better (the
+ *    wave efficiency ctas / (slots * waves) of the launch's item hint: a decode's down GEMM,
+ *    1,008 CTAs, is 0.76 at 5 and 0.95 at 4);
+ *  - more rows but <= 16 per item on average (tree verify, where only the shared expert has
+ *    them all; prefill chunks up to ~600 tokens): 4 per SM, 3 stages of 16-row passes; an item
+ *    with more rows takes more passes;
+ *  - more rows on average (large prefill chunks): the runner's pool, 64-row passes.
+ * Decode S 1 of the Kimi layer: 439 -> 365 us with tiled weights and the bulk loader; verify
+ * N 9..65: 1.35..1.41x -> 1.12..1.20x of the floor.
+ * KDT_GEMM_GROUPED_PER_SM=k (2..5; read once) forces k (2 = the runner's pool, the old default). */
+int env_int(const char *name, int lo, int hi) {
+    const char *e = getenv(name);
+    if (!e || !*e) return 0;
+    const int v = atoi(e);
+    return v >= lo && v <= hi ? v : 0;
+}
+int grouped_per_sm_env() {
+    static const int k = env_int("KDT_GEMM_GROUPED_PER_SM", 2, 5);
+    return k;
+}
+struct DevSm {
+    int n_sm, smem_per_sm; /* 0 when the query failed */
+};
+DevSm dev_sm() {
+    DevSm d = {0, 0};
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&d.n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
+        cudaGetLastError(); /* a failed query only forgoes the shaping */
+        d.n_sm = d.smem_per_sm = 0;
+    }
+    return d;
+}
+/* The pool of k CTAs per SM, or the runner's (per_sm_used 2) when k <= 2, the device query
+ * failed or that pool would not be smaller. */
+V2Cfg v2_config_per_sm(int stages, int k, const DevSm &d, int *per_sm_used) {
+    const V2Cfg c = v2_config(stages);
+    *per_sm_used = 2;
+    if (k <= 2 || d.smem_per_sm <= 0) return c;
+    const int pool = (d.smem_per_sm / k - 1024) / 128 * 128;
+    if (pool >= c.pool || V2_ROWS * (BN + 1) * 4 > pool) return c;
+    *per_sm_used = k;
+    return v2_config_pool(pool);
+}
+/* ctas / (slots * whole waves): 1 when the last wave is full */
+double wave_efficiency(int64_t ctas, int64_t slots) {
+    const int64_t waves = (ctas + slots - 1) / slots;
+    return waves > 0 ? (double)ctas / (double)(slots * waves) : 0.0;
+}
 V2Cfg v2_config_grouped(int stages, const kdt_grouped_args &a, int *per_sm) {
-    *per_sm = 2;
-    if (!grouped_wave() || a.n_items_hint < 1) return v2_config(stages);
-    const int64_t ctas = (int64_t)a.n_items_hint * ((a.n_max + BN - 1) / BN);
-    return v2_config_grid(stages, ctas, a.max_item_rows > 0 ? a.max_item_rows : V2_ROWS, 5, per_sm);
+    const DevSm d = dev_sm();
+    int k = grouped_per_sm_env();
+    if (k == 0) {
+        const int rows = a.max_item_rows > 0 ? a.max_item_rows : V2_ROWS;
+        const int64_t items_hint = a.n_items_hint > 0 ? a.n_items_hint : (a.grid_items > 0 ? a.grid_items : 1);
+        k = a.n_pairs_hint > 16 * items_hint ? 2 : 4;
+        if (rows <= 8) {
+            const int64_t ctas = items_hint * ((a.n_max + BN - 1) / BN);
+            k = 5;
+            if (d.n_sm > 0 && wave_efficiency(ctas, 4 * (int64_t)d.n_sm) > wave_efficiency(ctas, 5 * (int64_t)d.n_sm) + 0.1)
+                k = 4;
+        }
+    }
+    return v2_config_per_sm(stages, k, d, per_sm);
 }
 static_assert(V2_ROWS * (BN + 1) * 4 <= 55296, "argmax tile fits the smallest pool");
 static_assert(v2_xc_bytes(16) + 3 * v2_stage_bytes(16) <= 55296, "the smallest pool runs 16-row passes");

@@ -213,6 +213,11 @@ struct kdt_gpu_runner {
     size_t commit_bytes;
     float *flush_buf;
     size_t flush_bytes;
+    /* KDT_GPU_L2_PREFETCH=1 (opt-in): a side stream that prefetches weights into L2 during the
+     * layer's latency-bound kernels (forked and joined by events, also inside a graph capture) */
+    int32_t l2_prefetch;            /* 0 off; else the byte budget per fork in MB */
+    cudaStream_t pf_stream;
+    cudaEvent_t pf_fork[2], pf_join;
     void **allocs;
     int32_t n_allocs, cap_allocs;
 };
@@ -249,6 +254,9 @@ kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cudaStream_t 
  * N = 2 i_pad of the item's expert), 1 down (X = h rows in pair order, K = I, N = D). */
 typedef struct kdt_grouped_args {
     int32_t which;
+    int32_t n_pairs_hint;       /* (token, expert) pairs the launch can have, shared ones included
+                                   (0 = unknown): with n_items_hint, sizes the pool (in the
+                                   padding after `which`) */
     const float *x; int64_t ldx;
     const int32_t *pair_row;
     const kdt_gpu_expert *experts;
@@ -267,9 +275,10 @@ kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStr
  * layout [rows / 64][ld / 64][64][64]: every 64 x 64 block the GEMM stages at once becomes 8 KB
  * of contiguous memory instead of 64 segments of 128 B, ld * 2 bytes apart. Inside a block, the
  * 16-byte chunk c of row t sits at chunk c ^ (t & 7), so a block copied verbatim into shared
- * memory (KDT_GEMM_BULK_W) reads without bank conflicts. A permutation: the values, and so the
- * GEMM's bits, are the same. tmp: device scratch of tmp_rows (a multiple of 64) rows.
- * KDT_GPU_TILED_EXPERTS=1 (opt-in, unmeasured) applies it to every expert matrix. */
+ * memory (the bulk W loader) reads without bank conflicts. A permutation: the values, and so the
+ * GEMM's bits, are the same. tmp: device scratch of tmp_rows (a multiple of 64) rows. Applied to
+ * every expert matrix by default (KDT_GPU_TILED_EXPERTS=0: not), to dense ones with
+ * KDT_GPU_TILED_DENSE=1 (gpu_upload.c). */
 kdt_status kdt_gemm_tile64(uint16_t *w, int64_t rows, int32_t ld, uint16_t *tmp, int64_t tmp_rows, cudaStream_t s);
 
 /* lm_head with the fused argmax: per 64-column vocabulary tile, every head row's best (value,
@@ -347,6 +356,14 @@ kdt_status kdt_op_residual(float *x, const float *part, int32_t splits, int64_t 
 kdt_status kdt_op_swiglu(const float *part, int32_t splits, int64_t split_stride, int32_t ldp, const int32_t *n_dev,
                          int32_t max_n, const int32_t *pair_expert, const kdt_gpu_expert *experts, int32_t inter,
                          float *h, int32_t ldh, cudaStream_t s);
+/* Byte ranges to pull into L2 ahead of the kernel that streams them (k_l2_prefetch). */
+#define KDT_PF_REGIONS 4
+typedef struct kdt_prefetch_regions {
+    const void *ptr[KDT_PF_REGIONS];
+    int64_t bytes[KDT_PF_REGIONS];
+    int32_t n;
+} kdt_prefetch_regions;
+kdt_status kdt_op_l2_prefetch(const kdt_prefetch_regions *r, cudaStream_t s);
 size_t kdt_op_route_smem(int32_t E, int32_t G);
 kdt_status kdt_op_route(const float *part, int32_t splits, int64_t split_stride, const float *bias,
                         const kdt_model_config *cfg, const kdt_gstage_hdr *hdr, int32_t *sel, float *wgt,

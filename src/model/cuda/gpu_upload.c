@@ -208,21 +208,28 @@ kdt_status kdt_gpu_model_weight_bytes(const kdt_gpu_model *g, int32_t layer, kdt
     return KDT_OK;
 }
 
-/* ---- KDT_GPU_TILED_EXPERTS=1 / KDT_GPU_TILED_DENSE=1: weights in the GEMM's tiled layout -------- */
+/* ---- tiled weights: experts by default (KDT_GPU_TILED_EXPERTS=0: row-major), dense opt-in ---- */
 
-/* Opt-in until measured on the H200 (docs/model_gpu.md): rewrites weight matrices in place with
- * kdt_gemm_tile64, so each stage block a GEMM loads (64 rows x 64 K) is 8 KB of contiguous memory.
- * Values and results are unchanged (the GEMM reads the layout; the bits are the row-major ones).
+/* Rewrites weight matrices in place with kdt_gemm_tile64, so each stage block a GEMM loads (64
+ * rows x 64 K) is 8 KB of contiguous memory, which the grouped GEMM fetches with one bulk copy
+ * (sm_90+). Values and results are unchanged (the GEMM reads the layout; the bits are the
+ * row-major ones). Measured on the H200 (bench/RESULTS.md, session 8): with the grouped GEMM's
+ * 4-5 CTAs per SM, tiled experts + the bulk loader take the Kimi layer's decode from 402 to 365 us
+ * and verify N 65 from 8,090 to 7,119 us; tiled dense matrices gained nothing measurable, so
+ * KDT_GPU_TILED_DENSE=1 stays opt-in.
  * EXPERTS: every routed and shared expert's gate/up and down, all or none (one grouped launch
  * reads them all; a model whose expert matrices are not whole 64-row tiles stays row-major).
  * DENSE: the attention projections, o_proj, the router and dense MLPs, each on its own (a matrix
  * that is not whole tiles stays row-major); not the embedding or lm_head. iid_fill: the values
  * are i.i.d. random (kdt_gpu_model_random); where a matrix has no padding columns any
- * permutation of it is an equally random matrix, so the layout is only declared (the rewrite of
- * a Kimi layer's 34 GB of experts would add ~35 s to every benchmark run). */
+ * permutation of it is an equally random matrix, so the layout is only declared, not rewritten. */
 static int env_flag(const char *name) {
     const char *e = getenv(name);
     return e && e[0] == '1';
+}
+static int env_off(const char *name) {
+    const char *e = getenv(name);
+    return e && e[0] == '0';
 }
 static int tileable(const kdt_gmat *m) {
     return m->w && m->rows > 0 && m->rows % 64 == 0 && m->ld % 64 == 0 &&
@@ -238,7 +245,7 @@ static kdt_status tile_mat(kdt_gmat *m, int iid_fill, uint16_t *tmp, int64_t tmp
     return KDT_OK;
 }
 static kdt_status tile_weights(kdt_gpu_model *g, int iid_fill) {
-    const int experts = env_flag("KDT_GPU_TILED_EXPERTS"), dense = env_flag("KDT_GPU_TILED_DENSE");
+    const int experts = !env_off("KDT_GPU_TILED_EXPERTS"), dense = env_flag("KDT_GPU_TILED_DENSE");
     if (!experts && !dense) return KDT_OK;
     const int32_t NL = g->cfg.n_layers;
     int experts_ok = experts;
