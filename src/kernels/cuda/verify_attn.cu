@@ -50,6 +50,7 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <limits.h>
 #include <stdint.h>
 
 #include <atomic>
@@ -953,22 +954,91 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
 
 /* Merges the partials of split streams: per row, lse = log sum_k exp(lse_k) and
  * out = sum_k exp(lse_k - lse) o_k, summed in split order (bitwise reproducible). One warp per
- * row. A CTA walks over (stream, row tile, eighth) items of split streams: each warp takes one row
- * of the eighth, so a lone stream's 33 row tiles give 264 CTAs one row per warp instead of 33
- * CTAs eight rows per warp in a row (the merge is a chain of dependent loads; with whole row tiles
- * per CTA it took ~20 us of S 1, P 4096, q 33 under ncu). The K partial rows of a row are loaded
- * four at a time before they are summed, in the same order. */
+ * row (combine_row). A CTA walks over (stream, row tile, part) items of split streams, the row
+ * tile cut into `parts` (1, 2, 4 or 8) so that a few split row tiles still spread over the whole
+ * grid: a lone stream's 33 row tiles (S 1, q 33) run as 264 items of one row per warp instead of 33
+ * CTAs with eight rows per warp in a row (the merge is a chain of dependent loads: ~20 us there
+ * under ncu), while a large batch keeps whole row tiles (one walk per row tile: with parts = 8 for
+ * every launch S 64, P 4096, q 33 took 6 % longer). The K partial rows of a row are loaded four at
+ * a time before they are summed, in the same order. */
 constexpr int CB_WARPS = THREADS / 32;
-constexpr int CB_SUB = ROWS / CB_WARPS; /* items per row tile */
-static_assert(ROWS % CB_WARPS == 0, "a combine item is one row per warp");
+constexpr int CB_MAX_PARTS = ROWS / CB_WARPS;
+static_assert(ROWS % CB_WARPS == 0, "a combine part of one row per warp");
+__device__ __forceinline__ void combine_row(const VaArgs &a, const VaPlan &pl, long long slot_base, int rtile,
+                                            long long row0, int r, int lane) {
+    const int K = pl.splits;
+    const float la = lane < K ? a.ws_lse[(slot_base + (long long)lane * pl.rt + rtile) * ROWS + r] : -INFINITY;
+    const float lb = lane + 32 < K ? a.ws_lse[(slot_base + (long long)(lane + 32) * pl.rt + rtile) * ROWS + r] : -INFINITY;
+    const bool any_nan = __any_sync(0xffffffffu, isnan(la) || isnan(lb));
+    float mx = fmaxf(la, lb);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    uint2 *dst = reinterpret_cast<uint2 *>(a.out + (row0 + r) * D_V);
+    if (any_nan || mx == -INFINITY) {
+        const uint32_t fill = any_nan ? 0x7fc07fc0u : 0u;
+#pragma unroll
+        for (int j = 0; j < 4; j++) dst[lane + 32 * j] = make_uint2(fill, fill);
+        if (lane == 0) a.lse[row0 + r] = any_nan ? __int_as_float(0x7fc00000) : -INFINITY;
+        return;
+    }
+    const float wa = lane < K ? expf(la - mx) : 0.f, wb = lane + 32 < K ? expf(lb - mx) : 0.f;
+    float sum = wa + wb;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    const float inv = 1.f / sum;
+    float4 acc[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 *src0 = reinterpret_cast<const float4 *>(a.ws_o + (slot_base + rtile) * (long long)SLOT_O_FLOATS +
+                                                          (long long)r * D_V);
+    const long long k_stride = (long long)pl.rt * (long long)(SLOT_O_FLOATS / 4); /* float4s per split */
+    for (int k0 = 0; k0 < K; k0 += 4) {
+        float4 v[4][4];
+        float wk[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int k = k0 + u; /* warp-uniform */
+            wk[u] = __shfl_sync(0xffffffffu, k < 32 ? wa : wb, k & 31) * inv;
+            if (k < K) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) v[u][j] = src0[k * k_stride + lane + 32 * j];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            if (k0 + u < K) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    acc[j].x += wk[u] * v[u][j].x, acc[j].y += wk[u] * v[u][j].y;
+                    acc[j].z += wk[u] * v[u][j].z, acc[j].w += wk[u] * v[u][j].w;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        dst[lane + 32 * j] = make_uint2(va::pack_bf16x2(acc[j].x, acc[j].y), va::pack_bf16x2(acc[j].z, acc[j].w));
+    if (lane == 0) a.lse[row0 + r] = mx + logf(sum);
+}
 __global__ void __launch_bounds__(THREADS) verify_attn_combine(const VaArgs a) {
     __shared__ WalkShared sWalk;
+    __shared__ long long sTiles;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (warp == 0) { /* the number of split row tiles: one walk past the end */
+        int s0 = 0;
+        long long tiles = 0, slots = 0;
+        walk_to<true>(a, LLONG_MAX, s0, tiles, slots, &sWalk);
+        if (lane == 0) sTiles = tiles;
+    }
+    __syncthreads();
+    int parts = 1;
+    while (parts < CB_MAX_PARTS && sTiles * parts < (long long)gridDim.x) parts *= 2;
+    const int rows_per_part = ROWS / parts;
     int walk_s = 0;
     long long walk_items = 0, walk_slots = 0;
     for (long long i = blockIdx.x;; i += gridDim.x) {
-        const long long tile_item = i / CB_SUB;
-        const int sub = (int)(i % CB_SUB);
+        const long long tile_item = i / parts;
+        const int part = (int)(i % parts);
         __syncthreads();
         if (warp == 0) walk_to<true>(a, tile_item, walk_s, walk_items, walk_slots, &sWalk);
         __syncthreads();
@@ -976,63 +1046,11 @@ __global__ void __launch_bounds__(THREADS) verify_attn_combine(const VaArgs a) {
         const VaPlan pl = sWalk.plan;
         const long long slot_base = sWalk.slot_base;
         if (slot_base + pl.slots > a.slot_capacity) continue; /* the main kernel wrote NaN */
-        const int rtile = (int)(tile_item - sWalk.item_base), K = pl.splits;
+        const int rtile = (int)(tile_item - sWalk.item_base);
         const int g0 = rtile * ROWS, rows_valid = min(ROWS, pl.n * a.H - g0);
         const long long row0 = (long long)sWalk.s * a.max_nodes * a.H + g0;
-        const int r = sub * CB_WARPS + warp;
-        if (r >= rows_valid) continue;
-        const float la = lane < K ? a.ws_lse[(slot_base + (long long)lane * pl.rt + rtile) * ROWS + r] : -INFINITY;
-        const float lb = lane + 32 < K ? a.ws_lse[(slot_base + (long long)(lane + 32) * pl.rt + rtile) * ROWS + r] : -INFINITY;
-        const bool any_nan = __any_sync(0xffffffffu, isnan(la) || isnan(lb));
-        float mx = fmaxf(la, lb);
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-        uint2 *dst = reinterpret_cast<uint2 *>(a.out + (row0 + r) * D_V);
-        if (any_nan || mx == -INFINITY) {
-            const uint32_t fill = any_nan ? 0x7fc07fc0u : 0u;
-#pragma unroll
-            for (int j = 0; j < 4; j++) dst[lane + 32 * j] = make_uint2(fill, fill);
-            if (lane == 0) a.lse[row0 + r] = any_nan ? __int_as_float(0x7fc00000) : -INFINITY;
-            continue;
-        }
-        const float wa = lane < K ? expf(la - mx) : 0.f, wb = lane + 32 < K ? expf(lb - mx) : 0.f;
-        float sum = wa + wb;
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-        const float inv = 1.f / sum;
-        float4 acc[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-        const float4 *src0 = reinterpret_cast<const float4 *>(a.ws_o + (slot_base + rtile) * (long long)SLOT_O_FLOATS +
-                                                              (long long)r * D_V);
-        const long long k_stride = (long long)pl.rt * (long long)(SLOT_O_FLOATS / 4); /* float4s per split */
-        for (int k0 = 0; k0 < K; k0 += 4) {
-            float4 v[4][4];
-            float wk[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int k = k0 + u; /* warp-uniform */
-                wk[u] = __shfl_sync(0xffffffffu, k < 32 ? wa : wb, k & 31) * inv;
-                if (k < K) {
-#pragma unroll
-                    for (int j = 0; j < 4; j++) v[u][j] = src0[k * k_stride + lane + 32 * j];
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                if (k0 + u < K) {
-#pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        acc[j].x += wk[u] * v[u][j].x, acc[j].y += wk[u] * v[u][j].y;
-                        acc[j].z += wk[u] * v[u][j].z, acc[j].w += wk[u] * v[u][j].w;
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            dst[lane + 32 * j] = make_uint2(va::pack_bf16x2(acc[j].x, acc[j].y), va::pack_bf16x2(acc[j].z, acc[j].w));
-        if (lane == 0) a.lse[row0 + r] = mx + logf(sum);
+        const int r_end = min((part + 1) * rows_per_part, rows_valid);
+        for (int r = part * rows_per_part + warp; r < r_end; r += CB_WARPS) combine_row(a, pl, slot_base, rtile, row0, r, lane);
     }
 }
 

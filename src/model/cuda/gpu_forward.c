@@ -89,10 +89,6 @@ void kdt_gpu_runner_free(kdt_gpu_runner *r) {
         if (r->h_stage[i]) cudaFreeHost(r->h_stage[i]);
         if (r->stage_done[i]) cudaEventDestroy(r->stage_done[i]);
     }
-    for (int i = 0; i < 2; i++)
-        if (r->pf_fork[i]) cudaEventDestroy(r->pf_fork[i]);
-    if (r->pf_join) cudaEventDestroy(r->pf_join);
-    if (r->pf_stream) cudaStreamDestroy(r->pf_stream);
     if (r->commit_buf) cudaFree(r->commit_buf);
     if (r->flush_buf) cudaFree(r->flush_buf);
     if (r->own_stream && r->stream) cudaStreamDestroy(r->stream);
@@ -166,17 +162,6 @@ kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_op
             (e = cudaEventRecord(r->stage_done[i], r->stream)) != cudaSuccess)
             st = cuda_fail(e, "kdt_gpu_runner_create: staging");
         else memset(r->h_stage[i], 0, r->stage_bytes);
-    }
-    {   /* KDT_GPU_L2_PREFETCH=1 (opt-in): the prefetch side stream; KDT_GPU_L2_PREFETCH_MB: bytes per fork */
-        const char *pf = getenv("KDT_GPU_L2_PREFETCH"), *mb = getenv("KDT_GPU_L2_PREFETCH_MB");
-        if (st == KDT_OK && pf && pf[0] == '1') {
-            r->l2_prefetch = mb && atoi(mb) > 0 ? atoi(mb) : 24;
-            if ((e = cudaStreamCreateWithFlags(&r->pf_stream, cudaStreamNonBlocking)) != cudaSuccess ||
-                (e = cudaEventCreateWithFlags(&r->pf_fork[0], cudaEventDisableTiming)) != cudaSuccess ||
-                (e = cudaEventCreateWithFlags(&r->pf_fork[1], cudaEventDisableTiming)) != cudaSuccess ||
-                (e = cudaEventCreateWithFlags(&r->pf_join, cudaEventDisableTiming)) != cudaSuccess)
-                st = cuda_fail(e, "kdt_gpu_runner_create: L2 prefetch stream");
-        }
     }
     STEP(ralloc(r, (void **)&r->d_stage, r->stage_bytes, "staging"));
     if (st == KDT_OK && (e = cudaMemset(r->d_stage, 0, r->stage_bytes)) != cudaSuccess) st = cuda_fail(e, "staging");
@@ -569,48 +554,7 @@ typedef struct pass {
     const int32_t *head;
     const uint64_t *masks;
     const int32_t *m_dev;
-    int32_t pf_open;            /* the L2 prefetch stream has work not yet joined */
 } pass;
-
-/* ---- KDT_GPU_L2_PREFETCH=1 (opt-in, being measured): weights into L2 ahead of their GEMM -----
- * A decode-sized layer alternates bandwidth-bound GEMMs with latency-bound kernels (attention,
- * the router's top-k and plan, row kernels) that leave the HBM nearly idle. Those weights do not
- * depend on the activations, so a side stream forked before such a phase pulls the next GEMM's
- * first bytes into L2 (up to the runner's budget per fork): before attention W_UV and the head of
- * o_proj, before the MoE the shared expert's gate/up. Joined at the end of the layer (a graph
- * capture needs every fork joined). Reads only: the bits never change. */
-static int64_t gmat_bytes(const kdt_gmat *m) {
-    return m->w ? (int64_t)(m->batch > 1 ? m->batch : 1) * m->rows * m->ld * 2 : 0;
-}
-static void pf_add(kdt_prefetch_regions *rg, const kdt_gmat *m, int64_t *budget) {
-    const int64_t b = gmat_bytes(m) < *budget ? gmat_bytes(m) : *budget;
-    if (b < 4096 || rg->n >= KDT_PF_REGIONS) return;
-    rg->ptr[rg->n] = m->w;
-    rg->bytes[rg->n++] = b & ~(int64_t)127;
-    *budget -= b;
-}
-static kdt_status pf_fork(pass *p, int which, const kdt_gmat *a, const kdt_gmat *b) {
-    kdt_gpu_runner *r = p->r;
-    if (!r->l2_prefetch || p->M > 64) return KDT_OK;
-    int64_t budget = (int64_t)r->l2_prefetch << 20;
-    kdt_prefetch_regions rg;
-    memset(&rg, 0, sizeof rg);
-    if (a) pf_add(&rg, a, &budget);
-    if (b) pf_add(&rg, b, &budget);
-    if (rg.n == 0) return KDT_OK;
-    cudaError_t e = cudaEventRecord(r->pf_fork[which], p->s);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(r->pf_stream, r->pf_fork[which], 0);
-    if (e != cudaSuccess) return cuda_fail(e, "L2 prefetch: fork");
-    p->pf_open = 1;
-    return kdt_op_l2_prefetch(&rg, r->pf_stream);
-}
-static kdt_status pf_join(pass *p) {
-    if (!p->pf_open) return KDT_OK;
-    p->pf_open = 0;
-    cudaError_t e = cudaEventRecord(p->r->pf_join, p->r->pf_stream);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(p->s, p->r->pf_join, 0);
-    return e == cudaSuccess ? KDT_OK : cuda_fail(e, "L2 prefetch: join");
-}
 
 /* partials of X W^T into r->part as [splits][M][ldy] (+ y_batch per batch); returns the split count */
 static kdt_status gemm(pass *p, const float *x, int64_t ldx, int64_t x_batch, int32_t kx, const kdt_gmat *w,
@@ -760,19 +704,13 @@ static kdt_status layer(pass *p, int32_t l, const kdt_gpu_run_config *rc) {
                       r->q_nope, r->q_abs, p->M, p->s));
     KDT_TRY(gemm(p, r->q_nope, (int64_t)H * dn, dn, dn, &L->uk_t, (int64_t)H * dc, dc, &splits, &ss));
     KDT_TRY(kdt_op_sum_splits(r->part, splits, ss, H * dc, H, dc, dc, r->q_abs, H * dq, dq, p->m_dev, p->M, p->s));
-    KDT_TRY(pf_fork(p, 0, &L->uv, &L->o_proj));
     KDT_TRY(attention(p, l));
     KDT_TRY(gemm(p, r->o_lat, (int64_t)H * dc, dc, dc, &L->uv, (int64_t)H * dv, dv, &splits, &ss));
     KDT_TRY(kdt_op_sum_splits(r->part, splits, ss, H * dv, H, dv, dv, r->heads, H * dv, dv, p->m_dev, p->M, p->s));
     KDT_TRY(gemm(p, r->heads, (int64_t)H * dv, 0, H * dv, &L->o_proj, D, 0, &splits, &ss));
     KDT_TRY(kdt_op_post_o(r->x, r->part, splits, ss, L->post_norm, c->rms_norm_eps, D, r->xn, p->m_dev, p->M, p->s));
-    if (L->is_moe) {
-        KDT_TRY(pf_fork(p, 1, g->has_shared ? &L->shared_gu : NULL, NULL));
-        KDT_TRY(moe(p, L, l));
-    } else {
-        KDT_TRY(dense_mlp(p, L));
-    }
-    KDT_TRY(pf_join(p));
+    if (L->is_moe) KDT_TRY(moe(p, L, l));
+    else KDT_TRY(dense_mlp(p, L));
     for (int32_t t = 0; t < rc->n_taps; t++)
         if (rc->tap_layers[t] == l)
             KDT_TRY(kdt_op_taps(r->x, D, p->hdr, p->rows, r->d_taps, r->opt.max_taps, t, p->M, p->s));
@@ -807,7 +745,6 @@ kdt_status kdt_gpu_run(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_gpu_run_confi
     p.head = (const int32_t *)(r->d_stage + r->off_head);
     p.masks = (const uint64_t *)(r->d_stage + r->off_masks);
     p.m_dev = &p.hdr->n_rows;
-    p.pf_open = 0;
     const int32_t D = cfg->hidden_size;
     if (r->dtree_pending) {
         unsigned char *d = r->d_stage;

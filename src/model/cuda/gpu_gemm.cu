@@ -1208,8 +1208,12 @@ bool bulk_w() {
  *  - more rows but <= 16 per item on average (tree verify, where only the shared expert has
  *    them all; prefill chunks up to ~600 tokens): 4 per SM, 3 stages of 16-row passes; an item
  *    with more rows takes more passes;
- *  - more rows on average (large prefill chunks): the runner's pool, 64-row passes.
- * Decode S 1 of the Kimi layer: 439 -> 365 us with tiled weights and the bulk loader; verify
+ *  - more rows on average (large prefill chunks): the runner's pool, 64-row passes;
+ *  - a grid of <= 2 CTAs per SM (small models, a few experts): the runner's pool, which keeps
+ *    more of each CTA's stream in flight (E 1 / 2 / 4 experts x 1 row at K 7168: 59 / 60 / 73 us
+ *    at 2 per SM, 63 / 64 / 77 at 4, 83 / 83 / 92 at 5); cp.async, not bulk copies, there
+ *    (bulk at 2 per SM: 69 us for E 1).
+ * Decode S 1 of the Kimi layer: 439 -> 360 us with tiled weights and the bulk loader; verify
  * N 9..65: 1.35..1.41x -> 1.12..1.20x of the floor.
  * KDT_GEMM_GROUPED_PER_SM=k (2..5; read once) forces k (2 = the runner's pool, the old default). */
 int env_int(const char *name, int lo, int hi) {
@@ -1258,9 +1262,11 @@ V2Cfg v2_config_grouped(int stages, const kdt_grouped_args &a, int *per_sm) {
     if (k == 0) {
         const int rows = a.max_item_rows > 0 ? a.max_item_rows : V2_ROWS;
         const int64_t items_hint = a.n_items_hint > 0 ? a.n_items_hint : (a.grid_items > 0 ? a.grid_items : 1);
+        const int64_t ctas = items_hint * ((a.n_max + BN - 1) / BN);
         k = a.n_pairs_hint > 16 * items_hint ? 2 : 4;
-        if (rows <= 8) {
-            const int64_t ctas = items_hint * ((a.n_max + BN - 1) / BN);
+        if (d.n_sm > 0 && ctas <= 2 * (int64_t)d.n_sm) {
+            k = 2; /* the grid is resident at 2 per SM: the deep pool is faster (E 1, 2, 4 x 1 row) */
+        } else if (rows <= 8) {
             k = 5;
             if (d.n_sm > 0 && wave_efficiency(ctas, 4 * (int64_t)d.n_sm) > wave_efficiency(ctas, 5 * (int64_t)d.n_sm) + 0.1)
                 k = 4;
@@ -1578,7 +1584,7 @@ extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stag
     if (a->tiled) { /* only v2 reads the tiled layout; KDT_GEMM_BULK_W=1: by bulk copies */
         int per_sm = 2;
         const V2Cfg c = v2_config_grouped(stages, *a, &per_sm);
-        const bool bulk = bulk_w();
+        const bool bulk = bulk_w() && per_sm > 2; /* bulk copies only pay at >= 3 CTAs per SM */
         if (per_sm > 4 && bulk) v2_grouped_kernel<5, W_BULK><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
         else if (per_sm > 4) v2_grouped_kernel<5, W_TILED><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
         else if (bulk) v2_grouped_kernel<0, W_BULK><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);

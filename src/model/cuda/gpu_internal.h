@@ -213,11 +213,6 @@ struct kdt_gpu_runner {
     size_t commit_bytes;
     float *flush_buf;
     size_t flush_bytes;
-    /* KDT_GPU_L2_PREFETCH=1 (opt-in): a side stream that prefetches weights into L2 during the
-     * layer's latency-bound kernels (forked and joined by events, also inside a graph capture) */
-    int32_t l2_prefetch;            /* 0 off; else the byte budget per fork in MB */
-    cudaStream_t pf_stream;
-    cudaEvent_t pf_fork[2], pf_join;
     void **allocs;
     int32_t n_allocs, cap_allocs;
 };
@@ -356,14 +351,6 @@ kdt_status kdt_op_residual(float *x, const float *part, int32_t splits, int64_t 
 kdt_status kdt_op_swiglu(const float *part, int32_t splits, int64_t split_stride, int32_t ldp, const int32_t *n_dev,
                          int32_t max_n, const int32_t *pair_expert, const kdt_gpu_expert *experts, int32_t inter,
                          float *h, int32_t ldh, cudaStream_t s);
-/* Byte ranges to pull into L2 ahead of the kernel that streams them (k_l2_prefetch). */
-#define KDT_PF_REGIONS 4
-typedef struct kdt_prefetch_regions {
-    const void *ptr[KDT_PF_REGIONS];
-    int64_t bytes[KDT_PF_REGIONS];
-    int32_t n;
-} kdt_prefetch_regions;
-kdt_status kdt_op_l2_prefetch(const kdt_prefetch_regions *r, cudaStream_t s);
 size_t kdt_op_route_smem(int32_t E, int32_t G);
 kdt_status kdt_op_route(const float *part, int32_t splits, int64_t split_stride, const float *bias,
                         const kdt_model_config *cfg, const kdt_gstage_hdr *hdr, int32_t *sel, float *wgt,

@@ -700,31 +700,6 @@ __global__ void k_flush_read(const float4 *buf, int64_t n, float *sink) {
     if (s == 12345.0f) *sink = s;
 }
 
-/* L2 prefetch of up to KDT_PF_REGIONS byte ranges (KDT_GPU_L2_PREFETCH=1, gpu_forward.c): weights
- * that a later kernel of the layer streams, fetched while latency-bound kernels leave the HBM idle.
- * sm_90+: one cp.async.bulk.prefetch.L2 per 64 KB (16-byte aligned, multiple of 16); older
- * devices: one prefetch.global.L2::evict_last per 128-byte line. Reads nothing into registers and
- * writes nothing. */
-__global__ void k_l2_prefetch(kdt_prefetch_regions r) {
-    for (int i = 0; i < r.n; i++) {
-        const char *base = (const char *)r.ptr[i];
-        const int64_t bytes = r.bytes[i];
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        constexpr int64_t CHUNK = 65536;
-        for (int64_t off = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * CHUNK; off < bytes;
-             off += (int64_t)gridDim.x * blockDim.x * CHUNK) {
-            const int64_t n = bytes - off < CHUNK ? ((bytes - off) & ~(int64_t)15) : CHUNK;
-            if (n > 0)
-                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(base + off), "r"((unsigned)n) : "memory");
-        }
-#else
-        for (int64_t off = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * 128; off < bytes;
-             off += (int64_t)gridDim.x * blockDim.x * 128)
-            asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(base + off));
-#endif
-    }
-}
-
 kdt_status launched(const char *what) {
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "%s: launch failed: %s", what, cudaGetErrorString(e));
@@ -885,15 +860,6 @@ extern "C" kdt_status kdt_op_argmax_final(const float *am_val, const int32_t *am
     k_argmax_final<<<(unsigned)((max_rows + 3) / 4), 128, 0, s>>>(am_val, am_idx, am_ld, n_tiles, hdr, head_rows, rows,
                                                                   argmax, max_rows);
     return launched("GPU argmax");
-}
-
-extern "C" kdt_status kdt_op_l2_prefetch(const kdt_prefetch_regions *r, cudaStream_t s) {
-    if (r->n < 1) return KDT_OK;
-    for (int i = 0; i < r->n; i++)
-        if (((uintptr_t)r->ptr[i] & 15) || r->bytes[i] < 0)
-            return kdt_fail(KDT_ERR_INTERNAL, "GPU L2 prefetch: region %d unaligned or negative", i);
-    k_l2_prefetch<<<32, 128, 0, s>>>(*r);
-    return launched("GPU L2 prefetch");
 }
 
 extern "C" kdt_status kdt_op_fill_mat(uint16_t *w, int64_t rows, int32_t cols, int32_t ld, float std, uint64_t seed,
