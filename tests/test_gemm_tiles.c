@@ -11,7 +11,9 @@
  *      16-byte bank groups of a 128-byte line.
  * Since the mma chain only sees the fragments, 2 and 3 are what keeps the tiled kernels'
  * bits equal to the row-major ones (the GPU test checks that end to end). Also the bulk loader's
- * mbarrier protocol across a CTA's passes (test_bulk_pipeline_protocol). */
+ * mbarrier protocol across a CTA's passes (test_bulk_pipeline_protocol) and the grouped GEMM's
+ * CTAs-per-SM choice for the launch shapes of a Kimi layer and the tiny model
+ * (test_grouped_policy). */
 #include <stdint.h>
 #include <string.h>
 
@@ -152,9 +154,42 @@ static void test_bulk_pipeline_protocol(void) {
     CHECK_EQ_INT(bad_block, 0);
 }
 
+/* The grouped GEMM's CTAs per SM for the launch shapes of a Kimi K2.6 layer (E 384, top-8, one
+ * shared expert, D 7168, moe_intermediate 2048: 64 gate/up and 112 down column tiles) and of the
+ * bundled tiny model, on a 132-SM device: the shapes the session-8 measurements chose for. */
+static void test_grouped_policy(void) {
+    const int SM = 132;
+    /* decode S 1: 9 items; gate/up 576 CTAs -> 5 per SM (one wave), down 1,008 -> 4 (0.95 vs 0.76) */
+    CHECK_EQ_INT(gt_grouped_per_sm(1, 9, 9, 9 * 64, SM), 5);
+    CHECK_EQ_INT(gt_grouped_per_sm(1, 9, 9, 9 * 112, SM), 4);
+    /* decode S 8 (65 items, 4,160 / 7,280 CTAs): 5 per SM */
+    CHECK_EQ_INT(gt_grouped_per_sm(8, 65, 72, 65 * 64, SM), 5);
+    CHECK_EQ_INT(gt_grouped_per_sm(8, 65, 72, 65 * 112, SM), 5);
+    /* tree verify N 9 / 65 (S 1): 4 per SM, 16-row passes (the shared expert has all N rows) */
+    CHECK_EQ_INT(gt_grouped_per_sm(9, 73, 81, 73 * 64, SM), 4);
+    CHECK_EQ_INT(gt_grouped_per_sm(64, 385, 585, 385 * 64, SM), 4);
+    /* a 4,096-token prefill chunk: items of ~38 rows -> the runner's pool (64-row passes) */
+    CHECK_EQ_INT(gt_grouped_per_sm(64, 961, 36864, 961 * 64, SM), 2);
+    /* the tiny model's decode (2 of 16 experts + shared, 4 column tiles): resident at 2 per SM */
+    CHECK_EQ_INT(gt_grouped_per_sm(1, 3, 3, 3 * 4, SM), 2);
+    CHECK_EQ_INT(gt_grouped_per_sm(1, 4, 4, 264, SM), 2);
+    /* 265..528 CTAs are one wave at 4 and at 5 per SM; 4 is the fuller one (the probe: E 5, 320
+     * CTAs, 87.9 vs 101.6 us; E 8, 512 CTAs, 127.1 vs 130.2); past 528, 4 needs a second wave */
+    CHECK_EQ_INT(gt_grouped_per_sm(1, 5, 5, 265, SM), 4);
+    CHECK_EQ_INT(gt_grouped_per_sm(1, 8, 8, 512, SM), 4);
+    CHECK_EQ_INT(gt_grouped_per_sm(1, 9, 9, 529, SM), 5);
+    /* the SM count unknown: no wave arithmetic */
+    CHECK_EQ_INT(gt_grouped_per_sm(1, 9, 9, 9 * 112, 0), 5);
+    CHECK_EQ_INT(gt_grouped_per_sm(16, 9, 9, 9 * 112, 0), 4);
+    CHECK_NEAR(gt_wave_efficiency(1008, 528), 1008.0 / 1056.0, 1e-12);
+    CHECK_NEAR(gt_wave_efficiency(660, 660), 1.0, 1e-12);
+    CHECK_NEAR(gt_wave_efficiency(5, 0), 0.0, 0.0);
+}
+
 int main(void) {
     T_RUN(test_tiled_layout);
     T_RUN(test_tile_starts);
     T_RUN(test_bulk_pipeline_protocol);
+    T_RUN(test_grouped_policy);
     return t_summary();
 }

@@ -1215,6 +1215,7 @@ bool bulk_w() {
  *    (bulk at 2 per SM: 69 us for E 1).
  * Decode S 1 of the Kimi layer: 439 -> 360 us with tiled weights and the bulk loader; verify
  * N 9..65: 1.35..1.41x -> 1.12..1.20x of the floor.
+ * The choice itself is gt_grouped_per_sm (gemm_tiles.cuh; its cases in tests/test_gemm_tiles.c).
  * KDT_GEMM_GROUPED_PER_SM=k (2..5; read once) forces k (2 = the runner's pool, the old default). */
 int env_int(const char *name, int lo, int hi) {
     const char *e = getenv(name);
@@ -1251,26 +1252,13 @@ V2Cfg v2_config_per_sm(int stages, int k, const DevSm &d, int *per_sm_used) {
     *per_sm_used = k;
     return v2_config_pool(pool);
 }
-/* ctas / (slots * whole waves): 1 when the last wave is full */
-double wave_efficiency(int64_t ctas, int64_t slots) {
-    const int64_t waves = (ctas + slots - 1) / slots;
-    return waves > 0 ? (double)ctas / (double)(slots * waves) : 0.0;
-}
 V2Cfg v2_config_grouped(int stages, const kdt_grouped_args &a, int *per_sm) {
     const DevSm d = dev_sm();
     int k = grouped_per_sm_env();
     if (k == 0) {
-        const int rows = a.max_item_rows > 0 ? a.max_item_rows : V2_ROWS;
-        const int64_t items_hint = a.n_items_hint > 0 ? a.n_items_hint : (a.grid_items > 0 ? a.grid_items : 1);
-        const int64_t ctas = items_hint * ((a.n_max + BN - 1) / BN);
-        k = a.n_pairs_hint > 16 * items_hint ? 2 : 4;
-        if (d.n_sm > 0 && ctas <= 2 * (int64_t)d.n_sm) {
-            k = 2; /* the grid is resident at 2 per SM: the deep pool is faster (E 1, 2, 4 x 1 row) */
-        } else if (rows <= 8) {
-            k = 5;
-            if (d.n_sm > 0 && wave_efficiency(ctas, 4 * (int64_t)d.n_sm) > wave_efficiency(ctas, 5 * (int64_t)d.n_sm) + 0.1)
-                k = 4;
-        }
+        const int64_t items = a.n_items_hint > 0 ? a.n_items_hint : (a.grid_items > 0 ? a.grid_items : 1);
+        k = gt_grouped_per_sm(a.max_item_rows > 0 ? a.max_item_rows : V2_ROWS, items, a.n_pairs_hint,
+                              items * ((a.n_max + BN - 1) / BN), d.n_sm);
     }
     return v2_config_per_sm(stages, k, d, per_sm);
 }
