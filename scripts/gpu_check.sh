@@ -72,8 +72,13 @@ if [ $EXPER = 1 ]; then
   # runs with all GEMM variants on), then the probes, verify_attn, the layer bench per variant
   # ALL: every opt-in model variant at once; OLD: session 7's defaults (2 CTAs per SM for the
   # grouped GEMM, row-major experts), kept reachable for A/B runs
-  ALL="KDT_GPU_TILED_DENSE=1 ${KDT_EXP_ALL_EXTRA:-}"
+  ALL="KDT_GPU_TILED_DENSE=1 KDT_GEMM_GROUPED_CAP2=1 ${KDT_EXP_ALL_EXTRA:-}"
   OLD="KDT_GEMM_GROUPED_PER_SM=2 KDT_GPU_TILED_EXPERTS=0"
+  if exp_part model && [ -x "$BUILD/gpu_test_gemm_ab" ]; then
+    env $ALL timeout "${KDT_TEST_LIMIT:-600}" "$BUILD/gpu_test_gemm_ab" >"$LOG/exp_gemm_ab.log" 2>&1 &&
+      r=pass || { r=FAIL; fail=1; tail -30 "$LOG/exp_gemm_ab.log"; }
+    echo "--- gpu_test_gemm_ab with $ALL: $r: $(tail -1 "$LOG/exp_gemm_ab.log")"
+  fi
   if exp_part model && [ -x "$BUILD/gpu_test_model_gpu" ]; then
     for v in "$ALL" "$OLD"; do
       env $v timeout "${KDT_TEST_LIMIT:-600}" "$BUILD/gpu_test_model_gpu" >"$LOG/exp_model_gpu.log" 2>&1 &&
@@ -97,14 +102,14 @@ if [ $EXPER = 1 ]; then
   fi
   if exp_part layer && [ -x "$BUILD/bench_model" ]; then
     # KDT_EXP_VARIANTS (';'-separated env sets) overrides the list, e.g. to split it over two calls
-    IFS=';' read -r -a VARS <<< "${KDT_EXP_VARIANTS:-KDT_EXP=default;$OLD;KDT_GEMM_GROUPED_PER_SM=5;KDT_GEMM_BULK_W=0;$ALL}"
+    IFS=';' read -r -a VARS <<< "${KDT_EXP_VARIANTS:-KDT_EXP=default;$OLD;KDT_GEMM_GROUPED_CAP2=1;KDT_GEMM_BULK_W=0;$ALL}"
     : >"$LOG/exp_summary.txt"
     for v in "${VARS[@]}"; do
       f="$LOG/exp_bench_model_$(echo "$v" | tr ' =' '_-').log"
       s=$(date +%s)
       env $v timeout "$BENCH_LIMIT" "$BUILD/bench_model" --quick --only kimi --md "$f.md" >"$f" 2>&1 || fail=1
       { echo "== bench_model --quick --only kimi with $v ($(( $(date +%s) - s )) s)"
-        grep -E '^\| kimi-k2.6 layer \| (decode \| random \| 1 |verify \| random)' "$f.md"; } | tee -a "$LOG/exp_summary.txt"
+        grep -E '^\| kimi-k2.6 layer \| (decode \| random \| 1 |verify \| (random|corr))' "$f.md"; } | tee -a "$LOG/exp_summary.txt"
     done
     # KDT_EXP_NCU=1: per-kernel times of one decode S 1 layer replay, default and all variants on
     # (ncu serialises the kernels and flushes the caches: the sum exceeds the graph replay)

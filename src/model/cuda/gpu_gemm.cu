@@ -1250,7 +1250,19 @@ V2Cfg v2_config_per_sm(int stages, int k, const DevSm &d, int *per_sm_used) {
     const int pool = (d.smem_per_sm / k - 1024) / 128 * 128;
     if (pool >= c.pool || V2_ROWS * (BN + 1) * 4 > pool) return c;
     *per_sm_used = k;
-    return v2_config_pool(pool);
+    V2Cfg ck = v2_config_pool(pool);
+    /* KDT_GEMM_GROUPED_CAP2=1 (opt-in, unmeasured): passes as long as 2 stages still fit (32 rows
+     * at 4 per SM instead of 16), for items of many rows (correlated routing: ~60 rows per expert
+     * take 4 passes of 16, each re-reading the expert's W slice); 1-16-row passes are unchanged
+     * (a pass's stage count follows its own rows) */
+    static const bool cap2 = env_on("KDT_GEMM_GROUPED_CAP2");
+    if (cap2)
+        for (int r = V2_ROWS; r > ck.cap; r -= 16)
+            if (v2_stages(r, pool) >= 2 && v2_stages_bulk(r, pool) >= 2) {
+                ck.cap = r;
+                break;
+            }
+    return ck;
 }
 V2Cfg v2_config_grouped(int stages, const kdt_grouped_args &a, int *per_sm) {
     const DevSm d = dev_sm();
