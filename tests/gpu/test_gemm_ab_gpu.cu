@@ -423,7 +423,7 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
     {   /* the wave-shaping instance (5 CTAs per SM, 3-stage pool, 16-row passes): v1's bits too */
         int per_sm = 0;
         CK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
-        const V2Cfg c5 = v2_config_pool((per_sm / 5 - 1024) / 128 * 128);
+        const V2Cfg c5 = v2_config_pool(pool_per_sm(per_sm, 5));
         const dim3 grid((unsigned)((a.n_max + BN - 1) / BN), (unsigned)(a.grid_items > 0 ? a.grid_items : 1));
         poison(y2, b0);
         poison(z2, b1);
@@ -472,7 +472,7 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
         int per_sm = 0, major = 0;
         CK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
         CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
-        const V2Cfg cd = v2_config(STAGES), c5 = v2_config_pool((per_sm / 5 - 1024) / 128 * 128);
+        const V2Cfg cd = v2_config(STAGES), c5 = v2_config_pool(pool_per_sm(per_sm, 5));
         const dim3 ga((unsigned)((at.n_max + BN - 1) / BN), (unsigned)(at.grid_items > 0 ? at.grid_items : 1));
         const dim3 gb((unsigned)((bt.n_max + BN - 1) / BN), ga.y);
         for (int v = 0; v < 5; v++) {
@@ -820,7 +820,7 @@ static void stream_probe() {
             /* occupancy capped at k CTAs per SM by padding the shared memory request */
             int per_sm = 0;
             CK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
-            const int pad = (per_sm / k - 1024) / 128 * 128;
+            const int pad = pool_per_sm(per_sm, k);
             const int req = pad > smem ? pad : smem;
             CK(cudaFuncSetAttribute(k_stream<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, req));
             CK(cudaFuncSetAttribute(k_stream<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, req));
@@ -890,7 +890,7 @@ static void wave_timing() {
         static const char *wn[3] = {"rows ", "tiled", "bulk "};
         printf("  %-7s %s E=%-2d (%4d CTAs)", which ? "down" : "gate/up", wn[wl], E, E * (int)grid.x);
         for (int k : ks) {
-            const int pool = (per_sm / k - 1024) / 128 * 128;
+            const int pool = pool_per_sm(per_sm, k);
             const V2Cfg c = v2_config_pool(pool);
             int occ = 0;
             if (k > 4 && wl == W_ROWS) CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v2_grouped_kernel<5, W_ROWS>, THREADS, c.pool));
@@ -944,7 +944,7 @@ static void wave_timing() {
         const dim3 grid((unsigned)(N / BN), (unsigned)g.splits, 1);
         printf("  splits %d (%4d CTAs)", g.splits, (int)(grid.x * grid.y));
         for (int k = 2; k <= 4; k++) {
-            const int pool = (per_sm / k - 1024) / 128 * 128;
+            const int pool = pool_per_sm(per_sm, k);
             const V2Cfg c = v2_config_pool(pool);
             int occ = 0;
             CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v2_gemm_kernel<W_ROWS>, THREADS, c.pool));

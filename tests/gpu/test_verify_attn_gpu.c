@@ -489,8 +489,8 @@ int main(void) {
         setenv("KDT_VA_TMA", "0", 1); /* v4's cp.async loads, used where pages are not 64-key tiles */
         run_suite("sm_90a path v4 (KV by cp.async)");
         unsetenv("KDT_VA_TMA");
-        /* KDT_TEST_VA_VARIANTS=1 (gpu_check.sh --experiments): also the unmeasured opt-in
-         * variants, so the default run keeps its length */
+        /* KDT_TEST_VA_VARIANTS=1 (gpu_check.sh --experiments): also the opt-in variants
+         * (KDT_VA_FUSED), so the default run keeps its length */
         const char *vv = getenv("KDT_TEST_VA_VARIANTS");
         const int variants = vv && vv[0] == '1';
         if (variants) {

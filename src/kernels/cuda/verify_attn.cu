@@ -702,7 +702,8 @@ __device__ __forceinline__ void w_store_half(const VaArgs &a, const VaItem &it, 
 #endif
 
 /* PROF: the KDT_VA_PROFILE build of the kernel (phase stamps); the default one has none.
- * FUSED (KDT_VA_FUSED=1, opt-in until measured; softmax scale > 0 only): FlashMLA's softmax shape.
+ * FUSED (KDT_VA_FUSED=1, opt-in: no measurable gain on the H200, docs/verify_attn_notes.md session 8;
+ * softmax scale > 0 only): FlashMLA's softmax shape.
  * The row max is taken on the raw scores and scaled once (for a positive scale that is exactly
  * the max of the scaled scores, rounding being monotonic), the scale folds into one FFMA per
  * element before the exponent (one rounding fewer: P may differ from v4's in the last bit), and
@@ -1295,8 +1296,8 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
         const char *seesaw = getenv("KDT_VA_SEESAW");
         const int use_seesaw = a.use_tma && seesaw && !strcmp(seesaw, "1");
         g_va_prof_kind = use_seesaw;
-        /* KDT_VA_FUSED=1: v4 (or, with KDT_VA_SEESAW=1, v5) with FlashMLA's softmax shape (opt-in
-         * until measured; its FFMA form needs a positive scale) */
+        /* KDT_VA_FUSED=1: v4 (or, with KDT_VA_SEESAW=1, v5) with FlashMLA's softmax shape (opt-in,
+         * measured no faster; its FFMA form needs a positive scale) */
         const char *fused_env = getenv("KDT_VA_FUSED");
         const int fused = fused_env && !strcmp(fused_env, "1") && a.scale_log2 > 0.f;
         if (use_seesaw && fused) {

@@ -1138,6 +1138,24 @@ V2Cfg v2_config_pool(int pool) {
 }
 V2Cfg v2_config(int stages) { return v2_config_pool(pool_bytes(stages)); }
 
+struct DevSm {
+    int n_sm, smem_per_sm; /* 0 when the query failed */
+};
+DevSm dev_sm() {
+    DevSm d = {0, 0};
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&d.n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
+        cudaGetLastError(); /* a failed query only forgoes the shaping */
+        d.n_sm = d.smem_per_sm = 0;
+    }
+    return d;
+}
+/* The pool of k CTAs per SM: an equal share of the SM's shared memory, less the 1 KB the runtime
+ * reserves per CTA, in 128-byte units. */
+int pool_per_sm(int smem_per_sm, int k) { return (smem_per_sm / k - 1024) / 128 * 128; }
+
 /* Wave shaping of a dense GEMM (scheduling only: the pool and rows per pass never reach the
  * chain). The runner's pool puts two CTAs on an SM; a grid a little larger than two per SM (o_proj
  * (112, 3) = 336 CTAs, q_b (192, 2) = 384, W_UK (8, 1, 64) = 512 at 132 SMs) would then run as
@@ -1147,18 +1165,14 @@ V2Cfg v2_config(int stages) { return v2_config_pool(pool_bytes(stages)); }
 V2Cfg v2_config_grid(int stages, int64_t ctas, int m_max, int k_max = 4, int *per_sm_used = nullptr) {
     const V2Cfg c = v2_config(stages);
     if (per_sm_used) *per_sm_used = 2;
-    int dev = 0, n_sm = 0, per_sm = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
-        cudaGetLastError(); /* a failed query only forgoes the shaping */
-        return c;
-    }
+    const DevSm d = dev_sm();
+    if (d.smem_per_sm <= 0) return c;
+    const int n_sm = d.n_sm, per_sm = d.smem_per_sm;
     const int rows = m_max < V2_ROWS ? m_max : V2_ROWS;
     if ((2 * (c.pool + 1024) > per_sm) || ctas <= 2 * (int64_t)n_sm) return c;
     for (int k = 3; k <= k_max; k++) {
         if (ctas > k * (int64_t)n_sm) continue;
-        const int pool = (per_sm / k - 1024) / 128 * 128;
+        const int pool = pool_per_sm(per_sm, k);
         if (pool >= c.pool) return c;
         const V2Cfg ck = v2_config_pool(pool);
         if (ck.cap >= rows && v2_stages(v2_tile_rows(rows), pool) >= 3 && V2_ROWS * (BN + 1) * 4 <= pool) {
@@ -1170,21 +1184,13 @@ V2Cfg v2_config_grid(int stages, int64_t ctas, int m_max, int k_max = 4, int *pe
     return c;
 }
 
-bool env_on(const char *name) {
-    const char *e = getenv(name);
-    return e != nullptr && e[0] == '1';
-}
-bool env_off(const char *name) {
-    const char *e = getenv(name);
-    return e != nullptr && e[0] == '0';
-}
 /* The bulk-copy W loader for tiled weights (the default on compute capability >= 9;
  * KDT_GEMM_BULK_W=0 keeps cp.async; read once): one 8 KB bulk copy per stage (the TMA engine)
  * instead of 512 cp.async. Measured with 5 CTAs per SM (H200, bench/RESULTS.md session 8): the
  * decode's gate/up 127 us instead of 146 (tiled, cp.async) and 151 (row-major); with 2 CTAs per
  * SM it was slower than cp.async, so it comes with the grouped policy below. */
 bool read_bulk_w() {
-    if (env_off("KDT_GEMM_BULK_W")) return false;
+    if (kdt_g_env_is("KDT_GEMM_BULK_W", '0')) return false;
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
@@ -1227,27 +1233,13 @@ int grouped_per_sm_env() {
     static const int k = env_int("KDT_GEMM_GROUPED_PER_SM", 2, 5);
     return k;
 }
-struct DevSm {
-    int n_sm, smem_per_sm; /* 0 when the query failed */
-};
-DevSm dev_sm() {
-    DevSm d = {0, 0};
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&d.n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
-        cudaGetLastError(); /* a failed query only forgoes the shaping */
-        d.n_sm = d.smem_per_sm = 0;
-    }
-    return d;
-}
 /* The pool of k CTAs per SM, or the runner's (per_sm_used 2) when k <= 2, the device query
  * failed or that pool would not be smaller. */
 V2Cfg v2_config_per_sm(int stages, int k, const DevSm &d, int *per_sm_used) {
     const V2Cfg c = v2_config(stages);
     *per_sm_used = 2;
     if (k <= 2 || d.smem_per_sm <= 0) return c;
-    const int pool = (d.smem_per_sm / k - 1024) / 128 * 128;
+    const int pool = pool_per_sm(d.smem_per_sm, k);
     if (pool >= c.pool || V2_ROWS * (BN + 1) * 4 > pool) return c;
     *per_sm_used = k;
     V2Cfg ck = v2_config_pool(pool);
@@ -1255,7 +1247,7 @@ V2Cfg v2_config_per_sm(int stages, int k, const DevSm &d, int *per_sm_used) {
      * at 4 per SM instead of 16), for items of many rows (correlated routing: ~60 rows per expert
      * take 4 passes of 16, each re-reading the expert's W slice); 1-16-row passes are unchanged
      * (a pass's stage count follows its own rows) */
-    static const bool cap2 = env_on("KDT_GEMM_GROUPED_CAP2");
+    static const bool cap2 = kdt_g_env_is("KDT_GEMM_GROUPED_CAP2", '1');
     if (cap2)
         for (int r = V2_ROWS; r > ck.cap; r -= 16)
             if (v2_stages(r, pool) >= 2 && v2_stages_bulk(r, pool) >= 2) {
@@ -1279,7 +1271,7 @@ static_assert(v2_xc_bytes(16) + 3 * v2_stage_bytes(16) <= 55296, "the smallest p
 
 /* KDT_GEMM_V1=1: the original kernels (read once per process; both give the same bits). */
 bool use_v1() {
-    static const bool v1 = env_on("KDT_GEMM_V1");
+    static const bool v1 = kdt_g_env_is("KDT_GEMM_V1", '1');
     return v1;
 }
 

@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "kdtree/model.h"
 #include "common.h"
@@ -20,6 +21,13 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* An environment switch of the GPU forward: true when it is set and starts with c ('1' for the
+ * opt-in switches, '0' for turning a default off; unset is neither). */
+static inline int kdt_g_env_is(const char *name, char c) {
+    const char *e = getenv(name);
+    return e != NULL && e[0] == c;
+}
 
 #define KDT_G_BK 64           /* K block of the GEMM: every weight ld is a multiple of it */
 #define KDT_G_BN 64           /* output columns per GEMM CTA */

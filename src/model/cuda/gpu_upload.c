@@ -223,14 +223,6 @@ kdt_status kdt_gpu_model_weight_bytes(const kdt_gpu_model *g, int32_t layer, kdt
  * that is not whole tiles stays row-major); not the embedding or lm_head. iid_fill: the values
  * are i.i.d. random (kdt_gpu_model_random); where a matrix has no padding columns any
  * permutation of it is an equally random matrix, so the layout is only declared, not rewritten. */
-static int env_flag(const char *name) {
-    const char *e = getenv(name);
-    return e && e[0] == '1';
-}
-static int env_off(const char *name) {
-    const char *e = getenv(name);
-    return e && e[0] == '0';
-}
 static int tileable(const kdt_gmat *m) {
     return m->w && m->rows > 0 && m->rows % 64 == 0 && m->ld % 64 == 0 &&
            (m->batch <= 1 || m->batch_stride == (int64_t)m->rows * m->ld);
@@ -245,7 +237,7 @@ static kdt_status tile_mat(kdt_gmat *m, int iid_fill, uint16_t *tmp, int64_t tmp
     return KDT_OK;
 }
 static kdt_status tile_weights(kdt_gpu_model *g, int iid_fill) {
-    const int experts = !env_off("KDT_GPU_TILED_EXPERTS"), dense = env_flag("KDT_GPU_TILED_DENSE");
+    const int experts = !kdt_g_env_is("KDT_GPU_TILED_EXPERTS", '0'), dense = kdt_g_env_is("KDT_GPU_TILED_DENSE", '1');
     if (!experts && !dense) return KDT_OK;
     const int32_t NL = g->cfg.n_layers;
     int experts_ok = experts;
