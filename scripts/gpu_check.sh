@@ -70,17 +70,20 @@ exp_part() { [[ "$EXP_PARTS" == *",$1,"* ]]; }
 if [ $EXPER = 1 ]; then
   # opt-in variants: correctness first (the model test's fixtures, bitwise contracts and greedy
   # runs with all GEMM variants on), then the probes, verify_attn, the layer bench per variant
-  # ALL: every opt-in model variant at once; OLD: session 7's defaults (2 CTAs per SM for the
-  # grouped GEMM, row-major experts), kept reachable for A/B runs
-  ALL="KDT_GPU_TILED_DENSE=1 KDT_GEMM_GROUPED_CAP2=1 ${KDT_EXP_ALL_EXTRA:-}"
+  # ALL: every opt-in model variant at once (tiled experts forced: the small test models are
+  # row-major by default); OLD: session 7's defaults (2 CTAs per SM for the grouped GEMM,
+  # row-major experts); OLD8: session 8's (no programmatic dependent launch, 4 warps per 16-head
+  # attention item, tiled experts everywhere), kept reachable for A/B runs
+  ALL="KDT_GPU_TILED_DENSE=1 KDT_GEMM_GROUPED_CAP2=1 KDT_GPU_TILED_EXPERTS=1 ${KDT_EXP_ALL_EXTRA:-}"
   OLD="KDT_GEMM_GROUPED_PER_SM=2 KDT_GPU_TILED_EXPERTS=0"
+  OLD8="KDT_GPU_PDL=0 KDT_GPU_ATT_WARPS=4 KDT_GPU_TILED_EXPERTS=1"
   if exp_part model && [ -x "$BUILD/gpu_test_gemm_ab" ]; then
     env $ALL timeout "${KDT_TEST_LIMIT:-600}" "$BUILD/gpu_test_gemm_ab" >"$LOG/exp_gemm_ab.log" 2>&1 &&
       r=pass || { r=FAIL; fail=1; tail -30 "$LOG/exp_gemm_ab.log"; }
     echo "--- gpu_test_gemm_ab with $ALL: $r: $(tail -1 "$LOG/exp_gemm_ab.log")"
   fi
   if exp_part model && [ -x "$BUILD/gpu_test_model_gpu" ]; then
-    for v in "$ALL" "$OLD"; do
+    for v in "$ALL" "$OLD" "$OLD8"; do
       env $v timeout "${KDT_TEST_LIMIT:-600}" "$BUILD/gpu_test_model_gpu" >"$LOG/exp_model_gpu.log" 2>&1 &&
         r=pass || { r=FAIL; fail=1; tail -30 "$LOG/exp_model_gpu.log"; }
       echo "--- gpu_test_model_gpu with $v: $r: $(tail -1 "$LOG/exp_model_gpu.log")"
@@ -102,7 +105,7 @@ if [ $EXPER = 1 ]; then
   fi
   if exp_part layer && [ -x "$BUILD/bench_model" ]; then
     # KDT_EXP_VARIANTS (';'-separated env sets) overrides the list, e.g. to split it over two calls
-    IFS=';' read -r -a VARS <<< "${KDT_EXP_VARIANTS:-KDT_EXP=default;$OLD;KDT_GEMM_GROUPED_CAP2=1;KDT_GEMM_BULK_W=0;$ALL}"
+    IFS=';' read -r -a VARS <<< "${KDT_EXP_VARIANTS:-KDT_EXP=default;$OLD8;$OLD;KDT_GEMM_GROUPED_CAP2=1;$ALL}"
     : >"$LOG/exp_summary.txt"
     for v in "${VARS[@]}"; do
       f="$LOG/exp_bench_model_$(echo "$v" | tr ' =' '_-').log"
@@ -111,6 +114,11 @@ if [ $EXPER = 1 ]; then
       { echo "== bench_model --quick --only kimi with $v ($(( $(date +%s) - s )) s)"
         grep -E '^\| kimi-k2.6 layer \| (decode \| random \| 1 |verify \| (random|corr))' "$f.md"; } | tee -a "$LOG/exp_summary.txt"
     done
+    # where a one-layer decode S 1 pass spends its time, step by step at real clocks (bench_model's
+    # pass cut after each step)
+    { echo "== bench_model step profile, decode S 1, one layer"
+      KDT_BENCH_MODEL_LAYERS=1 KDT_BENCH_MODEL_SHAPE=decode,1 KDT_BENCH_MODEL_STEPS=1 timeout "$BENCH_LIMIT" \
+        "$BUILD/bench_model" --only kimi 2>&1 | grep -E '^  decode |^ +[0-9]+ +[a-z_]'; } | tee -a "$LOG/exp_summary.txt"
     # KDT_EXP_NCU=1: per-kernel times of one decode S 1 layer replay, default and all variants on
     # (ncu serialises the kernels and flushes the caches: the sum exceeds the graph replay)
     if [ "${KDT_EXP_NCU:-0}" = 1 ] && command -v ncu >/dev/null 2>&1; then

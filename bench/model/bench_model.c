@@ -2,25 +2,29 @@
  *
  * 1. Tiny models (the tests/fixtures/models checkpoints): decode steps per second at S = 1, 8, 64 streams
  *    (64-token contexts, argmax output), as CUDA-graph replays.
- * 2. One Kimi K2.6 MoE layer at true dimensions with random bf16 weights drawn on the GPU
- *    (hidden 7168, 64 heads, q_lora 1536, kv_lora 512, rope 64, nope 128, v 128, 384 experts
+ * 2. Kimi K2.6 MoE layers at true dimensions with random bf16 weights drawn on the GPU, as many
+ *    as fit (up to 4; ~34.3 GB each; KDT_BENCH_MODEL_LAYERS=n) (hidden 7168, 64 heads, q_lora 1536, kv_lora 512, rope 64, nope 128, v 128, 384 experts
  *    top-8 + 1 shared, moe_intermediate 2048, sigmoid noaux_tc routing, routed scale 2.827, YaRN
  *    factor 64 / theta 50000 / beta 1, 1; weights N(0, 0.02), router bias N(0, 0.001) so routing
  *    is near-uniform, see research/kimi-layer-cost.md). Contexts of 4096 random latent rows.
- *    Timed per layer (embedding gather included, no lm_head): decode at S = 1, 8, 64 and tree
+ *    Timed per layer: the marginal cost of a layer, (L-layer pass - the pass cut after layer 0) /
+ *    (L - 1), so the pass's fixed costs (graph launch, embedding gather, the first fetch of each
+ *    kernel's code) stay out as in a 61-layer model; the 1-layer pass (embedding + layer 0, no
+ *    lm_head) is reported too, and is the time itself when only one layer fits. Decode at S = 1, 8, 64 and tree
  *    verify of one stream with N = 9, 17, 33, 65 nodes (random tree shapes), each with random
  *    tokens and with correlated tokens (rows sharing a base embedding, sigma 0.05). For each:
- *    distinct experts touched D, the bytes floor (D routed experts + the shared expert +
+ *    distinct experts touched per layer D (mean), the bytes floor (D routed experts + the shared expert +
  *    attention and router weights + KV read and written, over the measured copy bandwidth),
  *    time / floor, and verify / decode(S = 1) time.
  * Timing: CUDA-graph replays, L2 evicted by a 4x-L2 read before each replay, CUDA events around
  * the replay, median of 25 (7 with --quick) after 3 warm-ups. A table is printed last; --md FILE
- * writes it as markdown. Needs ~40 GB of GPU memory for part 2 (skipped when it does not fit).
+ * writes it as markdown. Needs ~45 GB of GPU memory for part 2 (skipped when it does not fit).
  *
  *   bench_model [--quick] [--md FILE] [--only tiny|kimi]
  * KDT_BENCH_MODEL_SHAPE=decode,S[,corr] or verify,N[,corr] (corr 0 or 1; default 0) times that
  * Kimi shape alone, then replays it once more between cudaProfilerStart / Stop (for
- * `ncu --profile-from-start off`: the kernels of one layer pass). */
+ * `ncu --profile-from-start off`: the kernels of one layer pass); with KDT_BENCH_MODEL_STEPS=1 it
+ * also times the pass cut after each of its steps (a per-step breakdown at real clocks). */
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -59,6 +63,8 @@ typedef struct row {
     int distinct;       /* -1: not a MoE measurement */
     double us, floor_us, ratio_decode;
     double tok_per_s;
+    double us_one;      /* Kimi: the pass cut after its first layer (embedding + 1 layer); 0 otherwise */
+    int layers;         /* Kimi: layers in the model (us is then the marginal per-layer time) */
 } row;
 
 static row rows[64];
@@ -191,10 +197,57 @@ static void bench_tiny(const char *name) {
     kdt_model_free(m);
 }
 
+/* KDT_BENCH_MODEL_STEPS=1 (with KDT_BENCH_MODEL_SHAPE): the pass cut after each of its steps in
+ * turn (kdt_gpu_runner_set_step_limit), each cut captured and timed like the full pass; the
+ * differences attribute the time to the steps at real clocks, launch gaps included. */
+static void step_profile(kdt_gpu_runner *r, kdt_gpu_kv *kv, const kdt_gpu_run_config *rc, int samples, double full) {
+    const char *e = getenv("KDT_BENCH_MODEL_STEPS");
+    if (!e || strcmp(e, "1")) return;
+    const char *names[128];
+    const int n = kdt_gpu_runner_steps(r, names, 128);
+    if (n < 1 || n > 128) {
+        printf("  step profile: %d steps (1..128 supported)\n", n);
+        return;
+    }
+    printf("  step profile (pass cut after step k; median of %d, L2 flushed; full pass %.1f us):\n", samples, full);
+    printf("  %4s %-14s %10s %10s\n", "k", "step", "cut_us", "delta_us");
+    double prev = 0;
+    for (int k = 1; k <= n; k++) {
+        BENCH_OK(kdt_gpu_runner_set_step_limit(r, k));
+        kdt_gpu_graph *gr;
+        BENCH_OK(kdt_gpu_graph_capture(r, kv, rc, &gr));
+        const double us = time_graph(r, gr, samples, 1);
+        kdt_gpu_graph_free(gr);
+        printf("  %4d %-14s %10.1f %10.1f\n", k, names[k - 1], us, us - prev);
+        prev = us;
+    }
+    BENCH_OK(kdt_gpu_runner_set_step_limit(r, 0));
+}
+
+/* The time of a Kimi shape staged in r: the full pass (layers layers) and the pass cut after its
+ * first layer (embedding + layer 0); per-layer = their difference over layers - 1, the marginal
+ * cost of a layer in a deep model (the pass's fixed costs, the graph launch and the embedding, and
+ * the first fetch of every kernel's code stay out), or the 1-layer pass itself when layers = 1. */
+static double time_layers(kdt_gpu_runner *r, kdt_gpu_kv *kv, const kdt_gpu_run_config *rc, int samples, int layers,
+                          kdt_gpu_graph **full, double *one) {
+    BENCH_OK(kdt_gpu_graph_capture(r, kv, rc, full));
+    const double t_full = time_graph(r, *full, samples, 1);
+    *one = t_full;
+    if (layers < 2) return t_full;
+    const int n_steps = kdt_gpu_runner_steps(r, NULL, 0); /* 1 (embedding) + layers x per layer */
+    BENCH_OK(kdt_gpu_runner_set_step_limit(r, 1 + (n_steps - 1) / layers));
+    kdt_gpu_graph *g1;
+    BENCH_OK(kdt_gpu_graph_capture(r, kv, rc, &g1));
+    BENCH_OK(kdt_gpu_runner_set_step_limit(r, 0));
+    *one = time_graph(r, g1, samples, 1);
+    kdt_gpu_graph_free(g1);
+    return (t_full - *one) / (layers - 1);
+}
+
 /* ---- part 2: one Kimi K2.6 MoE layer ---------------------------------------------------------- */
 static const char *KIMI_LAYER_CONFIG =
     "{\"model_type\": \"kimi_k2\", \"vocab_size\": 4096, \"hidden_size\": 7168, \"intermediate_size\": 18432,"
-    " \"moe_intermediate_size\": 2048, \"num_hidden_layers\": 1, \"num_attention_heads\": 64,"
+    " \"moe_intermediate_size\": 2048, \"num_hidden_layers\": %d, \"num_attention_heads\": 64,"
     " \"num_key_value_heads\": 64, \"q_lora_rank\": 1536, \"kv_lora_rank\": 512, \"qk_nope_head_dim\": 128,"
     " \"qk_rope_head_dim\": 64, \"v_head_dim\": 128, \"n_routed_experts\": 384, \"num_experts_per_tok\": 8,"
     " \"n_shared_experts\": 1, \"n_group\": 1, \"topk_group\": 1, \"first_k_dense_replace\": 0,"
@@ -245,13 +298,16 @@ static void random_tree(tree_buf *b, int n, int prefix, int corr, int V) {
     }
 }
 
-static int distinct_experts(kdt_gpu_runner *r, int E) {
+/* distinct experts the last pass touched, averaged over the model's layers */
+static double distinct_experts(kdt_gpu_runner *r, int E, int layers) {
     int32_t *counts = malloc(sizeof(int32_t) * (size_t)(E + 1));
-    BENCH_OK(kdt_gpu_runner_expert_counts(r, 0, counts));
     int d = 0;
-    for (int e = 0; e < E; e++) d += counts[e] > 0;
+    for (int l = 0; l < layers; l++) {
+        BENCH_OK(kdt_gpu_runner_expert_counts(r, l, counts));
+        for (int e = 0; e < E; e++) d += counts[e] > 0;
+    }
     free(counts);
-    return d;
+    return (double)d / layers;
 }
 
 /* KDT_BENCH_MODEL_SHAPE: the one Kimi shape to run (mode 0 = all) */
@@ -292,14 +348,29 @@ static void bench_kimi(double copy_gbps) {
     }
     kdt_gpu_random_init init = {2026, 0, 0, CORR_BLOCK, 0};
     kdt_gpu_options go = {0, 0, 8192};
-    kdt_gpu_model *g;
-    BENCH_OK(kdt_gpu_model_random(KIMI_LAYER_CONFIG, &init, &go, &g));
+    kdt_gpu_model *g = NULL;
+    /* as many layers as fit (a layer is ~34.3 GB), at most 4, keeping ~10 GB for the cache and the
+     * runner; KDT_BENCH_MODEL_LAYERS=n asks for n (1..4); a failed allocation retries with fewer */
+    int layers = (int)((double)(free_b - ((size_t)10 << 30)) / 34.3e9);
+    const char *le = getenv("KDT_BENCH_MODEL_LAYERS");
+    if (le && atoi(le) >= 1) layers = atoi(le);
+    layers = layers < 1 ? 1 : (layers > 4 ? 4 : layers);
+    char config[4096];
+    for (;; layers--) {
+        snprintf(config, sizeof config, KIMI_LAYER_CONFIG, layers);
+        if (kdt_gpu_model_random(config, &init, &go, &g) == KDT_OK) break;
+        if (layers == 1) {
+            fprintf(stderr, "bench_model: Kimi layer: %s\n", kdt_last_error());
+            exit(1);
+        }
+        fprintf(stderr, "bench_model: %d Kimi layers: %s; trying %d\n", layers, kdt_last_error(), layers - 1);
+    }
     const kdt_model_config *c = kdt_gpu_model_get_config(g);
     kdt_gpu_weight_bytes wb;
     BENCH_OK(kdt_gpu_model_weight_bytes(g, 0, &wb));
-    printf("  Kimi K2.6 layer: %.2f GB on the GPU; attention %.1f MB, router %.1f MB, expert %.1f MB, shared "
-           "%.1f MB\n", wb.total / 1e9, wb.attention / 1e6, wb.router / 1e6, wb.routed_expert / 1e6,
-           wb.shared_expert / 1e6);
+    printf("  Kimi K2.6: %d layer(s), %.2f GB on the GPU; per layer: attention %.1f MB, router %.1f MB, expert "
+           "%.1f MB, shared %.1f MB\n", layers, wb.total / 1e9, wb.attention / 1e6, wb.router / 1e6,
+           wb.routed_expert / 1e6, wb.shared_expert / 1e6);
     const int V = c->vocab_size, E = c->n_routed_experts, Smax = 64, Nmax = 65;
     const double row_bytes = (double)(c->kv_lora_rank + c->qk_rope_head_dim) * 2;
     kdt_gpu_runner_options ro = {Nmax, PREFIX + Nmax + 1, Nmax, 0, 0, 0, NULL};
@@ -321,9 +392,9 @@ static void bench_kimi(double copy_gbps) {
             BENCH_OK(kdt_gpu_stage_decode(r, kv, S, NULL, tok));
             const kdt_gpu_run_config rc = {S, 0, 0, 0, NULL};
             kdt_gpu_graph *gr;
-            BENCH_OK(kdt_gpu_graph_capture(r, kv, &rc, &gr));
-            const double us = time_graph(r, gr, samples, 1);
-            const int D = distinct_experts(r, E);
+            double one;
+            const double us = time_layers(r, kv, &rc, samples, layers, &gr, &one);
+            const double D = distinct_experts(r, E, layers);
             const double bytes = (double)D * wb.routed_expert + wb.shared_expert + wb.attention + wb.router +
                                  S * ((PREFIX + 1) * row_bytes + row_bytes);
             row *w = &rows[n_rows++];
@@ -333,14 +404,17 @@ static void bench_kimi(double copy_gbps) {
             snprintf(w->variant, sizeof w->variant, corr ? "corr0.05" : "random");
             w->S = S;
             w->N = 1;
-            w->distinct = D;
+            w->distinct = (int)(D + 0.5);
             w->us = us;
+            w->us_one = one;
+            w->layers = layers;
             w->floor_us = bytes / (copy_gbps * 1e3);
             if (S == 1) decode1[corr] = us;
             w->ratio_decode = us / decode1[corr];
-            printf("  decode S=%-2d %-8s D=%3d %9.1f us  floor %8.1f us  %.2fx\n", S, w->variant, D, us, w->floor_us,
-                   us / w->floor_us);
+            printf("  decode S=%-2d %-8s D=%5.1f %9.1f us/layer  floor %8.1f us  %.2fx  (1-layer pass %.1f us)\n", S,
+                   w->variant, D, us, w->floor_us, us / w->floor_us, one);
             profile_replay(r, gr);
+            if (shape_mode) step_profile(r, kv, &rc, samples, us);
             kdt_gpu_graph_free(gr);
             for (int s = 0; s < S; s++) BENCH_OK(kdt_gpu_kv_stream_set_length(kv, s, PREFIX));
         }
@@ -354,9 +428,9 @@ static void bench_kimi(double copy_gbps) {
             BENCH_OK(kdt_gpu_stage_verify(r, kv, &tb.t, NULL));
             const kdt_gpu_run_config rc = {N, 0, 0, 0, NULL};
             kdt_gpu_graph *gr;
-            BENCH_OK(kdt_gpu_graph_capture(r, kv, &rc, &gr));
-            const double us = time_graph(r, gr, samples, 1);
-            const int D = distinct_experts(r, E);
+            double one;
+            const double us = time_layers(r, kv, &rc, samples, layers, &gr, &one);
+            const double D = distinct_experts(r, E, layers);
             const double bytes = (double)D * wb.routed_expert + wb.shared_expert + wb.attention + wb.router +
                                  (PREFIX + N) * row_bytes + N * row_bytes;
             row *w = &rows[n_rows++];
@@ -366,13 +440,16 @@ static void bench_kimi(double copy_gbps) {
             snprintf(w->variant, sizeof w->variant, corr ? "corr0.05" : "random");
             w->S = 1;
             w->N = N;
-            w->distinct = D;
+            w->distinct = (int)(D + 0.5);
             w->us = us;
+            w->us_one = one;
+            w->layers = layers;
             w->floor_us = bytes / (copy_gbps * 1e3);
             w->ratio_decode = us / decode1[corr];
-            printf("  verify N=%-2d %-8s D=%3d %9.1f us  floor %8.1f us  %.2fx  (%.2fx decode)\n", N, w->variant, D,
-                   us, w->floor_us, us / w->floor_us, w->ratio_decode);
+            printf("  verify N=%-2d %-8s D=%5.1f %9.1f us/layer  floor %8.1f us  %.2fx  (%.2fx decode; 1-layer pass "
+                   "%.1f us)\n", N, w->variant, D, us, w->floor_us, us / w->floor_us, w->ratio_decode, one);
             profile_replay(r, gr);
+            if (shape_mode) step_profile(r, kv, &rc, samples, us);
             kdt_gpu_graph_free(gr);
             BENCH_OK(kdt_gpu_kv_stream_set_length(kv, 0, PREFIX));
         }
@@ -384,12 +461,15 @@ static void bench_kimi(double copy_gbps) {
 static void print_table(FILE *f, int md, const char *dev, double copy_gbps) {
     if (md) {
         fprintf(f, "## bench_model (%s, copy %.0f GB/s)\n\n", dev, copy_gbps);
-        fprintf(f, "| model | mode | tokens | S | N | D | time (us) | tokens/s | floor (us) | time/floor | vs decode S=1 |\n");
-        fprintf(f, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        fprintf(f, "Kimi rows: time = the marginal cost of one layer in an L-layer model ((L-layer pass - 1-layer "
+                   "pass) / (L - 1)); D = distinct experts per layer (mean)\n\n");
+        fprintf(f, "| model | mode | tokens | S | N | D | time (us) | tokens/s | floor (us) | time/floor | vs decode S=1 "
+                   "| L | 1-layer pass (us) |\n");
+        fprintf(f, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     } else {
         fprintf(f, "\n== bench_model summary (%s, copy %.0f GB/s) ==\n", dev, copy_gbps);
-        fprintf(f, "%-16s %-7s %-9s %3s %3s %4s %10s %11s %10s %10s %9s\n", "model", "mode", "tokens", "S", "N", "D",
-                "time_us", "tokens/s", "floor_us", "time/floor", "vs_dec1");
+        fprintf(f, "%-16s %-7s %-9s %3s %3s %4s %10s %11s %10s %10s %9s %2s %10s\n", "model", "mode", "tokens", "S", "N",
+                "D", "time_us", "tokens/s", "floor_us", "time/floor", "vs_dec1", "L", "pass1_us");
     }
     for (int i = 0; i < n_rows; i++) {
         const row *w = &rows[i];
@@ -401,12 +481,17 @@ static void print_table(FILE *f, int md, const char *dev, double copy_gbps) {
             snprintf(vs, sizeof vs, "%.2f", w->ratio_decode);
         }
         snprintf(tps, sizeof tps, "%.0f", (w->S * (w->mode[0] == 'v' ? w->N : 1)) / (w->us * 1e-6));
+        char nl[16] = "-", one[32] = "-";
+        if (w->layers > 0) {
+            snprintf(nl, sizeof nl, "%d", w->layers);
+            snprintf(one, sizeof one, "%.1f", w->us_one);
+        }
         if (md)
-            fprintf(f, "| %s | %s | %s | %d | %d | %s | %.1f | %s | %s | %s | %s |\n", w->model, w->mode, w->variant,
-                    w->S, w->N, d, w->us, tps, fl, rt, vs);
+            fprintf(f, "| %s | %s | %s | %d | %d | %s | %.1f | %s | %s | %s | %s | %s | %s |\n", w->model, w->mode,
+                    w->variant, w->S, w->N, d, w->us, tps, fl, rt, vs, nl, one);
         else
-            fprintf(f, "%-16s %-7s %-9s %3d %3d %4s %10.1f %11s %10s %10s %9s\n", w->model, w->mode, w->variant, w->S,
-                    w->N, d, w->us, tps, fl, rt, vs);
+            fprintf(f, "%-16s %-7s %-9s %3d %3d %4s %10.1f %11s %10s %10s %9s %2s %10s\n", w->model, w->mode, w->variant,
+                    w->S, w->N, d, w->us, tps, fl, rt, vs, nl, one);
     }
     if (md) fprintf(f, "\n");
 }

@@ -418,6 +418,13 @@ void kdt_gpu_graph_free(kdt_gpu_graph *g);
 kdt_status kdt_gpu_runner_expert_counts(kdt_gpu_runner *r, int32_t layer, int32_t *counts);
 /* Benchmark helper: evicts the L2 cache by reading a buffer of 4x its size (clean lines only). */
 kdt_status kdt_gpu_runner_flush_l2(kdt_gpu_runner *r);
+/* Profiling helper: later passes (and captures) of r run only their first n_steps operations (one
+ * kernel or GEMM launch each, in issue order; 0 = all), so timing the cut passes one after
+ * another attributes a pass's time to its steps at real clocks. A cut pass's outputs are
+ * meaningless. kdt_gpu_runner_steps returns the step count of the last full pass and its first
+ * min(count, cap) step names (static strings such as "o_proj"; the layer follows from the order). */
+kdt_status kdt_gpu_runner_set_step_limit(kdt_gpu_runner *r, int32_t n_steps);
+int32_t kdt_gpu_runner_steps(const kdt_gpu_runner *r, const char **names, int32_t cap);
 
 #ifdef __cplusplus
 }

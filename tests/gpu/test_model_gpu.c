@@ -20,7 +20,8 @@
  *   prefill in chunks of 7 == in one chunk == token-by-token decode;
  *   verify -> accept -> kdt_gpu_kv_commit -> decode == decoding the accepted path;
  *   CUDA-graph replay == eager run, for decode and verify, on the captured batch and on new ones;
- *   64 vs 16 heads per attention item (Kimi dimensions) give the same bits.
+ *   64 vs 16 heads per attention item, and 4 vs 8 warps per 16-head item (Kimi dimensions), give
+ *   the same bits.
  * Bad inputs: clear errors, nothing changed. Device outputs are poisoned before every call and
  * every produced row is checked (finite logits, argmax in range, padding rows untouched).
  * KDT_TEST_QUICK=1 (sanitizer runs) does fewer cases and skips the Kimi-dimension checkpoint. */
@@ -1170,12 +1171,11 @@ static void test_kimi_dims(void) {
         CHECK_EQ_INT(kdt_gpu_runner_create(m.g, &o16, &r16), KDT_OK);
         kdt_gpu_kv *ka = new_gkv(m.g, 8, 3), *kb = new_gkv(m.g, 8, 3);
         int prefix[3] = {100, 3, 64}, nn[3] = {40, 17, 9};
-        int32_t roots[3] = {1, 2, 3};
+        int32_t roots[3] = {1, 2, 3}, h[3][100];
         for (int q = 0; q < 3; q++) {
-            int32_t h[100];
-            for (int i = 0; i < prefix[q]; i++) h[i] = t_rand_int(&rng, V);
-            CHECK_EQ_INT(kdt_gpu_prefill(r16, ka, q, h, prefix[q], NULL), KDT_OK);
-            CHECK_EQ_INT(kdt_gpu_prefill(r64, kb, q, h, prefix[q], NULL), KDT_OK);
+            for (int i = 0; i < prefix[q]; i++) h[q][i] = t_rand_int(&rng, V);
+            CHECK_EQ_INT(kdt_gpu_prefill(r16, ka, q, h[q], prefix[q], NULL), KDT_OK);
+            CHECK_EQ_INT(kdt_gpu_prefill(r64, kb, q, h[q], prefix[q], NULL), KDT_OK);
         }
         test_tree tt;
         make_tree(&tt, 3, 40, nn, prefix, roots, V, &rng);
@@ -1186,6 +1186,28 @@ static void test_kimi_dims(void) {
         for (int q = 0; q < 3; q++)
             CHECK_MSG(memcmp(a + (size_t)q * 40 * V, b + (size_t)q * 40 * V, (size_t)nn[q] * V * 4) == 0,
                       "stream %d: 16 and 64 heads per attention item differ", q);
+        /* the other warp count of 16-head items (KDT_GPU_ATT_WARPS, read per launch: 4 <-> 8), the
+         * prefills included: the same bits */
+        const char *w_env = getenv("KDT_GPU_ATT_WARPS");
+        const int w_other = w_env && w_env[0] == '4' ? 8 : 4; /* the default is 8 */
+        setenv("KDT_GPU_ATT_WARPS", w_other == 8 ? "8" : "4", 1);
+        kdt_gpu_kv *kc = new_gkv(m.g, 8, 3);
+        for (int q = 0; q < 3; q++) CHECK_EQ_INT(kdt_gpu_prefill(r16, kc, q, h[q], prefix[q], NULL), KDT_OK);
+        CHECK_EQ_INT(kdt_gpu_verify(r16, kc, &tt.t, NULL, &ob), KDT_OK);
+        for (int q = 0; q < 3; q++)
+            CHECK_MSG(memcmp(a + (size_t)q * 40 * V, b + (size_t)q * 40 * V, (size_t)nn[q] * V * 4) == 0,
+                      "stream %d: %d warps per 16-head attention item differ from the other count", q, w_other);
+        int32_t nxt = 7;
+        float *da = xmalloc((size_t)V * 4), *db = xmalloc((size_t)V * 4);
+        kdt_model_outputs oda = {da, NULL, 0, 0, NULL, NULL}, odb = {db, NULL, 0, 0, NULL, NULL};
+        int32_t s1 = 1;
+        CHECK_EQ_INT(kdt_gpu_decode(r16, kc, 1, &s1, &nxt, &odb), KDT_OK); /* one row: the 3-stage ring */
+        if (w_env) setenv("KDT_GPU_ATT_WARPS", w_env, 1);
+        else unsetenv("KDT_GPU_ATT_WARPS");
+        CHECK_EQ_INT(kdt_gpu_decode(r16, ka, 1, &s1, &nxt, &oda), KDT_OK);
+        CHECK_MSG(memcmp(da, db, (size_t)V * 4) == 0, "decode: %d warps per 16-head attention item differ", w_other);
+        free(da); free(db);
+        kdt_gpu_kv_free(kc);
         free(a); free(b);
         free_tree(&tt);
         kdt_gpu_kv_free(ka); kdt_gpu_kv_free(kb);

@@ -18,9 +18,11 @@
  * short dependent mma chains instead of one long one); an online softmax in fp32 (8 threads per
  * head, 4 keys each, fixed shuffle tree), P as bf16, then O += P V (V = the first d_c columns of
  * the same tile, via ldmatrix.trans). The item writes its unnormalised O, running max (log2
- * domain) and sum. HG = 16 (4 warps) or 64 (8 warps, a quarter of the KV re-reads when there are
- * many heads); the per-head arithmetic is identical, so the choice never changes a bit and is
- * made per launch, as are the stage count and the grid (pure scheduling).
+ * domain) and sum. HG = 16 or 64 heads per item (64: a quarter of the KV re-reads when there are
+ * many heads), 8 warps (16 heads: two per score tile, each writing half of its chains to a score
+ * plane the softmax adds; or 4, KDT_GPU_ATT_WARPS=4); the per-head arithmetic is identical, so
+ * these choices never change a bit and are made per launch, as are the stage count and the grid
+ * (pure scheduling).
  * attn_combine: per row and head, merges the splits in order. One CTA per (row, chunk of the
  * row's H x d_c outputs) (kdt_g_chunk_cols, so a decode row gets a CTA per half head, not one
  * for all); the chunk's heads' max, sum and split weights are computed once per item and every
@@ -61,30 +63,41 @@ __host__ __device__ inline int n_splits(int n_keys) {
     return n_keys < 1 ? 1 : (n_keys + c - 1) / c;
 }
 
-template <int HG>
+/* An item's CTA: W warps. S = Q K^T has MT x (TILE / 8) (m-tile, 8-key tile) pairs of QCH
+ * k-step chains; with W <= pairs a warp computes PPW whole pairs, with more warps (W = 8 for 16
+ * heads) a pair's chains are shared by QCH / CPW warps, each writing its chains' sum to its own
+ * score plane, and the softmax adds the planes ((c0 + c1) + (c2 + c3), the single-warp sum).
+ * P V gives each warp d_c / W columns. Every element's operations are the same for every W, so
+ * W is scheduling (per launch), like HG. */
+template <int HG, int W>
 struct AttCfg {
-    static constexpr int WARPS = HG == 16 ? 4 : 8;
+    static constexpr int WARPS = W;
     static constexpr int THREADS = WARPS * 32;
     static constexpr int MT = HG / 16;
+    static constexpr int PAIRS = MT * (TILE / 8);
     static constexpr int TPK = THREADS / TILE;              /* loader threads per key */
-    static constexpr int PPW = MT * (TILE / 8) / WARPS;     /* (m-tile, 8-key tile) pairs per warp */
+    static constexpr int PPW = WARPS <= PAIRS ? PAIRS / WARPS : 1; /* pairs per warp */
+    static constexpr int CPW = WARPS <= PAIRS ? QCH : QCH * PAIRS / WARPS; /* chains per warp */
+    static constexpr int PLANES = QCH / CPW;                /* score planes the softmax adds */
     static_assert(HG == 16 || HG == 64, "heads per item");
-    static_assert(PPW * WARPS == MT * (TILE / 8) && WARPS % (TILE / 8) == 0, "S tiles per warp");
+    static_assert(PPW * CPW * WARPS == PAIRS * QCH && WARPS % (TILE / 8) == 0, "S tiles per warp");
+    static_assert(PLANES == 1 || PLANES == 2, "score planes");
 };
+__host__ __device__ constexpr int att_planes(int hg, int w) { return w <= hg / 16 * (TILE / 8) ? 1 : 2; }
 
 /* Shared-memory row stride (bf16) of Q and K tiles: the columns the k16 steps read (d_q rounded
  * up to 16) or the P V columns of the warps (warps x NT x 8), whichever is wider, plus 8: rows
  * are an odd number of 16-byte units apart, so the 8 rows of an ldmatrix hit 8 bank groups. */
-__host__ __device__ inline int qs_stride(int hg, int nt, int dq) {
-    const int cols = (hg == 16 ? 4 : 8) * nt * 8;
+__host__ __device__ inline int qs_stride(int w, int nt, int dq) {
+    const int cols = w * nt * 8;
     const int d16 = (dq + 15) / 16 * 16;
     return (d16 > cols ? d16 : cols) + 8;
 }
 
-__host__ __device__ inline size_t att_smem(int hg, int nt, int dq, int stages) {
-    const size_t qs = (size_t)qs_stride(hg, nt, dq);
-    return (size_t)hg * qs * 2 + (size_t)stages * TILE * qs * 2 + (size_t)hg * SS * 4 + (size_t)hg * PS * 2 +
-           3 * (size_t)hg * 4;
+__host__ __device__ inline size_t att_smem(int hg, int w, int nt, int dq, int stages) {
+    const size_t qs = (size_t)qs_stride(w, nt, dq);
+    return (size_t)hg * qs * 2 + (size_t)stages * TILE * qs * 2 + (size_t)att_planes(hg, w) * hg * SS * 4 +
+           (size_t)hg * PS * 2 + 3 * (size_t)hg * 4;
 }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
@@ -173,9 +186,9 @@ __device__ __forceinline__ KeySrc key_src(const kdt_attn_args &a, const Item &it
 }
 
 /* Issues this thread's 16-byte copies of its key into a tile. */
-template <int HG>
+template <int HG, int W>
 __device__ __forceinline__ void issue_key(const kdt_attn_args &a, uint16_t *tile, int qs, KeySrc s) {
-    constexpr int TPK = AttCfg<HG>::TPK;
+    constexpr int TPK = AttCfg<HG, W>::TPK;
     const int key = threadIdx.x / TPK, sub = threadIdx.x % TPK;
     const uint16_t *src = a.kv;
     if (s.valid) {
@@ -191,9 +204,9 @@ __device__ __forceinline__ void issue_key(const kdt_attn_args &a, uint16_t *tile
  * issues, q_store converts and stores); heads past H read as 0. Columns [d_q, qs) are zeroed once
  * per CTA and never written here. */
 constexpr int QB = 12;
-template <int HG>
+template <int HG, int W>
 __device__ __forceinline__ void q_fetch(const kdt_attn_args &a, const Item &it, int i0, float4 (&v)[QB]) {
-    constexpr int THREADS = AttCfg<HG>::THREADS;
+    constexpr int THREADS = AttCfg<HG, W>::THREADS;
     const int dq4 = a.dq / 4, n4 = HG * dq4, h0 = it.hg * HG;
     const float4 *src = reinterpret_cast<const float4 *>(a.q_abs + ((int64_t)it.r * a.H + h0) * a.dq);
 #pragma unroll
@@ -204,9 +217,9 @@ __device__ __forceinline__ void q_fetch(const kdt_attn_args &a, const Item &it, 
         v[j] = ok ? t : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 }
-template <int HG>
+template <int HG, int W>
 __device__ __forceinline__ void q_store(const kdt_attn_args &a, int i0, const float4 (&v)[QB], uint16_t *Qs, int qs) {
-    constexpr int THREADS = AttCfg<HG>::THREADS;
+    constexpr int THREADS = AttCfg<HG, W>::THREADS;
     const int dq4 = a.dq / 4, n4 = HG * dq4;
 #pragma unroll
     for (int j = 0; j < QB; j++) {
@@ -221,26 +234,32 @@ __device__ __forceinline__ void q_store(const kdt_attn_args &a, int i0, const fl
     }
 }
 /* the batches of an item from i0 on (i0 = threadIdx.x: all of them) */
-template <int HG>
+template <int HG, int W>
 __device__ __forceinline__ void load_q(const kdt_attn_args &a, const Item &it, int i0, uint16_t *Qs, int qs) {
-    constexpr int THREADS = AttCfg<HG>::THREADS;
+    constexpr int THREADS = AttCfg<HG, W>::THREADS;
     for (; i0 < HG * (a.dq / 4); i0 += QB * THREADS) {
         float4 v[QB];
-        q_fetch<HG>(a, it, i0, v);
-        q_store<HG>(a, i0, v, Qs, qs);
+        q_fetch<HG, W>(a, it, i0, v);
+        q_store<HG, W>(a, i0, v, Qs, qs);
     }
 }
 
-template <int HG, int NT>
-__global__ void __launch_bounds__(AttCfg<HG>::THREADS, 1) attn_partial(const kdt_attn_args a, int stages) {
-    using C = AttCfg<HG>;
+/* 16 heads with 8 warps: two CTAs per SM where a pass has many items (<= 128 registers) */
+template <int HG, int W>
+constexpr int att_min_blocks() { return HG == 16 && W == 8 ? 2 : 1; }
+
+template <int HG, int W, int NT>
+__global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>()))
+    attn_partial(const kdt_attn_args a, int stages) {
+    using C = AttCfg<HG, W>;
     constexpr int MT = C::MT, WARPS = C::WARPS, THREADS = C::THREADS, PPW = C::PPW, TPK = C::TPK;
+    constexpr int CPW = C::CPW, PLANES = C::PLANES;
     extern __shared__ __align__(16) unsigned char smem[];
-    const int qs = qs_stride(HG, NT, a.dq), dq16 = (a.dq + 15) / 16, kch = (dq16 + QCH - 1) / QCH;
+    const int qs = qs_stride(W, NT, a.dq), dq16 = (a.dq + 15) / 16, kch = (dq16 + QCH - 1) / QCH;
     uint16_t *Qs = reinterpret_cast<uint16_t *>(smem);                       /* [HG][qs] */
     uint16_t *Ks = Qs + (size_t)HG * qs;                                      /* [stages][TILE][qs] */
-    float *Ss = reinterpret_cast<float *>(Ks + (size_t)stages * TILE * qs);   /* [HG][SS] */
-    uint16_t *Ps = reinterpret_cast<uint16_t *>(Ss + HG * SS);                /* [HG][PS] */
+    float *Ss = reinterpret_cast<float *>(Ks + (size_t)stages * TILE * qs);   /* [PLANES][HG][SS] raw */
+    uint16_t *Ps = reinterpret_cast<uint16_t *>(Ss + PLANES * HG * SS);       /* [HG][PS] */
     float *row_m = reinterpret_cast<float *>(Ps + HG * PS), *row_l = row_m + HG, *row_alpha = row_l + HG;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -270,7 +289,7 @@ __global__ void __launch_bounds__(AttCfg<HG>::THREADS, 1) attn_partial(const kdt
 #define KDT_ATT_PRODUCE()                                                                        \
     do {                                                                                         \
         if (p_live) {                                                                            \
-            issue_key<HG>(a, Ks + (size_t)(p_seq % stages) * TILE * qs, qs, la);                 \
+            issue_key<HG, W>(a, Ks + (size_t)(p_seq % stages) * TILE * qs, qs, la);                 \
             p_seq++;                                                                             \
             if (++p_tile == pi.n_tiles) {                                                        \
                 p_item += gridDim.x;                                                             \
@@ -284,11 +303,11 @@ __global__ void __launch_bounds__(AttCfg<HG>::THREADS, 1) attn_partial(const kdt
 
     /* the first batch of Q goes out before the first copies wait for their block-table entries */
     float4 qv[QB];
-    if (c_live) q_fetch<HG>(a, ci, tid, qv);
+    if (c_live) q_fetch<HG, W>(a, ci, tid, qv);
     for (int s = 0; s < stages - 1; s++) KDT_ATT_PRODUCE();
     if (c_live) {
-        q_store<HG>(a, tid, qv, Qs, qs);
-        load_q<HG>(a, ci, tid + QB * THREADS, Qs, qs);
+        q_store<HG, W>(a, tid, qv, Qs, qs);
+        load_q<HG, W>(a, ci, tid + QB * THREADS, Qs, qs);
     }
 
     float acc[MT][NT][4] = {};
@@ -310,26 +329,28 @@ __global__ void __launch_bounds__(AttCfg<HG>::THREADS, 1) attn_partial(const kdt
                     for (int e = 0; e < 4; e++) acc[mt][j][e] = 0.0f;
         }
 
-        /* S = Q K^T: this warp's PPW (m-tile, 8-key tile) pairs, QCH chains each */
+        /* S = Q K^T: this warp's PPW (m-tile, 8-key tile) pairs, chains [c0, c0 + CPW) of each */
         {
-            float c[PPW][QCH][4];
+            const int pw = WARPS <= C::PAIRS ? warp : warp % C::PAIRS; /* the warp's first pair */
+            const int c0 = WARPS <= C::PAIRS ? 0 : warp / C::PAIRS * CPW;
+            float c[PPW][CPW][4];
 #pragma unroll
             for (int p = 0; p < PPW; p++)
 #pragma unroll
-                for (int j = 0; j < QCH; j++)
+                for (int j = 0; j < CPW; j++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) c[p][j][e] = 0.0f;
 #pragma unroll 3
             for (int i = 0; i < kch; i++) {
 #pragma unroll
-                for (int j = 0; j < QCH; j++) {
-                    const int kk = j * kch + i;
+                for (int j = 0; j < CPW; j++) {
+                    const int kk = (c0 + j) * kch + i;
                     if (kk < dq16) {
                         uint32_t bf[2]; /* WARPS is a multiple of TILE / 8: one key tile per warp */
                         ldsm_x2(bf, Kc + ((warp % (TILE / 8)) * 8 + (lane & 7)) * qs + kk * 16 + ((lane >> 3) & 1) * 8);
 #pragma unroll
                         for (int p = 0; p < PPW; p++) {
-                            const int mt = (warp + p * WARPS) / (TILE / 8);
+                            const int mt = (pw + p * WARPS) / (TILE / 8);
                             uint32_t af[4];
                             ldsm_x4(af, Qs + (mt * 16 + (lane & 15)) * qs + kk * 16 + (lane >> 4) * 8);
                             mma16816(c[p][j], af, bf[0], bf[1]);
@@ -337,15 +358,18 @@ __global__ void __launch_bounds__(AttCfg<HG>::THREADS, 1) attn_partial(const kdt
                     }
                 }
             }
-            static_assert(QCH == 4, "the chain sum below");
+            static_assert(QCH == 4 && (CPW == 4 || CPW == 2), "the chain sums below");
+            float *plane = Ss + (c0 / CPW) * HG * SS;
 #pragma unroll
             for (int p = 0; p < PPW; p++) {
-                const int id = warp + p * WARPS, mt = id / (TILE / 8), nt = id % (TILE / 8);
+                const int id = pw + p * WARPS, mt = id / (TILE / 8), nt = id % (TILE / 8);
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int key = nt * 8 + 2 * t + (e & 1), hr = mt * 16 + g + (e >> 1) * 8;
-                    const float s = (c[p][0][e] + c[p][1][e]) + (c[p][2][e] + c[p][3][e]);
-                    Ss[hr * SS + key] = kb + key < ci.k_end ? s * a.scale_log2 : -INFINITY;
+                    /* (c0 + c1) + (c2 + c3): whole here, or one bracket per plane */
+                    float s = c[p][0][e] + c[p][1][e];
+                    if (CPW == 4) s = s + (c[p][2 % CPW][e] + c[p][3 % CPW][e]);
+                    plane[hr * SS + key] = s;
                 }
             }
         }
@@ -359,7 +383,10 @@ __global__ void __launch_bounds__(AttCfg<HG>::THREADS, 1) attn_partial(const kdt
             float mx = -INFINITY;
 #pragma unroll
             for (int i = 0; i < TILE / TPR; i++) {
-                v[i] = Ss[hr * SS + part * (TILE / TPR) + i];
+                const int key = part * (TILE / TPR) + i;
+                float sv = Ss[hr * SS + key];
+                if (PLANES == 2) sv = sv + Ss[HG * SS + hr * SS + key];
+                v[i] = kb + key < ci.k_end ? sv * a.scale_log2 : -INFINITY;
                 mx = fmaxf(mx, v[i]);
             }
 #pragma unroll
@@ -444,7 +471,7 @@ __global__ void __launch_bounds__(AttCfg<HG>::THREADS, 1) attn_partial(const kdt
         /* the next item: every read of Qs for this one was before the S sync above */
         c_live = item_at(a, ci.gs * (long long)n_hg + ci.hg + gridDim.x, total, n_hg, n_rows, ci);
         c_tile = 0;
-        if (c_live) load_q<HG>(a, ci, tid, Qs, qs);
+        if (c_live) load_q<HG, W>(a, ci, tid, Qs, qs);
     }
 #undef KDT_ATT_PRODUCE
     cp_async_wait<0>(); /* no copy may outlive the CTA */
@@ -462,6 +489,7 @@ static_assert(CPF % 16 == 0, "the later loads go 16 splits at a time");
  * o = fma(O_j, w_j, o) in split order, then o / L: what `o += O_j * exp2f(m_j - M)` and
  * `L += l_j * exp2f(m_j - M)` compile to, so the chunking never changes a bit. */
 __global__ void __launch_bounds__(CT) attn_combine(const kdt_attn_args a, int cols) {
+    pdl_trigger(); /* W_UV may stream its weights meanwhile (KDT_GPU_PDL) */
     __shared__ float sw[CH][CS + 1], sl[CH][CS + 1]; /* m_j, then w_j; l_j (+1: a thread per head) */
     __shared__ float sM[CH], sL[CH];
     const int n_rows = a.hdr->n_rows, width = a.H * a.dc, per_row = (width + cols - 1) / cols;
@@ -524,13 +552,18 @@ __global__ void __launch_bounds__(CT) attn_combine(const kdt_attn_args a, int co
     }
 }
 
-int pick_nt(int hg, int dc) {
-    const int warps = hg == 16 ? 4 : 8;
-    int nt = (dc + warps * 8 - 1) / (warps * 8);
+int pick_nt(int w, int dc) {
+    int nt = (dc + w * 8 - 1) / (w * 8);
     nt += nt & 1;
     if (nt < 2) nt = 2;
     return nt;
 }
+
+/* The warp counts with instances: 16 heads 4 or 8 warps, 64 heads 8 (16 would spill at the 128
+ * registers of 512 threads); NT (8-column P V tiles per warp) up to 64 / W, so d_c <= 512
+ * always has one. */
+constexpr bool att_has_w(int hg, int w) { return hg == 16 ? (w == 4 || w == 8) : w == 8; }
+inline int att_max_nt(int w) { return w == 4 ? 16 : 8; }
 
 /* The device's SM count, per-block opt-in and per-SM shared memory. */
 struct DevLimits {
@@ -546,18 +579,66 @@ cudaError_t dev_limits(DevLimits *d) {
 }
 
 /* The deepest KV ring that fits the device (2 always fits where the instance is supported). */
-int max_stages(int hg, int nt, int dq, const DevLimits &d) {
-    return att_smem(hg, nt, dq, MAX_ST) <= (size_t)d.optin ? MAX_ST : 2;
+int max_stages(int hg, int w, int nt, int dq, const DevLimits &d) {
+    return att_smem(hg, w, nt, dq, MAX_ST) <= (size_t)d.optin ? MAX_ST : 2;
 }
 
-template <int HG, int NT>
-cudaError_t set_attr(size_t smem) {
-    return cudaFuncSetAttribute(attn_partial<HG, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+/* One switch over the instances: f.operator()<HG, W, NT>() for (hg, w, nt), false if none. */
+template <class Fn>
+bool att_dispatch(int hg, int w, int nt, Fn &&f) {
+#define F(HG, W, NT) f.template operator()<HG, W, NT>()
+    if (hg == 16 && w == 4) {
+        switch (nt) {
+        case 2: F(16, 4, 2); return true;
+        case 4: F(16, 4, 4); return true;
+        case 6: F(16, 4, 6); return true;
+        case 8: F(16, 4, 8); return true;
+        case 10: F(16, 4, 10); return true;
+        case 12: F(16, 4, 12); return true;
+        case 14: F(16, 4, 14); return true;
+        case 16: F(16, 4, 16); return true;
+        }
+    } else if (w == 8) {
+        switch (nt) {
+        case 2: if (hg == 16) F(16, 8, 2); else F(64, 8, 2); return true;
+        case 4: if (hg == 16) F(16, 8, 4); else F(64, 8, 4); return true;
+        case 6: if (hg == 16) F(16, 8, 6); else F(64, 8, 6); return true;
+        case 8: if (hg == 16) F(16, 8, 8); else F(64, 8, 8); return true;
+        }
+    }
+#undef F
+    return false;
 }
 
-template <int HG, int NT>
-void launch_partial(const kdt_attn_args &a, unsigned grid, size_t smem, int stages, cudaStream_t s) {
-    attn_partial<HG, NT><<<grid, AttCfg<HG>::THREADS, smem, s>>>(a, stages);
+struct SetAttr {
+    size_t smem;
+    cudaError_t e;
+    template <int HG, int W, int NT>
+    void operator()() {
+        e = cudaFuncSetAttribute(attn_partial<HG, W, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    }
+};
+struct LaunchPartial {
+    const kdt_attn_args *a;
+    unsigned grid;
+    size_t smem;
+    int stages;
+    cudaStream_t s;
+    template <int HG, int W, int NT>
+    void operator()() {
+        attn_partial<HG, W, NT><<<grid, AttCfg<HG, W>::THREADS, smem, s>>>(*a, stages);
+    }
+};
+
+/* Warps per item of a launch (scheduling only): 8. For 16 heads that is two warps per score tile
+ * (H200, Kimi layer, session 9: decode S 1 attention 34.0 -> 30.1 us, S 8 137.8 -> 123.3, verify
+ * N 9 143.1 -> 128.8; bits unchanged). KDT_GPU_ATT_WARPS=4 (read per launch) brings back 4 warps
+ * for 16 heads, the session 8 kernel. */
+int att_warps(int hg) {
+    const char *e = getenv("KDT_GPU_ATT_WARPS");
+    const int w = e ? atoi(e) : 0;
+    if (att_has_w(hg, w)) return w;
+    return 8;
 }
 
 /* Verify rows from a tree that lives on the device (kdt_gpu_stage_verify_device): one CTA numbers
@@ -639,43 +720,31 @@ extern "C" int32_t kdt_attn_split_keys(int32_t n_keys) { return split_keys(n_key
 extern "C" int32_t kdt_attn_n_splits(int32_t n_keys) { return n_splits(n_keys); }
 
 /* 0 when (heads_per_item, d_c, d_q) has no kernel instance; else the shared memory of its
- * shallowest (2-stage) ring, what the device must offer for the instance to run at all. */
+ * shallowest (2-stage) ring with the most shared memory of its warp counts, what the device must
+ * offer for the instance to run at all. */
 extern "C" size_t kdt_attn_smem_bytes(int32_t heads_per_item, int32_t dc, int32_t dq) {
     if ((heads_per_item != 16 && heads_per_item != 64) || dq % 8 || dc < 1 || dc > dq) return 0;
-    const int nt = pick_nt(heads_per_item, dc);
-    const int max_nt = heads_per_item == 16 ? 16 : 8;
-    if (nt > max_nt) return 0;
-    return att_smem(heads_per_item, nt, dq, 2);
+    size_t most = 0;
+    for (int w = 4; w <= 8; w *= 2) {
+        if (!att_has_w(heads_per_item, w)) continue;
+        const int nt = pick_nt(w, dc);
+        if (nt > att_max_nt(w)) return 0;
+        const size_t b = att_smem(heads_per_item, w, nt, dq, 2);
+        if (b > most) most = b;
+    }
+    return most;
 }
 
 /* Raises the shared-memory limit of the instances this model uses (before any capture) to the
- * deepest ring the device fits. */
+ * deepest ring the device fits, for every warp count of the head group. */
 extern "C" kdt_status kdt_attn_init(int32_t heads_per_item, int32_t dc, int32_t dq) {
-    const int nt = pick_nt(heads_per_item, dc);
     DevLimits d;
     cudaError_t e = dev_limits(&d);
-    const size_t smem = e == cudaSuccess ? att_smem(heads_per_item, nt, dq, max_stages(heads_per_item, nt, dq, d)) : 0;
-    if (e == cudaSuccess) {
-        e = cudaErrorInvalidValue;
-        if (heads_per_item == 16) {
-            switch (nt) {
-            case 2: e = set_attr<16, 2>(smem); break;
-            case 4: e = set_attr<16, 4>(smem); break;
-            case 6: e = set_attr<16, 6>(smem); break;
-            case 8: e = set_attr<16, 8>(smem); break;
-            case 10: e = set_attr<16, 10>(smem); break;
-            case 12: e = set_attr<16, 12>(smem); break;
-            case 14: e = set_attr<16, 14>(smem); break;
-            case 16: e = set_attr<16, 16>(smem); break;
-            }
-        } else {
-            switch (nt) {
-            case 2: e = set_attr<64, 2>(smem); break;
-            case 4: e = set_attr<64, 4>(smem); break;
-            case 6: e = set_attr<64, 6>(smem); break;
-            case 8: e = set_attr<64, 8>(smem); break;
-            }
-        }
+    for (int w = 4; w <= 8 && e == cudaSuccess; w *= 2) {
+        if (!att_has_w(heads_per_item, w)) continue;
+        const int nt = pick_nt(w, dc);
+        SetAttr f = {att_smem(heads_per_item, w, nt, dq, max_stages(heads_per_item, w, nt, dq, d)), cudaSuccess};
+        e = att_dispatch(heads_per_item, w, nt, f) ? f.e : cudaErrorInvalidValue;
     }
     if (e != cudaSuccess)
         return kdt_fail(KDT_ERR_CUDA, "GPU attention (%d heads per item, d_c %d, d_q %d): %s", heads_per_item, dc,
@@ -683,49 +752,32 @@ extern "C" kdt_status kdt_attn_init(int32_t heads_per_item, int32_t dc, int32_t 
     return KDT_OK;
 }
 
-/* Scheduling only (the stage count and the grid never change a bit): a pass of one row has at
- * most a few items per SM, so each SM gets one CTA with the deepest ring (two tiles in flight);
+/* Scheduling only (the stage count, warps and the grid never change a bit): a pass of one row has
+ * at most a few items per SM, so each SM gets one CTA with the deepest ring (two tiles in flight);
  * a pass of more rows with 16 heads per item gets two CTAs of a 2-stage ring per SM where they
  * fit, so one CTA's barriers and item changes hide behind the other's work. With one CTA per
  * SM the grid is cut to one per SM: a CTA streams its items without gaps, extra CTAs would only
  * queue behind it. */
 extern "C" kdt_status kdt_attn_launch(const kdt_attn_args *a, cudaStream_t s) {
     const int hg = a->heads_per_item;
-    const int nt = pick_nt(hg, a->dc);
+    const int w = att_warps(hg);
+    const int nt = pick_nt(w, a->dc);
     DevLimits d;
     cudaError_t e = dev_limits(&d);
     if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "GPU attention: device: %s", cudaGetErrorString(e));
-    int stages = max_stages(hg, nt, a->dq, d);
-    const size_t smem2 = att_smem(hg, nt, a->dq, 2);
+    int stages = max_stages(hg, w, nt, a->dq, d);
+    const size_t smem2 = att_smem(hg, w, nt, a->dq, 2);
     const int two_per_sm = 2 * (smem2 + 1024) <= (size_t)d.per_sm;
     if (hg == 16 && a->max_rows > 1 && two_per_sm) stages = 2;
-    const size_t smem = att_smem(hg, nt, a->dq, stages);
+    if (kdt_g_env_is("KDT_GPU_ATT_STAGES", '2')) stages = 2; /* experiment switch (scheduling only) */
+    const size_t smem = att_smem(hg, w, nt, a->dq, stages);
     int64_t grid = a->grid > 0 ? a->grid : 1;
     int64_t per_sm = (int64_t)d.per_sm / (int64_t)(smem + 1024);
     if (per_sm < 1) per_sm = 1;
     if (grid > per_sm * d.n_sm) grid = per_sm * d.n_sm;
-    const unsigned g = (unsigned)grid;
-    if (hg == 16) {
-        switch (nt) {
-        case 2: launch_partial<16, 2>(*a, g, smem, stages, s); break;
-        case 4: launch_partial<16, 4>(*a, g, smem, stages, s); break;
-        case 6: launch_partial<16, 6>(*a, g, smem, stages, s); break;
-        case 8: launch_partial<16, 8>(*a, g, smem, stages, s); break;
-        case 10: launch_partial<16, 10>(*a, g, smem, stages, s); break;
-        case 12: launch_partial<16, 12>(*a, g, smem, stages, s); break;
-        case 14: launch_partial<16, 14>(*a, g, smem, stages, s); break;
-        case 16: launch_partial<16, 16>(*a, g, smem, stages, s); break;
-        default: return kdt_fail(KDT_ERR_INTERNAL, "GPU attention: d_c %d", a->dc);
-        }
-    } else {
-        switch (nt) {
-        case 2: launch_partial<64, 2>(*a, g, smem, stages, s); break;
-        case 4: launch_partial<64, 4>(*a, g, smem, stages, s); break;
-        case 6: launch_partial<64, 6>(*a, g, smem, stages, s); break;
-        case 8: launch_partial<64, 8>(*a, g, smem, stages, s); break;
-        default: return kdt_fail(KDT_ERR_INTERNAL, "GPU attention: d_c %d", a->dc);
-        }
-    }
+    LaunchPartial f = {a, (unsigned)grid, smem, stages, s};
+    if (!att_dispatch(hg, w, nt, f))
+        return kdt_fail(KDT_ERR_INTERNAL, "GPU attention: no instance for %d heads, %d warps, d_c %d", hg, w, a->dc);
     e = cudaGetLastError();
     if (e == cudaSuccess) {
         /* rows x chunks of the H d_c outputs; a chunk of whole heads spans at most CH of them, a

@@ -554,15 +554,34 @@ typedef struct pass {
     const int32_t *head;
     const uint64_t *masks;
     const int32_t *m_dev;
+    int32_t step;               /* operations issued so far (kdt_gpu_runner_set_step_limit) */
 } pass;
 
-/* partials of X W^T into r->part as [splits][M][ldy] (+ y_batch per batch); returns the split count */
-static kdt_status gemm(pass *p, const float *x, int64_t ldx, int64_t x_batch, int32_t kx, const kdt_gmat *w,
-                       int64_t ldy, int64_t y_batch, int32_t *splits, int64_t *split_stride) {
+/* 1 when the pass is cut before this step (profiling); else counts and names the step. Once cut,
+ * every later step is cut too, so a caller just returns. */
+static int step_cut(pass *p, const char *name) {
+    kdt_gpu_runner *r = p->r;
+    if (r->step_limit > 0 && p->step >= r->step_limit) return 1;
+    if (p->step < KDT_GPU_STEP_NAMES) r->step_names[p->step] = name;
+    p->step++;
+    return 0;
+}
+#define PASS_STEP(p, name, call)                  \
+    do {                                          \
+        if (step_cut((p), (name))) return KDT_OK; \
+        KDT_TRY(call);                            \
+    } while (0)
+
+/* partials of X W^T into y (r->part when NULL) as [splits][M][ldy] (+ y_batch per batch);
+ * returns the split count */
+static kdt_status gemm_into(pass *p, const char *name, const float *x, int64_t ldx, int64_t x_batch, int32_t kx,
+                            const kdt_gmat *w, float *y, int64_t ldy, int64_t y_batch, int32_t *splits,
+                            int64_t *split_stride) {
     int32_t k_chunk;
     kdt_gemm_plan(w->rows, w->ld, w->batch, splits, &k_chunk);
     *split_stride = (int64_t)p->M * ldy;
-    if ((size_t)*splits * (size_t)*split_stride > p->r->part_floats)
+    if (y && *splits != 1) return kdt_fail(KDT_ERR_INTERNAL, "GPU forward: %s: a direct GEMM output needs one split", name);
+    if (!y && (size_t)*splits * (size_t)*split_stride > p->r->part_floats)
         return kdt_fail(KDT_ERR_INTERNAL, "GPU forward: split-K partials overflow");
     kdt_gemm_args a;
     memset(&a, 0, sizeof a);
@@ -574,7 +593,7 @@ static kdt_status gemm(pass *p, const float *x, int64_t ldx, int64_t x_batch, in
     a.ldw = w->ld;
     a.w_batch = w->batch_stride;
     a.n = w->rows;
-    a.y = p->r->part;
+    a.y = y ? y : p->r->part;
     a.ldy = ldy;
     a.y_split = *split_stride;
     a.y_batch = y_batch;
@@ -584,7 +603,12 @@ static kdt_status gemm(pass *p, const float *x, int64_t ldx, int64_t x_batch, in
     a.splits = *splits;
     a.k_chunk = k_chunk;
     a.tiled = w->tiled;
+    if (step_cut(p, name)) return KDT_OK;
     return kdt_gemm_launch(&a, p->stages, p->s);
+}
+static kdt_status gemm(pass *p, const char *name, const float *x, int64_t ldx, int64_t x_batch, int32_t kx,
+                       const kdt_gmat *w, int64_t ldy, int64_t y_batch, int32_t *splits, int64_t *split_stride) {
+    return gemm_into(p, name, x, ldx, x_batch, kx, w, NULL, ldy, y_batch, splits, split_stride);
 }
 
 static kdt_status attention(pass *p, int32_t l) {
@@ -593,6 +617,7 @@ static kdt_status attention(pass *p, int32_t l) {
     kdt_gpu_runner *r = p->r;
     int32_t hg = r->opt.attn_heads_per_item;
     if (hg == 0) hg = (hg64_supported(g) && c->n_heads >= 64 && p->M >= 16) ? 64 : 16;
+    if (hg64_supported(g) && kdt_g_env_is("KDT_GPU_ATT_HG", '6')) hg = 64; /* experiment switch (same bits) */
     const int32_t n_hg = (c->n_heads + hg - 1) / hg;
     const int64_t bound = (int64_t)p->M * max_row_splits(r->opt.max_keys) * n_hg;
     const int64_t cap = (int64_t)g->n_sm * (hg == 16 ? 2 : 1);
@@ -619,6 +644,7 @@ static kdt_status attention(pass *p, int32_t l) {
     a.heads_per_item = hg;
     a.grid = (int32_t)(bound < cap ? bound : cap);
     a.max_rows = p->M;
+    if (step_cut(p, "attention")) return KDT_OK;
     return kdt_attn_launch(&a, p->s);
 }
 
@@ -629,9 +655,9 @@ static kdt_status moe(pass *p, const kdt_gpu_layer *L, int32_t l) {
     const int32_t D = c->hidden_size, E = c->n_routed_experts, K = c->n_experts_per_tok;
     int32_t splits;
     int64_t ss;
-    KDT_TRY(gemm(p, r->xn, D, 0, D, &L->router, E, 0, &splits, &ss));
-    KDT_TRY(kdt_op_route(r->part, splits, ss, L->router_bias, c, p->hdr, r->sel, r->wgt, p->M, p->s));
-    KDT_TRY(kdt_op_moe_plan(p->hdr, r->sel, K, E, g->has_shared, p->M, r->pair_row, r->pair_expert, r->pos_of,
+    KDT_TRY(gemm(p, "router", r->xn, D, 0, D, &L->router, E, 0, &splits, &ss));
+    PASS_STEP(p, "route", kdt_op_route(r->part, splits, ss, L->router_bias, c, p->hdr, r->sel, r->wgt, p->M, p->s));
+    PASS_STEP(p, "moe_plan", kdt_op_moe_plan(p->hdr, r->sel, K, E, g->has_shared, p->M, r->pair_row, r->pair_expert, r->pos_of,
                         r->pos_shared, r->items, r->moe_counts, r->expert_counts + (int64_t)l * (E + 1), p->s));
     const int32_t max_pairs = p->M * K + (g->has_shared ? p->M : 0);
     const int32_t E_tot = E + g->has_shared;
@@ -657,8 +683,8 @@ static kdt_status moe(pass *p, const kdt_gpu_layer *L, int32_t l) {
     a.n_items_hint = p->M <= KDT_G_BM ? (p->M * K < E ? p->M * K : E) + g->has_shared : item_bound;
     a.n_pairs_hint = max_pairs;
     a.tiled = g->experts_tiled;
-    KDT_TRY(kdt_grouped_launch(&a, p->stages, p->s));
-    KDT_TRY(kdt_op_swiglu(r->moe_part, 1, 0, ldp, r->moe_counts + 1, max_pairs, r->pair_expert, L->experts, 0, r->h,
+    PASS_STEP(p, "moe_gate_up", kdt_grouped_launch(&a, p->stages, p->s));
+    PASS_STEP(p, "moe_swiglu", kdt_op_swiglu(r->moe_part, 1, 0, ldp, r->moe_counts + 1, max_pairs, r->pair_expert, L->experts, 0, r->h,
                       r->ld_h, p->s));
     a.which = 1;
     a.x = r->h;
@@ -666,9 +692,10 @@ static kdt_status moe(pass *p, const kdt_gpu_layer *L, int32_t l) {
     a.y = r->moe_y;
     a.ldy = D;
     a.n_max = D;
-    KDT_TRY(kdt_grouped_launch(&a, p->stages, p->s));
-    return kdt_op_moe_combine(r->x, r->moe_y, D, K, r->pos_of, r->pos_shared, r->wgt, g->has_shared, p->hdr, p->M,
-                              p->s);
+    PASS_STEP(p, "moe_down", kdt_grouped_launch(&a, p->stages, p->s));
+    PASS_STEP(p, "moe_combine", kdt_op_moe_combine(r->x, r->moe_y, D, K, r->pos_of, r->pos_shared, r->wgt, g->has_shared,
+                                              p->hdr, p->M, p->s));
+    return KDT_OK;
 }
 
 static kdt_status dense_mlp(pass *p, const kdt_gpu_layer *L) {
@@ -676,11 +703,12 @@ static kdt_status dense_mlp(pass *p, const kdt_gpu_layer *L) {
     const int32_t D = p->g->cfg.hidden_size;
     int32_t splits;
     int64_t ss;
-    KDT_TRY(gemm(p, r->xn, D, 0, D, &L->dense_gu, L->dense_gu.rows, 0, &splits, &ss));
-    KDT_TRY(kdt_op_swiglu(r->part, splits, ss, L->dense_gu.rows, p->m_dev, p->M, NULL, NULL, L->dense_inter, r->h, r->ld_h,
+    KDT_TRY(gemm(p, "dense_gate_up", r->xn, D, 0, D, &L->dense_gu, L->dense_gu.rows, 0, &splits, &ss));
+    PASS_STEP(p, "dense_swiglu", kdt_op_swiglu(r->part, splits, ss, L->dense_gu.rows, p->m_dev, p->M, NULL, NULL, L->dense_inter, r->h, r->ld_h,
                       p->s));
-    KDT_TRY(gemm(p, r->h, r->ld_h, 0, L->dense_inter, &L->dense_down, D, 0, &splits, &ss));
-    return kdt_op_residual(r->x, r->part, splits, ss, D, p->m_dev, p->M, p->s);
+    KDT_TRY(gemm(p, "dense_down", r->h, r->ld_h, 0, L->dense_inter, &L->dense_down, D, 0, &splits, &ss));
+    PASS_STEP(p, "dense_residual", kdt_op_residual(r->x, r->part, splits, ss, D, p->m_dev, p->M, p->s));
+    return KDT_OK;
 }
 
 static kdt_status layer(pass *p, int32_t l, const kdt_gpu_run_config *rc) {
@@ -693,29 +721,81 @@ static kdt_status layer(pass *p, int32_t l, const kdt_gpu_run_config *rc) {
                   dv = c->v_head_dim, dc = c->kv_lora_rank, dq = dc + dr, ql = c->q_lora_rank, dqk = dn + dr;
     int32_t splits;
     int64_t ss;
-    KDT_TRY(kdt_op_rmsnorm(r->x, NULL, L->input_norm, c->rms_norm_eps, D, r->xn, p->m_dev, p->M, p->s));
-    KDT_TRY(gemm(p, r->xn, D, 0, D, &L->w_a, L->w_a.rows, 0, &splits, &ss));
-    KDT_TRY(kdt_op_post_a(r->part, splits, ss, L->w_a.rows, ql, dc, dr, L->q_a_norm, L->kv_a_norm, g->rope_cs,
+    PASS_STEP(p, "input_norm", kdt_op_rmsnorm(r->x, NULL, L->input_norm, c->rms_norm_eps, D, r->xn, p->m_dev, p->M, p->s));
+    KDT_TRY(gemm(p, "q_a_kv_a", r->xn, D, 0, D, &L->w_a, L->w_a.rows, 0, &splits, &ss));
+    PASS_STEP(p, "post_a", kdt_op_post_a(r->part, splits, ss, L->w_a.rows, ql, dc, dr, L->q_a_norm, L->kv_a_norm, g->rope_cs,
                       c->rope_interleave, p->hdr, p->rows, kv->cache + (int64_t)l * kv->layer_stride,
                       kv->d_block_table, kv->max_pages, kv->page_size, kv->n_pages, kv->row_stride, r->qa, p->M, p->s));
-    if (ql > 0) KDT_TRY(gemm(p, r->qa, ql, 0, ql, &L->q_b, (int64_t)H * dqk, 0, &splits, &ss));
-    else KDT_TRY(gemm(p, r->xn, D, 0, D, &L->q_b, (int64_t)H * dqk, 0, &splits, &ss));
-    KDT_TRY(kdt_op_post_q(r->part, splits, ss, H * dqk, H, dn, dr, dc, g->rope_cs, c->rope_interleave, p->hdr, p->rows,
+    if (ql > 0) KDT_TRY(gemm(p, "q_b", r->qa, ql, 0, ql, &L->q_b, (int64_t)H * dqk, 0, &splits, &ss));
+    else KDT_TRY(gemm(p, "q_proj", r->xn, D, 0, D, &L->q_b, (int64_t)H * dqk, 0, &splits, &ss));
+    PASS_STEP(p, "post_q", kdt_op_post_q(r->part, splits, ss, H * dqk, H, dn, dr, dc, g->rope_cs, c->rope_interleave, p->hdr, p->rows,
                       r->q_nope, r->q_abs, p->M, p->s));
-    KDT_TRY(gemm(p, r->q_nope, (int64_t)H * dn, dn, dn, &L->uk_t, (int64_t)H * dc, dc, &splits, &ss));
-    KDT_TRY(kdt_op_sum_splits(r->part, splits, ss, H * dc, H, dc, dc, r->q_abs, H * dq, dq, p->m_dev, p->M, p->s));
+    /* q_lat = q_nope W_UK per head, into q_abs's first d_c columns: directly when K is one split
+     * (Kimi: d_n = 128; the split sum would be a copy: same bits), else via the partials */
+    int32_t uk_splits, uk_chunk;
+    kdt_gemm_plan(L->uk_t.rows, L->uk_t.ld, L->uk_t.batch, &uk_splits, &uk_chunk);
+    if (uk_splits == 1) {
+        KDT_TRY(gemm_into(p, "w_uk", r->q_nope, (int64_t)H * dn, dn, dn, &L->uk_t, r->q_abs, (int64_t)H * dq, dq,
+                          &splits, &ss));
+    } else {
+        KDT_TRY(gemm(p, "w_uk", r->q_nope, (int64_t)H * dn, dn, dn, &L->uk_t, (int64_t)H * dc, dc, &splits, &ss));
+        PASS_STEP(p, "sum_uk", kdt_op_sum_splits(r->part, splits, ss, H * dc, H, dc, dc, r->q_abs, H * dq, dq,
+                                                 p->m_dev, p->M, p->s));
+    }
     KDT_TRY(attention(p, l));
-    KDT_TRY(gemm(p, r->o_lat, (int64_t)H * dc, dc, dc, &L->uv, (int64_t)H * dv, dv, &splits, &ss));
-    KDT_TRY(kdt_op_sum_splits(r->part, splits, ss, H * dv, H, dv, dv, r->heads, H * dv, dv, p->m_dev, p->M, p->s));
-    KDT_TRY(gemm(p, r->heads, (int64_t)H * dv, 0, H * dv, &L->o_proj, D, 0, &splits, &ss));
-    KDT_TRY(kdt_op_post_o(r->x, r->part, splits, ss, L->post_norm, c->rms_norm_eps, D, r->xn, p->m_dev, p->M, p->s));
+    KDT_TRY(gemm(p, "w_uv", r->o_lat, (int64_t)H * dc, dc, dc, &L->uv, (int64_t)H * dv, dv, &splits, &ss));
+    PASS_STEP(p, "sum_uv", kdt_op_sum_splits(r->part, splits, ss, H * dv, H, dv, dv, r->heads, H * dv, dv, p->m_dev, p->M, p->s));
+    KDT_TRY(gemm(p, "o_proj", r->heads, (int64_t)H * dv, 0, H * dv, &L->o_proj, D, 0, &splits, &ss));
+    PASS_STEP(p, "post_o", kdt_op_post_o(r->x, r->part, splits, ss, L->post_norm, c->rms_norm_eps, D, r->xn, p->m_dev, p->M, p->s));
     if (L->is_moe) KDT_TRY(moe(p, L, l));
     else KDT_TRY(dense_mlp(p, L));
     for (int32_t t = 0; t < rc->n_taps; t++)
         if (rc->tap_layers[t] == l)
-            KDT_TRY(kdt_op_taps(r->x, D, p->hdr, p->rows, r->d_taps, r->opt.max_taps, t, p->M, p->s));
+            PASS_STEP(p, "taps", kdt_op_taps(r->x, D, p->hdr, p->rows, r->d_taps, r->opt.max_taps, t, p->M, p->s));
     return KDT_OK;
 }
+
+/* The pass's operations in order (each STEP / gemm / attention may be cut: kdt_gpu_runner_set_step_limit). */
+static kdt_status run_pass(pass *p, const kdt_gpu_run_config *rc) {
+    kdt_gpu_runner *r = p->r;
+    const kdt_model_config *cfg = &r->g->cfg;
+    const int32_t D = cfg->hidden_size;
+    if (r->dtree_pending) {
+        unsigned char *d = r->d_stage;
+        const kdt_tree *t = &r->dtree;
+        PASS_STEP(p, "stage_tree",
+             kdt_op_stage_tree((kdt_gstage_hdr *)d, (kdt_grow *)(d + r->off_rows), (int32_t *)(d + r->off_head),
+                               (uint64_t *)(d + r->off_masks), (const int32_t *)(d + r->off_streams), t->n_streams,
+                               t->max_nodes, KDT_MASK_WORDS(t->max_nodes), t->n_nodes, t->token, t->position,
+                               t->anc_mask, r->stream));
+    }
+    PASS_STEP(p, "embed", kdt_op_embed(p->hdr, p->rows, &r->g->embed, r->x, D, p->M, p->s));
+    for (int32_t l = 0; l < cfg->n_layers; l++) KDT_TRY(layer(p, l, rc));
+    if (rc->logits || rc->argmax) {
+        PASS_STEP(p, "final_norm", kdt_op_rmsnorm(r->x, p->head, r->g->final_norm, cfg->rms_norm_eps, D, r->xn_head,
+                                             &p->hdr->n_head, p->M, p->s));
+        kdt_head_args h;
+        memset(&h, 0, sizeof h);
+        h.x = r->xn_head;
+        h.kx = D;
+        h.w = r->g->lm_head;
+        h.m_dev = &p->hdr->n_head;
+        h.m_max = p->M;
+        h.rows = p->rows;
+        h.head_rows = p->head;
+        h.logits = rc->logits ? r->d_logits : NULL;
+        h.am_val = r->am_val;
+        h.am_idx = r->am_idx;
+        h.am_ld = r->opt.max_rows;
+        PASS_STEP(p, "lm_head", kdt_head_launch(&h, p->stages, p->s));
+        if (rc->argmax)
+            PASS_STEP(p, "argmax", kdt_op_argmax_final(r->am_val, r->am_idx, r->opt.max_rows,
+                                                  (cfg->vocab_size + KDT_G_BN - 1) / KDT_G_BN, p->hdr, p->head, p->rows,
+                                                  r->d_argmax, p->M, p->s));
+    }
+    return KDT_OK;
+}
+
 
 kdt_status kdt_gpu_run(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_gpu_run_config *rc) {
     static const char fn[] = "kdt_gpu_run";
@@ -745,38 +825,23 @@ kdt_status kdt_gpu_run(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_gpu_run_confi
     p.head = (const int32_t *)(r->d_stage + r->off_head);
     p.masks = (const uint64_t *)(r->d_stage + r->off_masks);
     p.m_dev = &p.hdr->n_rows;
-    const int32_t D = cfg->hidden_size;
-    if (r->dtree_pending) {
-        unsigned char *d = r->d_stage;
-        const kdt_tree *t = &r->dtree;
-        KDT_TRY(kdt_op_stage_tree((kdt_gstage_hdr *)d, (kdt_grow *)(d + r->off_rows), (int32_t *)(d + r->off_head),
-                                  (uint64_t *)(d + r->off_masks), (const int32_t *)(d + r->off_streams), t->n_streams,
-                                  t->max_nodes, KDT_MASK_WORDS(t->max_nodes), t->n_nodes, t->token, t->position,
-                                  t->anc_mask, r->stream));
-    }
-    KDT_TRY(kdt_op_embed(p.hdr, p.rows, &r->g->embed, r->x, D, p.M, p.s));
-    for (int32_t l = 0; l < cfg->n_layers; l++) KDT_TRY(layer(&p, l, rc));
-    if (rc->logits || rc->argmax) {
-        KDT_TRY(kdt_op_rmsnorm(r->x, p.head, r->g->final_norm, cfg->rms_norm_eps, D, r->xn_head, &p.hdr->n_head, p.M, p.s));
-        kdt_head_args h;
-        memset(&h, 0, sizeof h);
-        h.x = r->xn_head;
-        h.kx = D;
-        h.w = r->g->lm_head;
-        h.m_dev = &p.hdr->n_head;
-        h.m_max = p.M;
-        h.rows = p.rows;
-        h.head_rows = p.head;
-        h.logits = rc->logits ? r->d_logits : NULL;
-        h.am_val = r->am_val;
-        h.am_idx = r->am_idx;
-        h.am_ld = r->opt.max_rows;
-        KDT_TRY(kdt_head_launch(&h, p.stages, p.s));
-        if (rc->argmax)
-            KDT_TRY(kdt_op_argmax_final(r->am_val, r->am_idx, r->opt.max_rows, (cfg->vocab_size + KDT_G_BN - 1) / KDT_G_BN,
-                                    p.hdr, p.head, p.rows, r->d_argmax, p.M, p.s));
-    }
+    p.step = 0;
+    KDT_TRY(run_pass(&p, rc));
+    if (r->step_limit == 0) r->n_steps = p.step;
     return KDT_OK;
+}
+
+kdt_status kdt_gpu_runner_set_step_limit(kdt_gpu_runner *r, int32_t n_steps) {
+    KDT_CHECK_ARG(r, "kdt_gpu_runner_set_step_limit: runner is NULL");
+    KDT_CHECK_ARG(n_steps >= 0, "kdt_gpu_runner_set_step_limit: n_steps = %d (0 = all, or more)", n_steps);
+    r->step_limit = n_steps;
+    return KDT_OK;
+}
+
+int32_t kdt_gpu_runner_steps(const kdt_gpu_runner *r, const char **names, int32_t cap) {
+    if (!r) return 0;
+    for (int32_t i = 0; names && i < cap && i < r->n_steps && i < KDT_GPU_STEP_NAMES; i++) names[i] = r->step_names[i];
+    return r->n_steps;
 }
 
 /* ---- graphs -------------------------------------------------------------------------------- */

@@ -559,9 +559,34 @@ __device__ __forceinline__ void v2_compute(const uint16_t *ws, const uint16_t *h
  * thread waits on it where the cp.async path waits on its group; wpar holds the parity of each
  * barrier's next phase across the CTA's passes (each pass waits once per copy it issues). The X
  * blocks, the hi / lo conversion and the mma chain are the same. */
+/* W blocks 0 .. S-2 of pass p into their stages, as its prologue would issue them (cp.async: one
+ * group of their own, which the prologue's waits count as the oldest): a kernel issues them before
+ * pdl_wait (weights are never written by a predecessor), then runs the pass with w_pre. */
+template <int WL>
+__device__ __forceinline__ void v2_prefetch_w(const V2Pass &p, unsigned char *smem, int pool, uint64_t pol) {
+    constexpr bool BULK = WL == W_BULK;
+    const int R = v2_tile_rows(p.m_valid);
+    const int sb = BULK ? v2_stage_bytes_bulk(R) : v2_stage_bytes(R);
+    const int S = BULK ? v2_stages_bulk(R, pool) : v2_stages(R, pool);
+    unsigned char *st = smem + (BULK ? V2_BAR_BYTES : 0) + v2_xc_bytes(R);
+    for (int g = 0; g < S - 1 && g < p.nk; g++) {
+        uint16_t *dst = reinterpret_cast<uint16_t *>(st + g * sb);
+        if (BULK) {
+            if (threadIdx.x == 0) {
+                bulk_fence_proxy();
+                bulk_copy_g2s(smem_u32(dst), p.w + (int64_t)(p.k_begin / BK + g) * (BN * BK), V2_W_STAGE_BULK,
+                              smem_u32(smem) + 8 * g, pol);
+            }
+        } else {
+            v2_load_w<WL>(p, dst, g, pol);
+        }
+    }
+    if (!BULK) cp_async_commit();
+}
+
 template <int WL>
 __device__ __forceinline__ void v2_pass(const V2Pass &p, unsigned char *smem, int pool, uint64_t pol,
-                                        float (&acc)[V2_MT][2][4], uint32_t &wpar) {
+                                        float (&acc)[V2_MT][2][4], uint32_t &wpar, bool w_pre = false) {
     constexpr bool BULK = WL == W_BULK;
     const int tid = threadIdx.x;
     const int R = v2_tile_rows(p.m_valid), plane = R * V2_XCP;
@@ -596,10 +621,11 @@ __device__ __forceinline__ void v2_pass(const V2Pass &p, unsigned char *smem, in
         }
     }
     /* prologue: groups 0 .. S-2; group g = W block g + X block g + 1 (group 0: + X block 0); with
-     * BULK the W blocks go by bulk copy and the groups carry the X blocks only */
+     * BULK the W blocks go by bulk copy and the groups carry the X blocks only; w_pre: the W
+     * blocks are in flight already (v2_prefetch_w), cp.async ones in one older group */
     if (nk > 0) v2_load_x(p, V2_X(0), 0);
     for (int g = 0; g < S - 1; g++) {
-        if (g < nk) load_w(g, g);
+        if (g < nk && !w_pre) load_w(g, g);
         if (g + 1 < nk) v2_load_x(p, V2_X(g + 1), g + 1);
         cp_async_commit();
     }
@@ -676,11 +702,19 @@ __global__ void __launch_bounds__(THREADS) v2_gemm_kernel(const kdt_gemm_args a,
     const float *x = a.x + b * a.x_batch;
     float *y = a.y + split * a.y_split + b * a.y_batch + n0;
     float acc[V2_MT][2][4];
+    /* the first pass's weights go out before the wait for the previous kernel (launched with
+     * programmatic dependence, they stream while it finishes; else the wait is a no-op) */
+    const bool pre = M > 0;
+    if (pre) {
+        p.m_valid = min(c.cap, M);
+        v2_prefetch_w<WL>(p, smem, c.pool, pol);
+    }
+    pdl_wait();
     for (int m0 = 0; m0 < M; m0 += c.cap) {
         p.m_valid = min(c.cap, M - m0);
         if (a.x_rows) v2_set_x_rows(p, x, a.ldx, m0, Gather{a.x_rows});
         else v2_set_x_rows(p, x, a.ldx, m0, Identity{});
-        v2_pass<WL>(p, smem, c.pool, pol, acc, wpar);
+        v2_pass<WL>(p, smem, c.pool, pol, acc, wpar, pre && m0 == 0);
         store_acc(acc, y + (int64_t)m0 * a.ldy, a.ldy, p.m_valid, p.n_valid);
     }
 }
@@ -695,11 +729,31 @@ __global__ void __launch_bounds__(THREADS, MINB) v2_grouped_kernel(const kdt_gro
     constexpr bool BULK = WL == W_BULK;
     extern __shared__ __align__(16) unsigned char smem[];
     const int n0 = blockIdx.x * BN;
-    const int n_items = *a.n_items;
+    int n_items = a.which == 1 ? *a.n_items : 0; /* gate/up: after the wait */
     const uint64_t pol = evict_first_policy();
     float acc[V2_MT][2][4];
     uint32_t wpar = 0;
     if (BULK) v2_bulk_init(smem);
+    /* which = 1 (down): the items come from the plan two kernels back, complete before this grid
+     * can start (the SwiGLU between waited for the gate/up GEMM, which waited for the plan), so
+     * the first pass's weights go out before the wait; gate/up reads its items after it */
+    bool pre = false;
+    if (a.which == 1 && (int)blockIdx.y < n_items && n0 < a.kd) {
+        const int e = a.items[3 * blockIdx.y], rows = a.items[3 * blockIdx.y + 2];
+        const kdt_gpu_expert ex = a.experts[e];
+        V2Pass p;
+        p.ldw = ex.ld_i;
+        p.w = ex.down + (int64_t)n0 * p.ldw;
+        p.n_valid = min(BN, a.kd - n0);
+        p.kx = ex.inter;
+        p.k_begin = 0;
+        p.nk = (int)(p.ldw / BK);
+        p.m_valid = min(c.cap, rows);
+        pre = rows > 0;
+        if (pre) v2_prefetch_w<WL>(p, smem, c.pool, pol);
+    }
+    pdl_wait();
+    if (a.which != 1) n_items = *a.n_items;
     for (int it = blockIdx.y; it < n_items; it += gridDim.y) {
         const int e = a.items[3 * it], p0 = a.items[3 * it + 1], rows = a.items[3 * it + 2];
         const kdt_gpu_expert ex = a.experts[e];
@@ -716,7 +770,7 @@ __global__ void __launch_bounds__(THREADS, MINB) v2_grouped_kernel(const kdt_gro
             p.m_valid = min(c.cap, rows - m0);
             if (a.which == 0) v2_set_x_rows(p, a.x, a.ldx, p0 + m0, Gather{a.pair_row});
             else v2_set_x_rows(p, a.x, a.ldx, p0 + m0, Identity{});
-            v2_pass<WL>(p, smem, c.pool, pol, acc, wpar);
+            v2_pass<WL>(p, smem, c.pool, pol, acc, wpar, pre && it == (int)blockIdx.y && m0 == 0);
             store_acc(acc, a.y + (int64_t)(p0 + m0) * a.ldy + n0, a.ldy, p.m_valid, p.n_valid);
         }
     }
@@ -1540,6 +1594,46 @@ extern "C" kdt_status kdt_gemm_init(int32_t stages) {
     return KDT_OK;
 }
 
+/* Programmatic dependent launch of the v2 GEMMs whose weights do not depend on the previous
+ * kernel (every dense GEMM, the MoE down GEMM): the grid may start while the previous kernel runs
+ * (the row kernels before them signal at entry), issues its first pass's weight stages, then
+ * waits for it (pdl_wait) before touching activations. On by default on compute capability >= 9
+ * (H200, session 9: Kimi layer decode S 1 349.5 -> 344.9 us, verify N 9 1,640 -> 1,631; tiny
+ * engine batch 1 autoregressive 2,065 -> 2,281 tokens/s, DDTree B 7 4,665 -> 4,985); KDT_GPU_PDL=0
+ * (read once) launches them plainly. Scheduling only: the same chain, the same bits. */
+bool read_pdl() {
+    if (kdt_g_env_is("KDT_GPU_PDL", '0')) return false;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return major >= 9;
+}
+bool pdl_on() {
+    static const bool on = read_pdl();
+    return on;
+}
+template <typename... KArgs, typename... Args>
+void launch_v2(void (*kernel)(KArgs...), dim3 grid, size_t smem, cudaStream_t s, bool pdl, Args... args) {
+    if (!pdl) {
+        kernel<<<grid, THREADS, smem, s>>>(args...);
+        return;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    (void)cudaLaunchKernelEx(&cfg, kernel, args...); /* a failure is picked up by launch_error */
+}
+
 extern "C" kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cudaStream_t s) {
     if (a->ldw % BK || a->k_chunk % BK || a->m_max < 1 || a->n < 1)
         return kdt_fail(KDT_ERR_INTERNAL, "GPU GEMM: ld %d, k_chunk %d, m_max %d, n %d", a->ldw, a->k_chunk,
@@ -1547,8 +1641,8 @@ extern "C" kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cu
     const dim3 grid((unsigned)((a->n + BN - 1) / BN), (unsigned)a->splits, (unsigned)(a->batch > 0 ? a->batch : 1));
     if (a->tiled) { /* only v2 reads the tiled layout; KDT_GEMM_BULK_W=1: by bulk copies */
         const V2Cfg c = v2_config_grid(stages, (int64_t)grid.x * grid.y * grid.z, a->m_max);
-        if (bulk_w()) v2_gemm_kernel<W_BULK><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
-        else v2_gemm_kernel<W_TILED><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+        if (bulk_w()) launch_v2(v2_gemm_kernel<W_BULK>, grid, (size_t)c.pool, s, pdl_on(), *a, c);
+        else launch_v2(v2_gemm_kernel<W_TILED>, grid, (size_t)c.pool, s, pdl_on(), *a, c);
         return launch_error("GPU GEMM");
     }
     if (use_v1()) {
@@ -1565,7 +1659,7 @@ extern "C" kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cu
             v3_launch(p3, pl, s);
         } else {
             const V2Cfg c = v2_config_grid(stages, (int64_t)grid.x * grid.y * grid.z, a->m_max);
-            v2_gemm_kernel<W_ROWS><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+            launch_v2(v2_gemm_kernel<W_ROWS>, grid, (size_t)c.pool, s, pdl_on(), *a, c);
         }
     }
     return launch_error("GPU GEMM");
@@ -1577,10 +1671,11 @@ extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stag
         int per_sm = 2;
         const V2Cfg c = v2_config_grouped(stages, *a, &per_sm);
         const bool bulk = bulk_w() && per_sm > 2; /* bulk copies only pay at >= 3 CTAs per SM */
-        if (per_sm > 4 && bulk) v2_grouped_kernel<5, W_BULK><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
-        else if (per_sm > 4) v2_grouped_kernel<5, W_TILED><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
-        else if (bulk) v2_grouped_kernel<0, W_BULK><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
-        else v2_grouped_kernel<0, W_TILED><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+        const bool pdl = pdl_on() && a->which == 1;
+        if (per_sm > 4 && bulk) launch_v2(v2_grouped_kernel<5, W_BULK>, grid, (size_t)c.pool, s, pdl, *a, c);
+        else if (per_sm > 4) launch_v2(v2_grouped_kernel<5, W_TILED>, grid, (size_t)c.pool, s, pdl, *a, c);
+        else if (bulk) launch_v2(v2_grouped_kernel<0, W_BULK>, grid, (size_t)c.pool, s, pdl, *a, c);
+        else launch_v2(v2_grouped_kernel<0, W_TILED>, grid, (size_t)c.pool, s, pdl, *a, c);
         return launch_error("GPU grouped GEMM");
     }
     if (use_v1()) {

@@ -169,6 +169,8 @@ typedef struct kdt_gstage_hdr {
     int32_t pad[4];
 } kdt_gstage_hdr;
 
+enum { KDT_GPU_STEP_NAMES = 256 };
+
 struct kdt_gpu_runner {
     const kdt_gpu_model *g;
     kdt_gpu_runner_options opt;
@@ -223,6 +225,9 @@ struct kdt_gpu_runner {
     size_t flush_bytes;
     void **allocs;
     int32_t n_allocs, cap_allocs;
+    /* profiling (kdt_gpu_runner_set_step_limit): steps of a pass, the last full pass's names */
+    int32_t step_limit, n_steps;
+    const char *step_names[KDT_GPU_STEP_NAMES];
 };
 
 struct kdt_gpu_graph {

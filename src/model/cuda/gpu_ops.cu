@@ -24,6 +24,7 @@
 namespace {
 using kg::bf16_to_f32;
 using kg::f32_to_bf16;
+using kg::pdl_trigger;
 
 constexpr int RB = 256; /* threads of every row-wise kernel */
 
@@ -100,6 +101,7 @@ __global__ void __launch_bounds__(RB) k_embed(const kdt_gstage_hdr *hdr, const k
  * whole row (the same tree), then writes its columns (so out must not alias x) */
 __global__ void __launch_bounds__(RB) k_rmsnorm(const float *x, const int32_t *rowmap, const float *w, float eps,
                                                  int D, float *out, const int32_t *m_dev, int max_rows, Chunks ch) {
+    pdl_trigger(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
     __shared__ float red[RB / 32];
     const int n = clamp_rows(*m_dev, max_rows);
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
@@ -136,6 +138,7 @@ struct PostA {
  * section(s) it touches (q_a, c_kv) into shared memory and takes their RMS with the one tree, so
  * each section's norm is the same bits in every chunk; the last chunk also ropes and writes k_pe. */
 __global__ void __launch_bounds__(RB) k_post_a(const PostA a, Chunks ch) {
+    pdl_trigger(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
     extern __shared__ float v[]; /* [q_lora + d_c + d_r] */
     __shared__ float red[RB / 32];
     const int n = clamp_rows(a.hdr->n_rows, a.max_rows), qkv = a.q_lora + a.dc, width = qkv + a.dr;
@@ -186,6 +189,7 @@ struct PostQ {
 /* q partials -> q_nope [R][H][d_n] and the RoPE'd q_pe into q_abs[r][h][d_c..]. A row's items are
  * H d_n q_nope elements, then H d_r / 2 rotated pairs; chunks cut that list. */
 __global__ void __launch_bounds__(RB) k_post_q(const PostQ a, Chunks ch) {
+    pdl_trigger(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
     const int n = clamp_rows(a.hdr->n_rows, a.max_rows), dqk = a.dn + a.dr, dq = a.dc + a.dr, half = a.dr / 2;
     const int n_nope = a.H * a.dn;
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
@@ -217,6 +221,7 @@ __global__ void __launch_bounds__(RB) k_post_q(const PostQ a, Chunks ch) {
 __global__ void __launch_bounds__(RB) k_sum_splits(const float *part, int splits, int64_t split_stride, int ldp,
                                                     int batch, int p_bstride, int ncols, float *dst, int ldd,
                                                     int d_bstride, const int32_t *m_dev, int max_rows, Chunks ch) {
+    pdl_trigger(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
     const int n = clamp_rows(*m_dev, max_rows);
     const int per_row = batch * ncols;
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
@@ -233,6 +238,7 @@ __global__ void __launch_bounds__(RB) k_sum_splits(const float *part, int splits
  * before any chunk sums its squares) */
 __global__ void __launch_bounds__(RB) k_residual(float *x, const float *part, int splits, int64_t split_stride,
                                                   int D, const int32_t *m_dev, int max_rows, Chunks ch) {
+    pdl_trigger(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
     const int n = clamp_rows(*m_dev, max_rows);
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
         const Item t = item_of(it, ch, D);
@@ -247,6 +253,7 @@ __global__ void __launch_bounds__(RB) k_swiglu(const float *part, int splits, in
                                                 const int32_t *n_dev, int max_n, const int32_t *pair_expert,
                                                 const kdt_gpu_expert *experts, int inter, float *h, int ldh,
                                                 int width, Chunks ch) {
+    pdl_trigger(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
     const int n = clamp_rows(*n_dev, max_n);
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
         const Item t = item_of(it, ch, width);
@@ -316,6 +323,28 @@ int route_rows_per_cta(int max_rows, int E, int G) {
     return rpc < 1 ? 1 : rpc;
 }
 
+/* The end of a row's register-path selection, in one warp: lane k holds the k-th choice my_e and
+ * its unbiased score my_w; normalise (a sum in choice order), scale, and write the choices sorted
+ * by expert id (ranks; the degenerate 0 fill keeps choice order, like a stable sort). */
+__device__ __forceinline__ void route_finish(const Route &a, int lane, int my_e, float my_w, int32_t *sel, float *w) {
+    if (a.norm) {
+        float sum = 0.0f;
+        for (int k = 0; k < a.K; k++) sum += __shfl_sync(0xffffffffu, my_w, k);
+        sum += 1e-20f;
+        my_w /= sum;
+    }
+    my_w *= a.rsf;
+    int rank = 0; /* position after a stable sort by expert id */
+    for (int k = 0; k < a.K; k++) {
+        const int ek = __shfl_sync(0xffffffffu, my_e, k);
+        rank += ek < my_e || (ek == my_e && k < lane);
+    }
+    if (lane < a.K) {
+        sel[rank] = my_e;
+        w[rank] = my_w;
+    }
+}
+
 /* rpc rows per CTA: all RT threads compute the rows' sigmoid scores, then warp w runs row w's
  * biased choice, group filter, top-k, weights, sorted by id (the selection is one warp's
  * sequence of steps whatever rpc is, and a score's arithmetic does not depend on its thread).
@@ -336,6 +365,10 @@ __global__ void __launch_bounds__(RT, 1) k_route(const Route a, int rpc) {
     float *sc = mine.sc, *ch = mine.ch, *grp = mine.grp;
     unsigned char *allowed = mine.allowed, *kept = mine.kept;
     const int n = clamp_rows(a.hdr->n_rows, a.max_rows);
+    /* one row per CTA (decode, tree verify: up to KDT_G_SPLIT_TARGET rows): all threads rank the
+     * experts at once instead of one warp's K rounds (see the rank path below) */
+    const bool rank_path = rpc == 1 && E <= RT && a.K <= 32;
+    __shared__ int choice[32];
     for (int r0 = blockIdx.x * rpc; r0 < n; r0 += gridDim.x * rpc) {
         const int nr = min(rpc, n - r0);
         __syncthreads(); /* the previous rows' selections are done with the scratch */
@@ -349,6 +382,59 @@ __global__ void __launch_bounds__(RT, 1) k_route(const Route a, int rpc) {
             t.allowed[e] = 1;
         }
         __syncthreads();
+        if (rank_path) {
+            /* Expert e's place in the order the K rounds below pick from (larger biased score,
+             * ties to the lower id: a strict total order on finite scores) is the number of
+             * allowed experts that beat it, so the k-th pick is the allowed expert of rank k, and
+             * the picks past the allowed count are the rounds' 0 fill: the same choices, the same
+             * finish, so the same bits. A row with a NaN score (no order) takes the rounds. */
+            if (G > 1 && warp == 0) {
+                const int per = E / G;
+                for (int g = lane; g < G; g += 32) {
+                    const float *v = ch + g * per;
+                    int i1 = 0;
+                    for (int i = 1; i < per; i++)
+                        if (v[i] > v[i1]) i1 = i;
+                    int i2 = i1 == 0 ? 1 : 0;
+                    for (int i = 0; i < per; i++)
+                        if (i != i1 && v[i] > v[i2]) i2 = i;
+                    grp[g] = v[i1] + v[i2];
+                    kept[g] = 0;
+                }
+                __syncwarp();
+                if (lane == 0)
+                    for (int t = 0; t < a.topk_group; t++) {
+                        int best = -1;
+                        for (int g = 0; g < G; g++)
+                            if (!kept[g] && (best < 0 || grp[g] > grp[best])) best = g;
+                        if (best >= 0) kept[best] = 1;
+                    }
+                __syncwarp();
+                for (int e = lane; e < E; e += 32) allowed[e] = kept[e / per];
+            }
+            const int me = threadIdx.x;
+            const int nan = __syncthreads_or(me < E && ch[me] != ch[me]); /* also: the filter is done */
+            if (!nan) {
+                if (me < 32) choice[me] = 0;
+                __syncthreads();
+                if (me < E && allowed[me]) {
+                    const float v = ch[me];
+                    int rank = 0;
+#pragma unroll 8
+                    for (int j = 0; j < E; j++) {
+                        const float u = ch[j];
+                        rank += allowed[j] && (u > v || (!(v > u) && j < me));
+                    }
+                    if (rank < a.K) choice[rank] = me;
+                }
+                __syncthreads();
+                if (warp == 0) {
+                    const int my_e = lane < a.K ? choice[lane] : 0;
+                    route_finish(a, lane, my_e, sc[my_e], a.sel + (int64_t)r0 * a.K, a.wgt + (int64_t)r0 * a.K);
+                }
+                continue;
+            }
+        }
         if (warp >= nr) continue;
         const int r = r0 + warp;
         if (G > 1) {
@@ -408,22 +494,7 @@ __global__ void __launch_bounds__(RT, 1) k_route(const Route a, int rpc) {
                     if (lane + 32 * q == e) al[q] = false;
                 if (lane == k) my_e = e, my_w = sc[e]; /* the unbiased score weighs the expert */
             }
-            if (a.norm) {
-                float sum = 0.0f;
-                for (int k = 0; k < a.K; k++) sum += __shfl_sync(0xffffffffu, my_w, k);
-                sum += 1e-20f;
-                my_w /= sum;
-            }
-            my_w *= a.rsf;
-            int rank = 0; /* position after a stable sort by expert id */
-            for (int k = 0; k < a.K; k++) {
-                const int ek = __shfl_sync(0xffffffffu, my_e, k);
-                rank += ek < my_e || (ek == my_e && k < lane);
-            }
-            if (lane < a.K) {
-                sel[rank] = my_e;
-                w[rank] = my_w;
-            }
+            route_finish(a, lane, my_e, my_w, sel, w);
             continue;
         }
         for (int k = 0; k < a.K; k++) {

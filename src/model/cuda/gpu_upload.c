@@ -208,7 +208,7 @@ kdt_status kdt_gpu_model_weight_bytes(const kdt_gpu_model *g, int32_t layer, kdt
     return KDT_OK;
 }
 
-/* ---- tiled weights: experts by default (KDT_GPU_TILED_EXPERTS=0: row-major), dense opt-in ---- */
+/* ---- tiled weights: large models' experts by default (KDT_GPU_TILED_EXPERTS), dense opt-in ---- */
 
 /* Rewrites weight matrices in place with kdt_gemm_tile64, so each stage block a GEMM loads (64
  * rows x 64 K) is 8 KB of contiguous memory, which the grouped GEMM fetches with one bulk copy
@@ -236,8 +236,22 @@ static kdt_status tile_mat(kdt_gmat *m, int iid_fill, uint16_t *tmp, int64_t tmp
     m->tiled = 1;
     return KDT_OK;
 }
+/* Experts tiled by default where a one-token decode's gate/up grid has more than 2 CTAs per SM
+ * (Kimi K2.6: 64 column tiles x 9 experts = 576 on 132 SMs): there the grouped policy runs 4-5 CTAs
+ * per SM with bulk copies, which the layout serves. Smaller grids run 2 per SM on cp.async, where
+ * row-major measured faster (the bundled tiny model's engine, H200, session 9: batch 1 2,225 vs
+ * 2,118 tokens/s autoregressive). KDT_GPU_TILED_EXPERTS=1 / =0 forces tiled / row-major. */
+static int tile_experts_by_default(const kdt_gpu_model *g) {
+    const kdt_model_config *c = &g->cfg;
+    const int64_t tiles = (2 * (int64_t)c->moe_intermediate_size + 63) / 64;
+    const int64_t ctas = tiles * (c->n_experts_per_tok + (c->n_shared_experts > 0 ? 1 : 0));
+    return g->n_sm > 0 && ctas > 2 * (int64_t)g->n_sm;
+}
+
 static kdt_status tile_weights(kdt_gpu_model *g, int iid_fill) {
-    const int experts = !kdt_g_env_is("KDT_GPU_TILED_EXPERTS", '0'), dense = kdt_g_env_is("KDT_GPU_TILED_DENSE", '1');
+    const int experts = kdt_g_env_is("KDT_GPU_TILED_EXPERTS", '1') ||
+                        (!kdt_g_env_is("KDT_GPU_TILED_EXPERTS", '0') && tile_experts_by_default(g));
+    const int dense = kdt_g_env_is("KDT_GPU_TILED_DENSE", '1');
     if (!experts && !dense) return KDT_OK;
     const int32_t NL = g->cfg.n_layers;
     int experts_ok = experts;

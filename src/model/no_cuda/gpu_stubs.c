@@ -261,3 +261,16 @@ void kdt_gpu_row_padding(int32_t *first, int32_t *step) {
     if (first) *first = 1;
     if (step) *step = 1;
 }
+
+kdt_status kdt_gpu_runner_set_step_limit(kdt_gpu_runner *r, int32_t n_steps) {
+    (void)r;
+    (void)n_steps;
+    return NO_CUDA("kdt_gpu_runner_set_step_limit");
+}
+
+int32_t kdt_gpu_runner_steps(const kdt_gpu_runner *r, const char **names, int32_t cap) {
+    (void)r;
+    (void)names;
+    (void)cap;
+    return 0;
+}
