@@ -357,7 +357,7 @@ __device__ __forceinline__ void route_finish(const Route &a, int lane, int my_e,
  * are distinct except the degenerate 0 fill, where the rank keeps choice order like a stable
  * sort) never touch memory; otherwise the same steps run on the shared-memory arrays. Both give
  * the bits of forward.c's sequence. */
-__global__ void __launch_bounds__(RT, 1) k_route(const Route a, int rpc) {
+__global__ void __launch_bounds__(RT, 1) k_route(const Route a, int rpc, int allow_rank) {
     extern __shared__ unsigned char rsm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int E = a.E, G = a.G;
@@ -367,7 +367,7 @@ __global__ void __launch_bounds__(RT, 1) k_route(const Route a, int rpc) {
     const int n = clamp_rows(a.hdr->n_rows, a.max_rows);
     /* one row per CTA (decode, tree verify: up to KDT_G_SPLIT_TARGET rows): all threads rank the
      * experts at once instead of one warp's K rounds (see the rank path below) */
-    const bool rank_path = rpc == 1 && E <= RT && a.K <= 32;
+    const bool rank_path = allow_rank && rpc == 1 && E <= RT && a.K <= 32;
     __shared__ int choice[32];
     for (int r0 = blockIdx.x * rpc; r0 < n; r0 += gridDim.x * rpc) {
         const int nr = min(rpc, n - r0);
@@ -888,7 +888,9 @@ extern "C" kdt_status kdt_op_route(const float *part, int32_t splits, int64_t sp
     const int rpc = route_rows_per_cta(max_rows, a.E, a.G);
     int blocks = (max_rows + rpc - 1) / rpc;
     blocks = blocks < 1 ? 1 : (blocks > 4096 ? 4096 : blocks);
-    k_route<<<(unsigned)blocks, RT, rpc * route_row_bytes(a.E, a.G), s>>>(a, rpc);
+    /* KDT_GPU_ROUTE_RANK=0 (read per launch; for A/B checks): the K rounds for every row */
+    k_route<<<(unsigned)blocks, RT, rpc * route_row_bytes(a.E, a.G), s>>>(a, rpc,
+                                                                        !kdt_g_env_is("KDT_GPU_ROUTE_RANK", '0'));
     return launched("GPU MoE router");
 }
 
