@@ -412,25 +412,28 @@ __global__ void __launch_bounds__(RT, 1) k_route(const Route a, int rpc, int all
                 __syncwarp();
                 for (int e = lane; e < E; e += 32) allowed[e] = kept[e / per];
             }
+            /* every thread reads the one row's scratch (row 0; the other warps' rows do not exist
+             * with one row per CTA) */
+            const RouteRow t0 = route_row(rsm, 0, E, G);
             const int me = threadIdx.x;
-            const int nan = __syncthreads_or(me < E && ch[me] != ch[me]); /* also: the filter is done */
+            const int nan = __syncthreads_or(me < E && t0.ch[me] != t0.ch[me]); /* also: the filter is done */
             if (!nan) {
                 if (me < 32) choice[me] = 0;
                 __syncthreads();
-                if (me < E && allowed[me]) {
-                    const float v = ch[me];
+                if (me < E && t0.allowed[me]) {
+                    const float v = t0.ch[me];
                     int rank = 0;
 #pragma unroll 8
                     for (int j = 0; j < E; j++) {
-                        const float u = ch[j];
-                        rank += allowed[j] && (u > v || (!(v > u) && j < me));
+                        const float u = t0.ch[j];
+                        rank += t0.allowed[j] && (u > v || (!(v > u) && j < me));
                     }
                     if (rank < a.K) choice[rank] = me;
                 }
                 __syncthreads();
                 if (warp == 0) {
                     const int my_e = lane < a.K ? choice[lane] : 0;
-                    route_finish(a, lane, my_e, sc[my_e], a.sel + (int64_t)r0 * a.K, a.wgt + (int64_t)r0 * a.K);
+                    route_finish(a, lane, my_e, t0.sc[my_e], a.sel + (int64_t)r0 * a.K, a.wgt + (int64_t)r0 * a.K);
                 }
                 continue;
             }
