@@ -1297,11 +1297,13 @@ V2Cfg v2_config_per_sm(int stages, int k, const DevSm &d, int *per_sm_used) {
     if (pool >= c.pool || V2_ROWS * (BN + 1) * 4 > pool) return c;
     *per_sm_used = k;
     V2Cfg ck = v2_config_pool(pool);
-    /* KDT_GEMM_GROUPED_CAP2=1 (opt-in, unmeasured): passes as long as 2 stages still fit (32 rows
-     * at 4 per SM instead of 16), for items of many rows (correlated routing: ~60 rows per expert
-     * take 4 passes of 16, each re-reading the expert's W slice); 1-16-row passes are unchanged
-     * (a pass's stage count follows its own rows) */
-    static const bool cap2 = kdt_g_env_is("KDT_GEMM_GROUPED_CAP2", '1');
+    /* passes as long as 2 stages still fit (32 rows at 4 per SM instead of 16), for items of many
+     * rows (correlated routing: ~60 rows per expert took 4 passes of 16, each re-reading the
+     * expert's W slice); 1-16-row passes are unchanged (a pass's stage count follows its own
+     * rows). H200, session 9, Kimi layer over 4 layers: correlated verify N 17 / 33 / 65 1,006 /
+     * 1,581 / 2,676 -> 920 / 1,444 / 2,394 us, random verify and decode unchanged (within 1 %).
+     * KDT_GEMM_GROUPED_CAP2=0 (read once) keeps the 3-stage cap. */
+    static const bool cap2 = !kdt_g_env_is("KDT_GEMM_GROUPED_CAP2", '0');
     if (cap2)
         for (int r = V2_ROWS; r > ck.cap; r -= 16)
             if (v2_stages(r, pool) >= 2 && v2_stages_bulk(r, pool) >= 2) {

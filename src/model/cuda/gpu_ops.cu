@@ -323,28 +323,6 @@ int route_rows_per_cta(int max_rows, int E, int G) {
     return rpc < 1 ? 1 : rpc;
 }
 
-/* The end of a row's register-path selection, in one warp: lane k holds the k-th choice my_e and
- * its unbiased score my_w; normalise (a sum in choice order), scale, and write the choices sorted
- * by expert id (ranks; the degenerate 0 fill keeps choice order, like a stable sort). */
-__device__ __forceinline__ void route_finish(const Route &a, int lane, int my_e, float my_w, int32_t *sel, float *w) {
-    if (a.norm) {
-        float sum = 0.0f;
-        for (int k = 0; k < a.K; k++) sum += __shfl_sync(0xffffffffu, my_w, k);
-        sum += 1e-20f;
-        my_w /= sum;
-    }
-    my_w *= a.rsf;
-    int rank = 0; /* position after a stable sort by expert id */
-    for (int k = 0; k < a.K; k++) {
-        const int ek = __shfl_sync(0xffffffffu, my_e, k);
-        rank += ek < my_e || (ek == my_e && k < lane);
-    }
-    if (lane < a.K) {
-        sel[rank] = my_e;
-        w[rank] = my_w;
-    }
-}
-
 /* rpc rows per CTA: all RT threads compute the rows' sigmoid scores, then warp w runs row w's
  * biased choice, group filter, top-k, weights, sorted by id (the selection is one warp's
  * sequence of steps whatever rpc is, and a score's arithmetic does not depend on its thread).
@@ -357,7 +335,7 @@ __device__ __forceinline__ void route_finish(const Route &a, int lane, int my_e,
  * are distinct except the degenerate 0 fill, where the rank keeps choice order like a stable
  * sort) never touch memory; otherwise the same steps run on the shared-memory arrays. Both give
  * the bits of forward.c's sequence. */
-__global__ void __launch_bounds__(RT, 1) k_route(const Route a, int rpc, int allow_rank) {
+__global__ void __launch_bounds__(RT, 1) k_route(const Route a, int rpc) {
     extern __shared__ unsigned char rsm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int E = a.E, G = a.G;
@@ -365,10 +343,6 @@ __global__ void __launch_bounds__(RT, 1) k_route(const Route a, int rpc, int all
     float *sc = mine.sc, *ch = mine.ch, *grp = mine.grp;
     unsigned char *allowed = mine.allowed, *kept = mine.kept;
     const int n = clamp_rows(a.hdr->n_rows, a.max_rows);
-    /* one row per CTA (decode, tree verify: up to KDT_G_SPLIT_TARGET rows): all threads rank the
-     * experts at once instead of one warp's K rounds (see the rank path below) */
-    const bool rank_path = allow_rank && rpc == 1 && E <= RT && a.K <= 32;
-    __shared__ int choice[32];
     for (int r0 = blockIdx.x * rpc; r0 < n; r0 += gridDim.x * rpc) {
         const int nr = min(rpc, n - r0);
         __syncthreads(); /* the previous rows' selections are done with the scratch */
@@ -382,62 +356,6 @@ __global__ void __launch_bounds__(RT, 1) k_route(const Route a, int rpc, int all
             t.allowed[e] = 1;
         }
         __syncthreads();
-        if (rank_path) {
-            /* Expert e's place in the order the K rounds below pick from (larger biased score,
-             * ties to the lower id: a strict total order on finite scores) is the number of
-             * allowed experts that beat it, so the k-th pick is the allowed expert of rank k, and
-             * the picks past the allowed count are the rounds' 0 fill: the same choices, the same
-             * finish, so the same bits. A row with a NaN score (no order) takes the rounds. */
-            if (G > 1 && warp == 0) {
-                const int per = E / G;
-                for (int g = lane; g < G; g += 32) {
-                    const float *v = ch + g * per;
-                    int i1 = 0;
-                    for (int i = 1; i < per; i++)
-                        if (v[i] > v[i1]) i1 = i;
-                    int i2 = i1 == 0 ? 1 : 0;
-                    for (int i = 0; i < per; i++)
-                        if (i != i1 && v[i] > v[i2]) i2 = i;
-                    grp[g] = v[i1] + v[i2];
-                    kept[g] = 0;
-                }
-                __syncwarp();
-                if (lane == 0)
-                    for (int t = 0; t < a.topk_group; t++) {
-                        int best = -1;
-                        for (int g = 0; g < G; g++)
-                            if (!kept[g] && (best < 0 || grp[g] > grp[best])) best = g;
-                        if (best >= 0) kept[best] = 1;
-                    }
-                __syncwarp();
-                for (int e = lane; e < E; e += 32) allowed[e] = kept[e / per];
-            }
-            /* every thread reads the one row's scratch (row 0; the other warps' rows do not exist
-             * with one row per CTA) */
-            const RouteRow t0 = route_row(rsm, 0, E, G);
-            const int me = threadIdx.x;
-            const int nan = __syncthreads_or(me < E && t0.ch[me] != t0.ch[me]); /* also: the filter is done */
-            if (!nan) {
-                if (me < 32) choice[me] = 0;
-                __syncthreads();
-                if (me < E && t0.allowed[me]) {
-                    const float v = t0.ch[me];
-                    int rank = 0;
-#pragma unroll 8
-                    for (int j = 0; j < E; j++) {
-                        const float u = t0.ch[j];
-                        rank += t0.allowed[j] && (u > v || (!(v > u) && j < me));
-                    }
-                    if (rank < a.K) choice[rank] = me;
-                }
-                __syncthreads();
-                if (warp == 0) {
-                    const int my_e = lane < a.K ? choice[lane] : 0;
-                    route_finish(a, lane, my_e, t0.sc[my_e], a.sel + (int64_t)r0 * a.K, a.wgt + (int64_t)r0 * a.K);
-                }
-                continue;
-            }
-        }
         if (warp >= nr) continue;
         const int r = r0 + warp;
         if (G > 1) {
@@ -497,7 +415,22 @@ __global__ void __launch_bounds__(RT, 1) k_route(const Route a, int rpc, int all
                     if (lane + 32 * q == e) al[q] = false;
                 if (lane == k) my_e = e, my_w = sc[e]; /* the unbiased score weighs the expert */
             }
-            route_finish(a, lane, my_e, my_w, sel, w);
+            if (a.norm) {
+                float sum = 0.0f;
+                for (int k = 0; k < a.K; k++) sum += __shfl_sync(0xffffffffu, my_w, k);
+                sum += 1e-20f;
+                my_w /= sum;
+            }
+            my_w *= a.rsf;
+            int rank = 0; /* position after a stable sort by expert id */
+            for (int k = 0; k < a.K; k++) {
+                const int ek = __shfl_sync(0xffffffffu, my_e, k);
+                rank += ek < my_e || (ek == my_e && k < lane);
+            }
+            if (lane < a.K) {
+                sel[rank] = my_e;
+                w[rank] = my_w;
+            }
             continue;
         }
         for (int k = 0; k < a.K; k++) {
@@ -891,9 +824,7 @@ extern "C" kdt_status kdt_op_route(const float *part, int32_t splits, int64_t sp
     const int rpc = route_rows_per_cta(max_rows, a.E, a.G);
     int blocks = (max_rows + rpc - 1) / rpc;
     blocks = blocks < 1 ? 1 : (blocks > 4096 ? 4096 : blocks);
-    /* KDT_GPU_ROUTE_RANK=0 (read per launch; for A/B checks): the K rounds for every row */
-    k_route<<<(unsigned)blocks, RT, rpc * route_row_bytes(a.E, a.G), s>>>(a, rpc,
-                                                                        !kdt_g_env_is("KDT_GPU_ROUTE_RANK", '0'));
+    k_route<<<(unsigned)blocks, RT, rpc * route_row_bytes(a.E, a.G), s>>>(a, rpc);
     return launched("GPU MoE router");
 }
 
