@@ -23,7 +23,7 @@
  *   bench_model [--quick] [--md FILE] [--only tiny|kimi]
  * KDT_BENCH_MODEL_SHAPE=decode,S[,corr] or verify,N[,corr] (corr 0 or 1; default 0) times that
  * Kimi shape alone, then replays it once more between cudaProfilerStart / Stop (for
- * `ncu --profile-from-start off`: the kernels of one layer pass); with KDT_BENCH_MODEL_STEPS=1 it
+ * `ncu --profile-from-start off`: the kernels of one pass); with KDT_BENCH_MODEL_STEPS=1 it
  * also times the pass cut after each of its steps (a per-step breakdown at real clocks). */
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
