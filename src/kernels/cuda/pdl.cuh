@@ -1,5 +1,6 @@
 /* pdl.cuh - programmatic dependent launch (PDL) for the small tree kernels (tree_build,
- * tree_accept): launched with cudaLaunchAttributeProgrammaticStreamSerialization, a kernel may
+ * tree_accept) and the GPU forward's weight-streaming GEMMs (src/model/cuda/gpu_gemm.cu, which
+ * issue their first weight stages before the wait): launched with cudaLaunchAttributeProgrammaticStreamSerialization, a kernel may
  * start while the previous kernel in the stream is still finishing, and waits (pdl::wait) before
  * its first global access, so only the launch latency overlaps (about 0.4 us a call on an H200).
  * sm_90+ only: the device must be one and the loaded kernel must be compiled for one (older PTX
@@ -24,10 +25,12 @@ __device__ __forceinline__ void launch_dependents() {
 #endif
 }
 
-/* Whether `kernel` may be launched with PDL on the current device (call once, keep the answer). */
+/* Whether `kernel` may be launched with PDL on the current device (call once, keep the answer);
+ * off_env = "0" turns it off (KDT_TREE_PDL for the tree kernels, KDT_GPU_PDL for the forward's
+ * GEMMs). */
 template <typename Kernel>
-bool usable(Kernel kernel) {
-    const char *v = getenv("KDT_TREE_PDL");
+bool usable(Kernel kernel, const char *off_env = "KDT_TREE_PDL") {
+    const char *v = getenv(off_env);
     if (v && v[0] && !strcmp(v, "0")) return false;
     int dev = 0, major = 0;
     cudaFuncAttributes fa;

@@ -35,6 +35,7 @@
 
 #include "gpu_internal.h"
 #include "gpu_mma.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace {
 using namespace kg;
@@ -489,7 +490,7 @@ static_assert(CPF % 16 == 0, "the later loads go 16 splits at a time");
  * o = fma(O_j, w_j, o) in split order, then o / L: what `o += O_j * exp2f(m_j - M)` and
  * `L += l_j * exp2f(m_j - M)` compile to, so the chunking never changes a bit. */
 __global__ void __launch_bounds__(CT) attn_combine(const kdt_attn_args a, int cols) {
-    pdl_trigger(); /* W_UV may stream its weights meanwhile (KDT_GPU_PDL) */
+    pdl::launch_dependents(); /* W_UV may stream its weights meanwhile (KDT_GPU_PDL) */
     __shared__ float sw[CH][CS + 1], sl[CH][CS + 1]; /* m_j, then w_j; l_j (+1: a thread per head) */
     __shared__ float sM[CH], sL[CH];
     const int n_rows = a.hdr->n_rows, width = a.H * a.dc, per_row = (width + cols - 1) / cols;

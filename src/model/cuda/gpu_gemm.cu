@@ -44,6 +44,7 @@
 #include "gemm_tiles.cuh"
 #include "gpu_internal.h"
 #include "gpu_mma.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace {
 using namespace kg;
@@ -561,7 +562,7 @@ __device__ __forceinline__ void v2_compute(const uint16_t *ws, const uint16_t *h
  * blocks, the hi / lo conversion and the mma chain are the same. */
 /* W blocks 0 .. S-2 of pass p into their stages, as its prologue would issue them (cp.async: one
  * group of their own, which the prologue's waits count as the oldest): a kernel issues them before
- * pdl_wait (weights are never written by a predecessor), then runs the pass with w_pre. */
+ * pdl::wait (weights are never written by a predecessor), then runs the pass with w_pre. */
 template <int WL>
 __device__ __forceinline__ void v2_prefetch_w(const V2Pass &p, unsigned char *smem, int pool, uint64_t pol) {
     constexpr bool BULK = WL == W_BULK;
@@ -709,7 +710,7 @@ __global__ void __launch_bounds__(THREADS) v2_gemm_kernel(const kdt_gemm_args a,
         p.m_valid = min(c.cap, M);
         v2_prefetch_w<WL>(p, smem, c.pool, pol);
     }
-    pdl_wait();
+    pdl::wait();
     for (int m0 = 0; m0 < M; m0 += c.cap) {
         p.m_valid = min(c.cap, M - m0);
         if (a.x_rows) v2_set_x_rows(p, x, a.ldx, m0, Gather{a.x_rows});
@@ -752,7 +753,7 @@ __global__ void __launch_bounds__(THREADS, MINB) v2_grouped_kernel(const kdt_gro
         pre = rows > 0;
         if (pre) v2_prefetch_w<WL>(p, smem, c.pool, pol);
     }
-    pdl_wait();
+    pdl::wait();
     if (a.which != 1) n_items = *a.n_items;
     for (int it = blockIdx.y; it < n_items; it += gridDim.y) {
         const int e = a.items[3 * it], p0 = a.items[3 * it + 1], rows = a.items[3 * it + 2];
@@ -1599,22 +1600,13 @@ extern "C" kdt_status kdt_gemm_init(int32_t stages) {
 /* Programmatic dependent launch of the v2 GEMMs whose weights do not depend on the previous
  * kernel (every dense GEMM, the MoE down GEMM): the grid may start while the previous kernel runs
  * (the row kernels before them signal at entry), issues its first pass's weight stages, then
- * waits for it (pdl_wait) before touching activations. On by default on compute capability >= 9
+ * waits for it (pdl::wait) before touching activations. On by default on compute capability >= 9
+ * with code built for it (pdl::usable; older code has no wait)
  * (H200, session 9: Kimi layer decode S 1 349.5 -> 344.9 us, verify N 9 1,640 -> 1,631; tiny
  * engine batch 1 autoregressive 2,065 -> 2,281 tokens/s, DDTree B 7 4,665 -> 4,985); KDT_GPU_PDL=0
  * (read once) launches them plainly. Scheduling only: the same chain, the same bits. */
-bool read_pdl() {
-    if (kdt_g_env_is("KDT_GPU_PDL", '0')) return false;
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    return major >= 9;
-}
-bool pdl_on() {
-    static const bool on = read_pdl();
+bool pdl_on() { /* a device of compute capability >= 9 running code built for one (else no wait) */
+    static const bool on = pdl::usable(v2_gemm_kernel<W_ROWS>, "KDT_GPU_PDL");
     return on;
 }
 template <typename... KArgs, typename... Args>
@@ -1628,11 +1620,8 @@ void launch_v2(void (*kernel)(KArgs...), dim3 grid, size_t smem, cudaStream_t s,
     cfg.blockDim = dim3(THREADS);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute at;
+    pdl::enable(&cfg, &at);
     (void)cudaLaunchKernelEx(&cfg, kernel, args...); /* a failure is picked up by launch_error */
 }
 

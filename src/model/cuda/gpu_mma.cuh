@@ -32,22 +32,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-/* ---- programmatic dependent launch (sm_90 and later; no-ops before, and in a grid launched
- * without the attribute) ---------------------------------------------------------------------
- * pdl_wait: blocks until the grids this one depends on have completed and their writes are
- * visible; a kernel launched with the attribute reads nothing a predecessor writes, and writes
- * nothing, before it. pdl_trigger: lets this grid's dependents launch now (they still wait). */
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
 /* ---- 1-D bulk copies (the TMA engine, sm_90 and later) completing on an mbarrier ----------
  * Used by the GEMM's opt-in bulk W loader (KDT_GEMM_BULK_W=1); the host selects it only on a
  * device of compute capability >= 9, so the pre-sm_90 bodies (a trap) never run. Waiters pass

@@ -20,11 +20,11 @@
 
 #include "gpu_internal.h"
 #include "gpu_mma.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace {
 using kg::bf16_to_f32;
 using kg::f32_to_bf16;
-using kg::pdl_trigger;
 
 constexpr int RB = 256; /* threads of every row-wise kernel */
 
@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(RB) k_embed(const kdt_gstage_hdr *hdr, const k
  * whole row (the same tree), then writes its columns (so out must not alias x) */
 __global__ void __launch_bounds__(RB) k_rmsnorm(const float *x, const int32_t *rowmap, const float *w, float eps,
                                                  int D, float *out, const int32_t *m_dev, int max_rows, Chunks ch) {
-    pdl_trigger(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
+    pdl::launch_dependents(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
     __shared__ float red[RB / 32];
     const int n = clamp_rows(*m_dev, max_rows);
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
@@ -138,7 +138,7 @@ struct PostA {
  * section(s) it touches (q_a, c_kv) into shared memory and takes their RMS with the one tree, so
  * each section's norm is the same bits in every chunk; the last chunk also ropes and writes k_pe. */
 __global__ void __launch_bounds__(RB) k_post_a(const PostA a, Chunks ch) {
-    pdl_trigger(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
+    pdl::launch_dependents(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
     extern __shared__ float v[]; /* [q_lora + d_c + d_r] */
     __shared__ float red[RB / 32];
     const int n = clamp_rows(a.hdr->n_rows, a.max_rows), qkv = a.q_lora + a.dc, width = qkv + a.dr;
@@ -189,7 +189,7 @@ struct PostQ {
 /* q partials -> q_nope [R][H][d_n] and the RoPE'd q_pe into q_abs[r][h][d_c..]. A row's items are
  * H d_n q_nope elements, then H d_r / 2 rotated pairs; chunks cut that list. */
 __global__ void __launch_bounds__(RB) k_post_q(const PostQ a, Chunks ch) {
-    pdl_trigger(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
+    pdl::launch_dependents(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
     const int n = clamp_rows(a.hdr->n_rows, a.max_rows), dqk = a.dn + a.dr, dq = a.dc + a.dr, half = a.dr / 2;
     const int n_nope = a.H * a.dn;
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(RB) k_post_q(const PostQ a, Chunks ch) {
 __global__ void __launch_bounds__(RB) k_sum_splits(const float *part, int splits, int64_t split_stride, int ldp,
                                                     int batch, int p_bstride, int ncols, float *dst, int ldd,
                                                     int d_bstride, const int32_t *m_dev, int max_rows, Chunks ch) {
-    pdl_trigger(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
+    pdl::launch_dependents(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
     const int n = clamp_rows(*m_dev, max_rows);
     const int per_row = batch * ncols;
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(RB) k_sum_splits(const float *part, int splits
  * before any chunk sums its squares) */
 __global__ void __launch_bounds__(RB) k_residual(float *x, const float *part, int splits, int64_t split_stride,
                                                   int D, const int32_t *m_dev, int max_rows, Chunks ch) {
-    pdl_trigger(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
+    pdl::launch_dependents(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
     const int n = clamp_rows(*m_dev, max_rows);
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
         const Item t = item_of(it, ch, D);
@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(RB) k_swiglu(const float *part, int splits, in
                                                 const int32_t *n_dev, int max_n, const int32_t *pair_expert,
                                                 const kdt_gpu_expert *experts, int inter, float *h, int ldh,
                                                 int width, Chunks ch) {
-    pdl_trigger(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
+    pdl::launch_dependents(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
     const int n = clamp_rows(*n_dev, max_n);
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
         const Item t = item_of(it, ch, width);
