@@ -70,6 +70,10 @@ __host__ __device__ inline int n_splits(int n_keys) {
  * score plane, and the softmax adds the planes ((c0 + c1) + (c2 + c3), the single-warp sum).
  * P V gives each warp d_c / W columns. Every element's operations are the same for every W, so
  * W is scheduling (per launch), like HG. */
+/* Score planes of an item: 1 while every warp holds whole (m-tile, 8-key tile) pairs, 2 when
+ * two warps share a pair's chains (16 heads on 8 warps). */
+__host__ __device__ constexpr int att_planes(int hg, int w) { return w <= hg / 16 * (TILE / 8) ? 1 : 2; }
+
 template <int HG, int W>
 struct AttCfg {
     static constexpr int WARPS = W;
@@ -77,14 +81,13 @@ struct AttCfg {
     static constexpr int MT = HG / 16;
     static constexpr int PAIRS = MT * (TILE / 8);
     static constexpr int TPK = THREADS / TILE;              /* loader threads per key */
-    static constexpr int PPW = WARPS <= PAIRS ? PAIRS / WARPS : 1; /* pairs per warp */
-    static constexpr int CPW = WARPS <= PAIRS ? QCH : QCH * PAIRS / WARPS; /* chains per warp */
-    static constexpr int PLANES = QCH / CPW;                /* score planes the softmax adds */
+    static constexpr int PLANES = att_planes(HG, W);        /* score planes the softmax adds */
+    static constexpr int PPW = PLANES == 1 ? PAIRS / WARPS : 1; /* pairs per warp */
+    static constexpr int CPW = QCH / PLANES;                /* chains per warp */
     static_assert(HG == 16 || HG == 64, "heads per item");
     static_assert(PPW * CPW * WARPS == PAIRS * QCH && WARPS % (TILE / 8) == 0, "S tiles per warp");
     static_assert(PLANES == 1 || PLANES == 2, "score planes");
 };
-__host__ __device__ constexpr int att_planes(int hg, int w) { return w <= hg / 16 * (TILE / 8) ? 1 : 2; }
 
 /* Shared-memory row stride (bf16) of Q and K tiles: the columns the k16 steps read (d_q rounded
  * up to 16) or the P V columns of the warps (warps x NT x 8), whichever is wider, plus 8: rows
@@ -770,7 +773,6 @@ extern "C" kdt_status kdt_attn_launch(const kdt_attn_args *a, cudaStream_t s) {
     const size_t smem2 = att_smem(hg, w, nt, a->dq, 2);
     const int two_per_sm = 2 * (smem2 + 1024) <= (size_t)d.per_sm;
     if (hg == 16 && a->max_rows > 1 && two_per_sm) stages = 2;
-    if (kdt_g_env_is("KDT_GPU_ATT_STAGES", '2')) stages = 2; /* experiment switch (scheduling only) */
     const size_t smem = att_smem(hg, w, nt, a->dq, stages);
     int64_t grid = a->grid > 0 ? a->grid : 1;
     int64_t per_sm = (int64_t)d.per_sm / (int64_t)(smem + 1024);

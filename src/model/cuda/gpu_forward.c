@@ -617,7 +617,6 @@ static kdt_status attention(pass *p, int32_t l) {
     kdt_gpu_runner *r = p->r;
     int32_t hg = r->opt.attn_heads_per_item;
     if (hg == 0) hg = (hg64_supported(g) && c->n_heads >= 64 && p->M >= 16) ? 64 : 16;
-    if (hg64_supported(g) && kdt_g_env_is("KDT_GPU_ATT_HG", '6')) hg = 64; /* experiment switch (same bits) */
     const int32_t n_hg = (c->n_heads + hg - 1) / hg;
     const int64_t bound = (int64_t)p->M * max_row_splits(r->opt.max_keys) * n_hg;
     const int64_t cap = (int64_t)g->n_sm * (hg == 16 ? 2 : 1);

@@ -720,6 +720,18 @@ __global__ void __launch_bounds__(THREADS) v2_gemm_kernel(const kdt_gemm_args a,
     }
 }
 
+/* The W side of a grouped pass: expert ex's gate/up (which 0) or down (which 1) rows n0.. */
+__device__ __forceinline__ V2Pass v2_grouped_w(const kdt_grouped_args &a, const kdt_gpu_expert &ex, int n0, int N) {
+    V2Pass p;
+    p.ldw = a.which == 0 ? ex.ld_d : ex.ld_i;
+    p.w = (a.which == 0 ? ex.gu : ex.down) + (int64_t)n0 * p.ldw;
+    p.n_valid = min(BN, N - n0);
+    p.kx = a.which == 0 ? a.kd : ex.inter;
+    p.k_begin = 0;
+    p.nk = (int)(p.ldw / BK);
+    return p;
+}
+
 /* MINB: CTAs per SM the registers must allow. 0 (no bound: __launch_bounds__ with a minimum of 1
  * raises ptxas's register use from 124 to 132) is the default instance, 4 CTAs per SM at most;
  * 5 (96 registers, no spills) serves the opt-in wave shaping of decode-sized launches
@@ -741,14 +753,7 @@ __global__ void __launch_bounds__(THREADS, MINB) v2_grouped_kernel(const kdt_gro
     bool pre = false;
     if (a.which == 1 && (int)blockIdx.y < n_items && n0 < a.kd) {
         const int e = a.items[3 * blockIdx.y], rows = a.items[3 * blockIdx.y + 2];
-        const kdt_gpu_expert ex = a.experts[e];
-        V2Pass p;
-        p.ldw = ex.ld_i;
-        p.w = ex.down + (int64_t)n0 * p.ldw;
-        p.n_valid = min(BN, a.kd - n0);
-        p.kx = ex.inter;
-        p.k_begin = 0;
-        p.nk = (int)(p.ldw / BK);
+        V2Pass p = v2_grouped_w(a, a.experts[e], n0, a.kd);
         p.m_valid = min(c.cap, rows);
         pre = rows > 0;
         if (pre) v2_prefetch_w<WL>(p, smem, c.pool, pol);
@@ -760,13 +765,7 @@ __global__ void __launch_bounds__(THREADS, MINB) v2_grouped_kernel(const kdt_gro
         const kdt_gpu_expert ex = a.experts[e];
         const int N = a.which == 0 ? 2 * ex.i_pad : a.kd;
         if (n0 >= N) continue;
-        V2Pass p;
-        p.ldw = a.which == 0 ? ex.ld_d : ex.ld_i;
-        p.w = (a.which == 0 ? ex.gu : ex.down) + (int64_t)n0 * p.ldw;
-        p.n_valid = min(BN, N - n0);
-        p.kx = a.which == 0 ? a.kd : ex.inter;
-        p.k_begin = 0;
-        p.nk = (int)(p.ldw / BK);
+        V2Pass p = v2_grouped_w(a, ex, n0, N);
         for (int m0 = 0; m0 < rows; m0 += c.cap) {
             p.m_valid = min(c.cap, rows - m0);
             if (a.which == 0) v2_set_x_rows(p, a.x, a.ldx, p0 + m0, Gather{a.pair_row});
