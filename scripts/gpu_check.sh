@@ -73,17 +73,19 @@ if [ $EXPER = 1 ]; then
   # ALL: every opt-in model variant at once (tiled experts forced: the small test models are
   # row-major by default); OLD: session 7's defaults (2 CTAs per SM for the grouped GEMM,
   # row-major experts); OLD8: session 8's (no programmatic dependent launch, 4 warps per 16-head
-  # attention item, tiled experts everywhere, 3-stage grouped passes), kept reachable for A/B runs
+  # attention item, tiled experts everywhere, 3-stage grouped passes); OLD9: session 9's; kept
+  # reachable for A/B runs
   ALL="KDT_GPU_TILED_DENSE=1 KDT_GPU_TILED_EXPERTS=1 ${KDT_EXP_ALL_EXTRA:-}"
   OLD="KDT_GEMM_GROUPED_PER_SM=2 KDT_GPU_TILED_EXPERTS=0"
   OLD8="KDT_GPU_PDL=0 KDT_GPU_ATT_WARPS=4 KDT_GPU_TILED_EXPERTS=1 KDT_GEMM_GROUPED_CAP2=0"
+  OLD9="KDT_GPU_PDL_ROWS=0 KDT_GPU_ROUTE_V1=1" # session 9's: GEMM-only PDL, the one-warp router
   if exp_part model && [ -x "$BUILD/gpu_test_gemm_ab" ]; then
     env $ALL timeout "${KDT_TEST_LIMIT:-600}" "$BUILD/gpu_test_gemm_ab" >"$LOG/exp_gemm_ab.log" 2>&1 &&
       r=pass || { r=FAIL; fail=1; tail -30 "$LOG/exp_gemm_ab.log"; }
     echo "--- gpu_test_gemm_ab with $ALL: $r: $(tail -1 "$LOG/exp_gemm_ab.log")"
   fi
   if exp_part model && [ -x "$BUILD/gpu_test_model_gpu" ]; then
-    for v in "$ALL" "$OLD" "$OLD8"; do
+    for v in "$ALL" "$OLD" "$OLD8" "$OLD9"; do
       env $v timeout "${KDT_TEST_LIMIT:-600}" "$BUILD/gpu_test_model_gpu" >"$LOG/exp_model_gpu.log" 2>&1 &&
         r=pass || { r=FAIL; fail=1; tail -30 "$LOG/exp_model_gpu.log"; }
       echo "--- gpu_test_model_gpu with $v: $r: $(tail -1 "$LOG/exp_model_gpu.log")"
@@ -105,7 +107,7 @@ if [ $EXPER = 1 ]; then
   fi
   if exp_part layer && [ -x "$BUILD/bench_model" ]; then
     # KDT_EXP_VARIANTS (';'-separated env sets) overrides the list, e.g. to split it over two calls
-    IFS=';' read -r -a VARS <<< "${KDT_EXP_VARIANTS:-KDT_EXP=default;$OLD8;$OLD;KDT_GEMM_GROUPED_CAP2=0;$ALL}"
+    IFS=';' read -r -a VARS <<< "${KDT_EXP_VARIANTS:-KDT_EXP=default;$OLD9;KDT_GPU_ROUTE_PLAN=0;$OLD8;$OLD;$ALL}"
     : >"$LOG/exp_summary.txt"
     for v in "${VARS[@]}"; do
       f="$LOG/exp_bench_model_$(echo "$v" | tr ' =' '_-').log"

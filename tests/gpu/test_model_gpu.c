@@ -35,6 +35,7 @@
 
 #include "kdtree/model.h"
 #include "model/model_internal.h"
+#include "model/cuda/gpu_internal.h"
 
 #include <jansson.h>
 #include <string.h>
@@ -1106,6 +1107,149 @@ static void test_bad_inputs(void) {
     gmodel_close(&m);
 }
 
+/* ---- the router: one row per CTA (k_route_wide) == k_route, bitwise ------------------------- */
+/* Random logits as split-K partials, quantised so that many biased scores tie exactly (ties go to
+ * the lower id), plus a row of NaNs: both kernels must choose the same experts in the same slots
+ * with the same weights; every id in range. */
+static void router_case(int E, int K, int M, int splits, uint64_t seed) {
+    kdt_model_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.n_routed_experts = E;
+    cfg.n_experts_per_tok = K;
+    cfg.n_group = 1;
+    cfg.topk_group = 1;
+    cfg.norm_topk_prob = 1;
+    cfg.routed_scaling_factor = 2.5f;
+    const size_t np = (size_t)splits * M * E;
+    float *hp = xmalloc(np * 4), *hb = xmalloc((size_t)E * 4);
+    uint64_t rng = seed;
+    for (size_t i = 0; i < np; i++) hp[i] = (float)(t_rand_int(&rng, 9) - 4) * 0.25f;
+    for (int e = 0; e < E; e++) hb[e] = (float)(t_rand_int(&rng, 3)) * 0.125f;
+    for (int e = 0; e < E; e++) hp[(size_t)(M - 1) * E + e] = e % 3 ? NAN : 1.0f; /* split 0, last row */
+    kdt_gstage_hdr hh;
+    memset(&hh, 0, sizeof hh);
+    hh.n_rows = M;
+    float *dp, *db, *dw[2];
+    int32_t *ds[2];
+    kdt_gstage_hdr *dh;
+    CHECK_EQ_INT(cudaMalloc((void **)&dp, np * 4), cudaSuccess);
+    CHECK_EQ_INT(cudaMalloc((void **)&db, (size_t)E * 4), cudaSuccess);
+    CHECK_EQ_INT(cudaMalloc((void **)&dh, sizeof hh), cudaSuccess);
+    for (int v = 0; v < 2; v++) {
+        CHECK_EQ_INT(cudaMalloc((void **)&ds[v], (size_t)M * K * 4), cudaSuccess);
+        CHECK_EQ_INT(cudaMalloc((void **)&dw[v], (size_t)M * K * 4), cudaSuccess);
+    }
+    cudaMemcpy(dp, hp, np * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(db, hb, (size_t)E * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(dh, &hh, sizeof hh, cudaMemcpyHostToDevice);
+    for (int v = 0; v < 2; v++) {
+        if (v == 1) setenv("KDT_GPU_ROUTE_V1", "1", 1);
+        CHECK_EQ_INT(kdt_op_route(dp, splits, (int64_t)M * E, db, &cfg, dh, ds[v], dw[v], M, 0), KDT_OK);
+        unsetenv("KDT_GPU_ROUTE_V1");
+    }
+    CHECK_EQ_INT(cudaDeviceSynchronize(), cudaSuccess);
+    int32_t *hs[2];
+    float *hw[2];
+    for (int v = 0; v < 2; v++) {
+        hs[v] = xmalloc((size_t)M * K * 4);
+        hw[v] = xmalloc((size_t)M * K * 4);
+        cudaMemcpy(hs[v], ds[v], (size_t)M * K * 4, cudaMemcpyDeviceToHost);
+        cudaMemcpy(hw[v], dw[v], (size_t)M * K * 4, cudaMemcpyDeviceToHost);
+    }
+    int bad_ids = 0;
+    for (int i = 0; i < M * K; i++) bad_ids += hs[0][i] < 0 || hs[0][i] >= E;
+    CHECK_MSG(bad_ids == 0, "router E %d K %d: %d ids out of range", E, K, bad_ids);
+    /* the NaN row only has to stay in range; the others match bit for bit */
+    CHECK_MSG(memcmp(hs[0], hs[1], (size_t)(M - 1) * K * 4) == 0, "router E %d K %d: experts differ", E, K);
+    CHECK_MSG(memcmp(hw[0], hw[1], (size_t)(M - 1) * K * 4) == 0, "router E %d K %d: weights differ", E, K);
+    for (int v = 0; v < 2; v++) {
+        free(hs[v]); free(hw[v]);
+        cudaFree(ds[v]); cudaFree(dw[v]);
+    }
+    cudaFree(dp); cudaFree(db); cudaFree(dh);
+    free(hp); free(hb);
+}
+/* The one-row router + plan kernel == kdt_op_route then kdt_op_moe_plan, every output bitwise
+ * (n_rows 0 too: counts zero). */
+static void plan1_case(int E, int K, int has_shared, int n_rows, int splits, uint64_t seed) {
+    kdt_model_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.n_routed_experts = E;
+    cfg.n_experts_per_tok = K;
+    cfg.n_group = 1;
+    cfg.topk_group = 1;
+    cfg.norm_topk_prob = 1;
+    cfg.routed_scaling_factor = 2.5f;
+    CHECK(kdt_op_route_plan1_ok(&cfg, 1));
+    CHECK(!kdt_op_route_plan1_ok(&cfg, 2));
+    float *hp = xmalloc((size_t)splits * E * 4), *hb = xmalloc((size_t)E * 4);
+    uint64_t rng = seed;
+    for (int i = 0; i < splits * E; i++) hp[i] = (float)(t_rand_int(&rng, 9) - 4) * 0.25f;
+    for (int e = 0; e < E; e++) hb[e] = (float)(t_rand_int(&rng, 3)) * 0.125f;
+    kdt_gstage_hdr hh;
+    memset(&hh, 0, sizeof hh);
+    hh.n_rows = n_rows;
+    /* one device block per variant: sel K, wgt K, pair_row/pair_expert K+1, pos_of K, pos_shared 1,
+     * items 3 (K+1), counts 2, expert_counts E+1 (ints, -7 first so unwritten slots show) */
+    const int n_out = K + K + 2 * (K + 1) + K + 1 + 3 * (K + 1) + 2 + E + 1;
+    float *dp, *db;
+    int32_t *dout[2];
+    kdt_gstage_hdr *dh;
+    CHECK_EQ_INT(cudaMalloc((void **)&dp, (size_t)splits * E * 4), cudaSuccess);
+    CHECK_EQ_INT(cudaMalloc((void **)&db, (size_t)E * 4), cudaSuccess);
+    CHECK_EQ_INT(cudaMalloc((void **)&dh, sizeof hh), cudaSuccess);
+    cudaMemcpy(dp, hp, (size_t)splits * E * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(db, hb, (size_t)E * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(dh, &hh, sizeof hh, cudaMemcpyHostToDevice);
+    int32_t *init = xmalloc((size_t)n_out * 4), *h[2];
+    for (int i = 0; i < n_out; i++) init[i] = -7;
+    for (int v = 0; v < 2; v++) {
+        CHECK_EQ_INT(cudaMalloc((void **)&dout[v], (size_t)n_out * 4), cudaSuccess);
+        cudaMemcpy(dout[v], init, (size_t)n_out * 4, cudaMemcpyHostToDevice);
+        int32_t *o = dout[v], *sel = o, *pr = o + 2 * K, *pe = pr + K + 1, *po = pe + K + 1, *ps = po + K;
+        int32_t *items = ps + 1, *counts = items + 3 * (K + 1), *ec = counts + 2;
+        float *wgt = (float *)(o + K);
+        if (v == 0) {
+            CHECK_EQ_INT(kdt_op_route_plan1(dp, splits, E, db, &cfg, dh, sel, wgt, has_shared, pr, pe, po, ps, items,
+                                            counts, ec, 0), KDT_OK);
+        } else {
+            CHECK_EQ_INT(kdt_op_route(dp, splits, E, db, &cfg, dh, sel, wgt, 1, 0), KDT_OK);
+            CHECK_EQ_INT(kdt_op_moe_plan(dh, sel, K, E, has_shared, 1, pr, pe, po, ps, items, counts, ec, 0), KDT_OK);
+        }
+    }
+    CHECK_EQ_INT(cudaDeviceSynchronize(), cudaSuccess);
+    for (int v = 0; v < 2; v++) {
+        h[v] = xmalloc((size_t)n_out * 4);
+        cudaMemcpy(h[v], dout[v], (size_t)n_out * 4, cudaMemcpyDeviceToHost);
+    }
+    /* unwritten slots (a pass with no rows writes only the counts) may differ: compare what the
+     * two-kernel path wrote */
+    int diff = 0;
+    for (int i = 0; i < n_out; i++) diff += h[1][i] != -7 && h[0][i] != h[1][i];
+    CHECK_MSG(diff == 0, "router + plan E %d K %d shared %d rows %d: %d outputs differ", E, K, has_shared, n_rows,
+              diff);
+    for (int v = 0; v < 2; v++) {
+        free(h[v]);
+        cudaFree(dout[v]);
+    }
+    free(init);
+    cudaFree(dp); cudaFree(db); cudaFree(dh);
+    free(hp); free(hb);
+}
+
+static void test_router_wide(void) {
+    plan1_case(384, 8, 1, 1, 28, 21);
+    plan1_case(384, 8, 1, 0, 28, 22);
+    plan1_case(40, 6, 0, 1, 3, 23);
+    plan1_case(16, 4, 1, 1, 1, 24);
+    router_case(384, 8, 7, 28, 11); /* Kimi: 12 warps of candidates */
+    router_case(256, 8, 3, 5, 12);  /* DeepSeek-V3 widths (n_group 1 here) */
+    router_case(40, 6, 5, 3, 13);   /* a partial last warp */
+    router_case(16, 4, 4, 1, 14);   /* one partial warp */
+    router_case(8, 8, 2, 2, 15);    /* E == K */
+    router_case(512, 32, 2, 4, 16); /* the limits */
+}
+
 /* ---- Kimi K2.6 attention dimensions (H 64, kv_lora 512, rope 64, q_lora 1536) ------------------- */
 static void test_kimi_dims(void) {
     if (quick) {
@@ -1240,6 +1384,7 @@ int main(void) {
     T_RUN(test_commit_then_decode);
     T_RUN(test_graph_replay);
     T_RUN(test_bad_inputs);
+    T_RUN(test_router_wide);
     T_RUN(test_kimi_dims);
     return t_summary();
 }

@@ -1,6 +1,7 @@
 /* pdl.cuh - programmatic dependent launch (PDL) for the small tree kernels (tree_build,
- * tree_accept) and the GPU forward's weight-streaming GEMMs (src/model/cuda/gpu_gemm.cu, which
- * issue their first weight stages before the wait): launched with cudaLaunchAttributeProgrammaticStreamSerialization, a kernel may
+ * tree_accept) and the GPU forward (src/model/cuda: the weight-streaming GEMMs issue their first
+ * weight stages before the wait; the row kernels, attention and router only hide their launch):
+ * launched with cudaLaunchAttributeProgrammaticStreamSerialization, a kernel may
  * start while the previous kernel in the stream is still finishing, and waits (pdl::wait) before
  * its first global access, so only the launch latency overlaps (about 0.4 us a call on an H200).
  * sm_90+ only: the device must be one and the loaded kernel must be compiled for one (older PTX
@@ -49,6 +50,25 @@ inline void enable(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *attr) {
     attr->val.programmaticStreamSerializationAllowed = 1;
     cfg->attrs = attr;
     cfg->numAttrs = 1;
+}
+
+/* kernel<<<grid, block, smem, s>>>(args...), with the PDL attribute when `on`; the kernel must
+ * call wait() before touching anything the previous kernel writes or reads. A launch error is
+ * left for cudaGetLastError, as with <<<>>>. */
+template <typename... KArgs, typename... Args>
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool on, Args... args) {
+    if (!on) {
+        kernel<<<grid, block, smem, s>>>(args...);
+        return;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at;
+    enable(&cfg, &at);
+    (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
 }
 
 } // namespace pdl

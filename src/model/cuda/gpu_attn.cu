@@ -259,6 +259,7 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
     constexpr int MT = C::MT, WARPS = C::WARPS, THREADS = C::THREADS, PPW = C::PPW, TPK = C::TPK;
     constexpr int CPW = C::CPW, PLANES = C::PLANES;
     extern __shared__ __align__(16) unsigned char smem[];
+    pdl::wait(); /* programmatic dependence (kdt_g_pdl_rows): the previous kernel is done */
     const int qs = qs_stride(W, NT, a.dq), dq16 = (a.dq + 15) / 16, kch = (dq16 + QCH - 1) / QCH;
     uint16_t *Qs = reinterpret_cast<uint16_t *>(smem);                       /* [HG][qs] */
     uint16_t *Ks = Qs + (size_t)HG * qs;                                      /* [stages][TILE][qs] */
@@ -478,6 +479,7 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
         if (c_live) load_q<HG, W>(a, ci, tid, Qs, qs);
     }
 #undef KDT_ATT_PRODUCE
+    pdl::launch_dependents(); /* the combine may be placed once every CTA is done with its items */
     cp_async_wait<0>(); /* no copy may outlive the CTA */
 }
 
@@ -493,6 +495,7 @@ static_assert(CPF % 16 == 0, "the later loads go 16 splits at a time");
  * o = fma(O_j, w_j, o) in split order, then o / L: what `o += O_j * exp2f(m_j - M)` and
  * `L += l_j * exp2f(m_j - M)` compile to, so the chunking never changes a bit. */
 __global__ void __launch_bounds__(CT) attn_combine(const kdt_attn_args a, int cols) {
+    pdl::wait();
     pdl::launch_dependents(); /* W_UV may stream its weights meanwhile (KDT_GPU_PDL) */
     __shared__ float sw[CH][CS + 1], sl[CH][CS + 1]; /* m_j, then w_j; l_j (+1: a thread per head) */
     __shared__ float sM[CH], sL[CH];
@@ -630,7 +633,7 @@ struct LaunchPartial {
     cudaStream_t s;
     template <int HG, int W, int NT>
     void operator()() {
-        attn_partial<HG, W, NT><<<grid, AttCfg<HG, W>::THREADS, smem, s>>>(*a, stages);
+        pdl::launch(attn_partial<HG, W, NT>, dim3(grid), dim3(AttCfg<HG, W>::THREADS), smem, s, kdt_g_pdl_rows(), *a, stages);
     }
 };
 
@@ -788,7 +791,7 @@ extern "C" kdt_status kdt_attn_launch(const kdt_attn_args *a, cudaStream_t s) {
         int cols = kdt_g_chunk_cols(a->max_rows, a->H * a->dc, CT);
         if (cols >= a->dc) cols = (cols / a->dc < CH ? cols / a->dc : CH) * a->dc;
         const int64_t items = (int64_t)(a->max_rows > 1 ? a->max_rows : 1) * ((a->H * a->dc + cols - 1) / cols);
-        attn_combine<<<(unsigned)(items < 4096 ? items : 4096), CT, 0, s>>>(*a, cols);
+        pdl::launch(attn_combine, dim3((unsigned)(items < 4096 ? items : 4096)), dim3(CT), 0, s, kdt_g_pdl_rows(), *a, cols);
         e = cudaGetLastError();
     }
     if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "GPU attention: launch failed: %s", cudaGetErrorString(e));

@@ -655,9 +655,16 @@ static kdt_status moe(pass *p, const kdt_gpu_layer *L, int32_t l) {
     int32_t splits;
     int64_t ss;
     KDT_TRY(gemm(p, "router", r->xn, D, 0, D, &L->router, E, 0, &splits, &ss));
-    PASS_STEP(p, "route", kdt_op_route(r->part, splits, ss, L->router_bias, c, p->hdr, r->sel, r->wgt, p->M, p->s));
-    PASS_STEP(p, "moe_plan", kdt_op_moe_plan(p->hdr, r->sel, K, E, g->has_shared, p->M, r->pair_row, r->pair_expert, r->pos_of,
-                        r->pos_shared, r->items, r->moe_counts, r->expert_counts + (int64_t)l * (E + 1), p->s));
+    int32_t *ec = r->expert_counts + (int64_t)l * (E + 1);
+    if (kdt_op_route_plan1_ok(c, p->M)) { /* a one-row pass: the router's CTA also writes the plan */
+        PASS_STEP(p, "route_plan", kdt_op_route_plan1(r->part, splits, ss, L->router_bias, c, p->hdr, r->sel, r->wgt,
+                                                      g->has_shared, r->pair_row, r->pair_expert, r->pos_of,
+                                                      r->pos_shared, r->items, r->moe_counts, ec, p->s));
+    } else {
+        PASS_STEP(p, "route", kdt_op_route(r->part, splits, ss, L->router_bias, c, p->hdr, r->sel, r->wgt, p->M, p->s));
+        PASS_STEP(p, "moe_plan", kdt_op_moe_plan(p->hdr, r->sel, K, E, g->has_shared, p->M, r->pair_row, r->pair_expert,
+                                                 r->pos_of, r->pos_shared, r->items, r->moe_counts, ec, p->s));
+    }
     const int32_t max_pairs = p->M * K + (g->has_shared ? p->M : 0);
     const int32_t E_tot = E + g->has_shared;
     int32_t item_bound = (p->M * K + g->has_shared) < E_tot ? p->M * K + g->has_shared : E_tot;
@@ -742,6 +749,8 @@ static kdt_status layer(pass *p, int32_t l, const kdt_gpu_run_config *rc) {
                                                  p->m_dev, p->M, p->s));
     }
     KDT_TRY(attention(p, l));
+    /* W_UV keeps its two K splits and the split sum: one split (writing the heads directly, as
+     * W_UK does) made the Kimi decode layer ~2 us slower (H200, session 10) */
     KDT_TRY(gemm(p, "w_uv", r->o_lat, (int64_t)H * dc, dc, dc, &L->uv, (int64_t)H * dv, dv, &splits, &ss));
     PASS_STEP(p, "sum_uv", kdt_op_sum_splits(r->part, splits, ss, H * dv, H, dv, dv, r->heads, H * dv, dv, p->m_dev, p->M, p->s));
     KDT_TRY(gemm(p, "o_proj", r->heads, (int64_t)H * dv, 0, H * dv, &L->o_proj, D, 0, &splits, &ss));

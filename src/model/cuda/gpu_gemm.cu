@@ -716,6 +716,7 @@ __global__ void __launch_bounds__(THREADS) v2_gemm_kernel(const kdt_gemm_args a,
         if (a.x_rows) v2_set_x_rows(p, x, a.ldx, m0, Gather{a.x_rows});
         else v2_set_x_rows(p, x, a.ldx, m0, Identity{});
         v2_pass<WL>(p, smem, c.pool, pol, acc, wpar, pre && m0 == 0);
+        if (m0 + c.cap >= M) pdl::launch_dependents(); /* last pass: see v2_grouped_kernel */
         store_acc(acc, y + (int64_t)m0 * a.ldy, a.ldy, p.m_valid, p.n_valid);
     }
 }
@@ -774,6 +775,9 @@ __global__ void __launch_bounds__(THREADS, MINB) v2_grouped_kernel(const kdt_gro
             store_acc(acc, a.y + (int64_t)(p0 + m0) * a.ldy + n0, a.ldy, p.m_valid, p.n_valid);
         }
     }
+    /* the next kernel (kdt_g_pdl_rows) may be placed once every CTA is here: not earlier, where its
+     * waiting CTAs would hold slots that later waves of this grid need */
+    pdl::launch_dependents();
 }
 
 __global__ void __launch_bounds__(THREADS) v2_head_kernel(const kdt_head_args a, const V2Cfg c) {
@@ -1598,7 +1602,7 @@ extern "C" kdt_status kdt_gemm_init(int32_t stages) {
 
 /* Programmatic dependent launch of the v2 GEMMs whose weights do not depend on the previous
  * kernel (every dense GEMM, the MoE down GEMM): the grid may start while the previous kernel runs
- * (the row kernels before them signal at entry), issues its first pass's weight stages, then
+ * (the row kernels before them signal after their own wait), issues its first pass's weight stages, then
  * waits for it (pdl::wait) before touching activations. On by default on compute capability >= 9
  * with code built for it (pdl::usable; older code has no wait)
  * (H200, session 9: Kimi layer decode S 1 349.5 -> 344.9 us, verify N 9 1,640 -> 1,631; tiny
@@ -1608,20 +1612,23 @@ bool pdl_on() { /* a device of compute capability >= 9 running code built for on
     static const bool on = pdl::usable(v2_gemm_kernel<W_ROWS>, "KDT_GPU_PDL");
     return on;
 }
+
+/* Whether the row kernels, the attention, the router and the gate/up GEMM also go out with
+ * programmatic dependence: each waits before its first global access; a row kernel triggers its
+ * successor right after its wait (it is short: the next GEMM streams weights meanwhile), a GEMM
+ * or the attention at the end of its work (a successor placed earlier would hold SM slots the
+ * grid's later waves need: triggering right after the wait cost decode S 8 ~10 us and verify
+ * ~20-30 us). H200, session 10, Kimi layer decode S 1: 334.1 -> 326.1 us (3 reps each), S 8 / S 64
+ * / verify N 17-65 equal or better. KDT_GPU_PDL_ROWS=0 (read once) launches them plainly.
+ * Scheduling only: the same bits. With pdl_on (KDT_GPU_PDL=0 turns both off). */
+extern "C" int kdt_g_pdl_rows(void) {
+    static const int on = pdl_on() && !kdt_g_env_is("KDT_GPU_PDL_ROWS", '0');
+    return on;
+}
+
 template <typename... KArgs, typename... Args>
 void launch_v2(void (*kernel)(KArgs...), dim3 grid, size_t smem, cudaStream_t s, bool pdl, Args... args) {
-    if (!pdl) {
-        kernel<<<grid, THREADS, smem, s>>>(args...);
-        return;
-    }
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(THREADS);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute at;
-    pdl::enable(&cfg, &at);
-    (void)cudaLaunchKernelEx(&cfg, kernel, args...); /* a failure is picked up by launch_error */
+    pdl::launch(kernel, grid, dim3(THREADS), smem, s, pdl, args...); /* a failure is picked up by launch_error */
 }
 
 extern "C" kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cudaStream_t s) {
@@ -1661,7 +1668,8 @@ extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stag
         int per_sm = 2;
         const V2Cfg c = v2_config_grouped(stages, *a, &per_sm);
         const bool bulk = bulk_w() && per_sm > 2; /* bulk copies only pay at >= 3 CTAs per SM */
-        const bool pdl = pdl_on() && a->which == 1;
+        /* gate/up reads nothing before its wait: PDL only hides its launch (with the row kernels) */
+        const bool pdl = pdl_on() && (a->which == 1 || kdt_g_pdl_rows());
         if (per_sm > 4 && bulk) launch_v2(v2_grouped_kernel<5, W_BULK>, grid, (size_t)c.pool, s, pdl, *a, c);
         else if (per_sm > 4) launch_v2(v2_grouped_kernel<5, W_TILED>, grid, (size_t)c.pool, s, pdl, *a, c);
         else if (bulk) launch_v2(v2_grouped_kernel<0, W_BULK>, grid, (size_t)c.pool, s, pdl, *a, c);

@@ -237,6 +237,10 @@ struct kdt_gpu_graph {
     int32_t max_rows;               /* the captured launch bound */
 };
 
+/* 1 when the forward's row kernels, attention and gate/up GEMM go out with programmatic
+ * dependent launch (gpu_ops.cu; KDT_GPU_PDL=0 or KDT_GPU_PDL_ROWS=0: not) */
+int kdt_g_pdl_rows(void);
+
 /* ---- kernel launchers (all asynchronous on `s`; they only fail on launch errors) ---------- */
 /* Split-K rule of the dense GEMMs: a function of the weight shape only. */
 void kdt_gemm_plan(int32_t n, int32_t ldw, int32_t batch, int32_t *splits, int32_t *k_chunk);
@@ -368,6 +372,13 @@ size_t kdt_op_route_smem(int32_t E, int32_t G);
 kdt_status kdt_op_route(const float *part, int32_t splits, int64_t split_stride, const float *bias,
                         const kdt_model_config *cfg, const kdt_gstage_hdr *hdr, int32_t *sel, float *wgt,
                         int32_t max_rows, cudaStream_t s);
+/* A one-row pass (decode of one stream) routes and plans in one kernel when this holds */
+int kdt_op_route_plan1_ok(const kdt_model_config *cfg, int32_t max_rows);
+kdt_status kdt_op_route_plan1(const float *part, int32_t splits, int64_t split_stride, const float *bias,
+                              const kdt_model_config *cfg, const kdt_gstage_hdr *hdr, int32_t *sel, float *wgt,
+                              int32_t has_shared, int32_t *pair_row, int32_t *pair_expert, int32_t *pos_of,
+                              int32_t *pos_shared, int32_t *items, int32_t *counts, int32_t *expert_counts,
+                              cudaStream_t s);
 size_t kdt_op_plan_smem(int32_t E_tot);
 kdt_status kdt_op_moe_plan(const kdt_gstage_hdr *hdr, const int32_t *sel, int32_t K, int32_t E, int32_t has_shared,
                            int32_t max_rows, int32_t *pair_row, int32_t *pair_expert, int32_t *pos_of,

@@ -79,6 +79,17 @@ __device__ __forceinline__ Item item_of(int it, Chunks ch, int width) {
     return t;
 }
 
+/* Every kernel here may be launched with programmatic dependence (kdt_g_pdl_rows): it waits for
+ * the previous kernel before its first global access, then lets the next kernel launch (a GEMM
+ * streams its first weight stages meanwhile; a row kernel gets its CTAs placed and waits). A
+ * kernel triggers only after its own wait, so whatever runs before a wait may read the outputs
+ * of the kernel two back (the MoE down GEMM reads the plan's items: three back). */
+#define PDL_ENTRY()                 \
+    do {                            \
+        pdl::wait();                \
+        pdl::launch_dependents();   \
+    } while (0)
+
 __device__ __forceinline__ int clamp_rows(int m, int max_rows) { return m < 0 ? 0 : (m > max_rows ? max_rows : m); }
 
 __global__ void k_scatter(int32_t *table, const int32_t *updates, const kdt_gstage_hdr *hdr) {
@@ -89,6 +100,7 @@ __global__ void k_scatter(int32_t *table, const int32_t *updates, const kdt_gsta
 
 __global__ void __launch_bounds__(RB) k_embed(const kdt_gstage_hdr *hdr, const kdt_grow *rows, kdt_gmat embed,
                                                float *x, int D, int max_rows, Chunks ch) {
+    PDL_ENTRY();
     const int n = clamp_rows(hdr->n_rows, max_rows);
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
         const Item t = item_of(it, ch, D);
@@ -101,7 +113,7 @@ __global__ void __launch_bounds__(RB) k_embed(const kdt_gstage_hdr *hdr, const k
  * whole row (the same tree), then writes its columns (so out must not alias x) */
 __global__ void __launch_bounds__(RB) k_rmsnorm(const float *x, const int32_t *rowmap, const float *w, float eps,
                                                  int D, float *out, const int32_t *m_dev, int max_rows, Chunks ch) {
-    pdl::launch_dependents(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
+    PDL_ENTRY();
     __shared__ float red[RB / 32];
     const int n = clamp_rows(*m_dev, max_rows);
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
@@ -138,7 +150,7 @@ struct PostA {
  * section(s) it touches (q_a, c_kv) into shared memory and takes their RMS with the one tree, so
  * each section's norm is the same bits in every chunk; the last chunk also ropes and writes k_pe. */
 __global__ void __launch_bounds__(RB) k_post_a(const PostA a, Chunks ch) {
-    pdl::launch_dependents(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
+    PDL_ENTRY();
     extern __shared__ float v[]; /* [q_lora + d_c + d_r] */
     __shared__ float red[RB / 32];
     const int n = clamp_rows(a.hdr->n_rows, a.max_rows), qkv = a.q_lora + a.dc, width = qkv + a.dr;
@@ -189,7 +201,7 @@ struct PostQ {
 /* q partials -> q_nope [R][H][d_n] and the RoPE'd q_pe into q_abs[r][h][d_c..]. A row's items are
  * H d_n q_nope elements, then H d_r / 2 rotated pairs; chunks cut that list. */
 __global__ void __launch_bounds__(RB) k_post_q(const PostQ a, Chunks ch) {
-    pdl::launch_dependents(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
+    PDL_ENTRY();
     const int n = clamp_rows(a.hdr->n_rows, a.max_rows), dqk = a.dn + a.dr, dq = a.dc + a.dr, half = a.dr / 2;
     const int n_nope = a.H * a.dn;
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
@@ -221,7 +233,7 @@ __global__ void __launch_bounds__(RB) k_post_q(const PostQ a, Chunks ch) {
 __global__ void __launch_bounds__(RB) k_sum_splits(const float *part, int splits, int64_t split_stride, int ldp,
                                                     int batch, int p_bstride, int ncols, float *dst, int ldd,
                                                     int d_bstride, const int32_t *m_dev, int max_rows, Chunks ch) {
-    pdl::launch_dependents(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
+    PDL_ENTRY();
     const int n = clamp_rows(*m_dev, max_rows);
     const int per_row = batch * ncols;
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
@@ -238,7 +250,7 @@ __global__ void __launch_bounds__(RB) k_sum_splits(const float *part, int splits
  * before any chunk sums its squares) */
 __global__ void __launch_bounds__(RB) k_residual(float *x, const float *part, int splits, int64_t split_stride,
                                                   int D, const int32_t *m_dev, int max_rows, Chunks ch) {
-    pdl::launch_dependents(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
+    PDL_ENTRY();
     const int n = clamp_rows(*m_dev, max_rows);
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
         const Item t = item_of(it, ch, D);
@@ -253,7 +265,7 @@ __global__ void __launch_bounds__(RB) k_swiglu(const float *part, int splits, in
                                                 const int32_t *n_dev, int max_n, const int32_t *pair_expert,
                                                 const kdt_gpu_expert *experts, int inter, float *h, int ldh,
                                                 int width, Chunks ch) {
-    pdl::launch_dependents(); /* a following GEMM may stream its weights meanwhile (KDT_GPU_PDL) */
+    PDL_ENTRY();
     const int n = clamp_rows(*n_dev, max_n);
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
         const Item t = item_of(it, ch, width);
@@ -336,6 +348,7 @@ int route_rows_per_cta(int max_rows, int E, int G) {
  * sort) never touch memory; otherwise the same steps run on the shared-memory arrays. Both give
  * the bits of forward.c's sequence. */
 __global__ void __launch_bounds__(RT, 1) k_route(const Route a, int rpc) {
+    PDL_ENTRY();
     extern __shared__ unsigned char rsm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int E = a.E, G = a.G;
@@ -472,6 +485,121 @@ __global__ void __launch_bounds__(RT, 1) k_route(const Route a, int rpc) {
     }
 }
 
+/* Selection key of expert e with biased score c: larger key = preferred (larger score, ties to
+ * the lower id; `beats`' order). The float's bits are made to order as unsigned integers (+0 and
+ * -0 alike); a NaN score ranks below every number. Keys are distinct (the id is in them). */
+__device__ __forceinline__ unsigned long long route_key(float c, int e) {
+    unsigned u = __float_as_uint(c);
+    if (c == 0.0f) u = 0u;
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    if (c != c) u = 0u;
+    return ((unsigned long long)u << 32) | (unsigned)~e;
+}
+
+/* The router for one row per CTA with n_group 1 (decode and verify batches; k_route keeps the
+ * group filter and the many-rows-per-CTA case): thread e scores expert e as k_route does, each warp
+ * sorts its 32 keys (bitonic, shuffles), its top K become candidates, and candidate i's rank is
+ * the number of candidates above it: ranks 0..K-1 are the top K in choice order, what K rounds of
+ * "best remaining" give. A few short parallel steps instead of K serial warp rounds (k_route's
+ * register path: ~13 us for one Kimi row, 384 experts, top 8). The weights then follow k_route's
+ * register path operation for operation (sum in choice order, scale, stable sort by id): the same
+ * bits. Needs K <= 32 and K <= E <= RT. */
+/* The MoE plan of a one-row pass (k_moe_plan's outputs for R <= 1), written by the router's CTA
+ * (k_route_wide<true>): with the row's experts sorted by id, pair k is slot k's (row 0, expert
+ * sel[k]) and item k is (sel[k], k, 1); the shared expert's pair and item come last. */
+struct Plan1 {
+    int has_shared;
+    int32_t *pair_row, *pair_expert, *pos_of, *pos_shared, *items, *counts, *expert_counts;
+};
+
+template <bool PLAN>
+__global__ void __launch_bounds__(RT, 1) k_route_wide(const Route a, const Plan1 pl) {
+    PDL_ENTRY();
+    __shared__ float sc[RT];
+    __shared__ unsigned long long cand[RT];
+    __shared__ unsigned long long chosen[32];
+    const int e = threadIdx.x, warp = e >> 5, lane = e & 31, E = a.E, K = a.K;
+    const int C = (E + 31) / 32 * K;
+    const int n = clamp_rows(a.hdr->n_rows, a.max_rows);
+    for (int r = blockIdx.x; r < n; r += gridDim.x) {
+        unsigned long long key = 0; /* below every expert's key */
+        if (e < E) {
+            const float l = split_sum<32>(a.part, a.splits, a.split_stride, (int64_t)r * E + e);
+            const float s = 1.0f / (1.0f + expf(-l));
+            sc[e] = s;
+            key = route_key(s + a.bias[e], e); /* bias: selection only */
+        }
+        for (int k = 2; k <= 32; k <<= 1) /* descending bitonic sort of the warp's 32 keys */
+            for (int j = k >> 1; j > 0; j >>= 1) {
+                const unsigned long long o = __shfl_xor_sync(0xffffffffu, key, j);
+                key = (((lane & j) == 0) == ((lane & k) == 0)) ? (key > o ? key : o) : (key < o ? key : o);
+            }
+        if (lane < K) cand[warp * K + lane] = key;
+        __syncthreads();
+        if (e < C) {
+            const unsigned long long mine = cand[e];
+            int rank = 0;
+            for (int j = 0; j < C; j++) rank += cand[j] > mine;
+            if (rank < K) chosen[rank] = mine; /* E >= K: padding keys rank >= K */
+        }
+        __syncthreads();
+        if (warp == 0) {
+            int my_e = 0;
+            float my_w = 0.0f;
+            if (lane < K) {
+                my_e = (int)~(unsigned)(chosen[lane] & 0xffffffffu);
+                my_w = sc[my_e]; /* the unbiased score weighs the expert */
+            }
+            if (a.norm) {
+                float sum = 0.0f;
+                for (int k = 0; k < K; k++) sum += __shfl_sync(0xffffffffu, my_w, k);
+                sum += 1e-20f;
+                my_w /= sum;
+            }
+            my_w *= a.rsf;
+            int rank = 0; /* position after a stable sort by expert id */
+            for (int k = 0; k < K; k++) {
+                const int ek = __shfl_sync(0xffffffffu, my_e, k);
+                rank += ek < my_e || (ek == my_e && k < lane);
+            }
+            if (lane < K) {
+                a.sel[(int64_t)r * K + rank] = my_e;
+                a.wgt[(int64_t)r * K + rank] = my_w;
+                if (PLAN) { /* r = 0, the only row */
+                    pl.pair_row[rank] = 0;
+                    pl.pair_expert[rank] = my_e;
+                    pl.pos_of[rank] = rank;
+                    pl.items[3 * rank] = my_e;
+                    pl.items[3 * rank + 1] = rank;
+                    pl.items[3 * rank + 2] = 1;
+                }
+            }
+        }
+        if (PLAN) { /* every expert's count: 1 if chosen (the keys in `chosen` hold the ids) */
+            int c = 0;
+            for (int k = 0; k < K; k++) c += (int)~(unsigned)(chosen[k] & 0xffffffffu) == e;
+            if (e < E) pl.expert_counts[e] = c;
+        }
+        __syncthreads(); /* the next row reuses sc, cand and chosen */
+    }
+    if (PLAN && blockIdx.x == 0 && threadIdx.x == 0) {
+        const int R = n < 1 ? n : 1, hs = pl.has_shared;
+        pl.counts[0] = R * (K + hs);
+        pl.counts[1] = R * (K + hs);
+        pl.expert_counts[E] = R * hs;
+        if (R == 1 && hs) {
+            pl.pair_row[K] = 0;
+            pl.pair_expert[K] = E;
+            pl.pos_shared[0] = K;
+            pl.items[3 * K] = E;
+            pl.items[3 * K + 1] = K;
+            pl.items[3 * K + 2] = 1;
+        }
+    }
+    if (PLAN && n < 1) /* no rows: no expert has any */
+        for (int i = threadIdx.x; i < E; i += blockDim.x) pl.expert_counts[i] = 0;
+}
+
 struct Plan {
     const kdt_gstage_hdr *hdr;
     const int32_t *sel;
@@ -499,6 +627,7 @@ __device__ __forceinline__ int count_in(const int32_t *chunk, int n, int e) {
  * (row, slot) order - deterministic - and writes its items (<= 64 pairs each); the shared
  * expert's pairs (one per row, in row order) are written by all threads. */
 __global__ void k_moe_plan(const Plan a) {
+    PDL_ENTRY();
     extern __shared__ __align__(16) int32_t psm[];
     const int E_tot = a.E + a.has_shared;
     int32_t *wsum = psm, *chunk = psm + 64; /* [2][32] warp totals; the chunk (16-byte aligned) */
@@ -585,6 +714,7 @@ __global__ void k_moe_plan(const Plan a) {
 __global__ void __launch_bounds__(RB) k_moe_combine(float *x, const float *y, int D, int K, const int32_t *pos_of,
                                                      const int32_t *pos_shared, const float *wgt, int has_shared,
                                                      const kdt_gstage_hdr *hdr, int max_rows, Chunks ch) {
+    PDL_ENTRY();
     const int n = clamp_rows(hdr->n_rows, max_rows);
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
         const Item t = item_of(it, ch, D);
@@ -600,6 +730,7 @@ __global__ void __launch_bounds__(RB) k_moe_combine(float *x, const float *y, in
 
 __global__ void __launch_bounds__(RB) k_taps(const float *x, int D, const kdt_gstage_hdr *hdr, const kdt_grow *rows,
                                               float *taps, int max_taps, int t, int max_rows, Chunks ch) {
+    PDL_ENTRY();
     const int n = clamp_rows(hdr->n_rows, max_rows);
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
         const Item c = item_of(it, ch, D);
@@ -614,6 +745,7 @@ __global__ void __launch_bounds__(RB) k_taps(const float *x, int D, const kdt_gs
 __global__ void __launch_bounds__(128) k_argmax_final(const float *am_val, const int32_t *am_idx, int am_ld,
                                                       int n_tiles, const kdt_gstage_hdr *hdr, const int32_t *head_rows,
                                                       const kdt_grow *rows, int32_t *argmax, int max_rows) {
+    PDL_ENTRY();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n = clamp_rows(hdr->n_head, max_rows);
     for (int m = blockIdx.x * 4 + warp; m < n; m += gridDim.x * 4) {
@@ -739,14 +871,14 @@ extern "C" kdt_status kdt_op_scatter(int32_t *table, const int32_t *updates, con
 extern "C" kdt_status kdt_op_embed(const kdt_gstage_hdr *hdr, const kdt_grow *rows, const kdt_gmat *embed, float *x,
                                    int32_t D, int32_t max_rows, cudaStream_t s) {
     const Chunks ch = row_chunks(max_rows, D);
-    k_embed<<<grid_of(max_rows, ch), RB, 0, s>>>(hdr, rows, *embed, x, D, max_rows, ch);
+    pdl::launch(k_embed, dim3(grid_of(max_rows, ch)), dim3(RB), 0, s, kdt_g_pdl_rows(), hdr, rows, *embed, x, D, max_rows, ch);
     return launched("GPU embedding");
 }
 
 extern "C" kdt_status kdt_op_rmsnorm(const float *x, const int32_t *rowmap, const float *w, float eps, int32_t D,
                                      float *out, const int32_t *m_dev, int32_t max_rows, cudaStream_t s) {
     const Chunks ch = row_chunks(max_rows, D);
-    k_rmsnorm<<<grid_of(max_rows, ch), RB, 0, s>>>(x, rowmap, w, eps, D, out, m_dev, max_rows, ch);
+    pdl::launch(k_rmsnorm, dim3(grid_of(max_rows, ch)), dim3(RB), 0, s, kdt_g_pdl_rows(), x, rowmap, w, eps, D, out, m_dev, max_rows, ch);
     return launched("GPU RMSNorm");
 }
 
@@ -760,7 +892,7 @@ extern "C" kdt_status kdt_op_post_a(const float *part, int32_t splits, int64_t s
     PostA a = {part, splits, split_stride, ldp, q_lora, dc, dr, q_a_norm, kv_a_norm, rope_cs, interleave,
                hdr, rows, cache, block_table, max_pages, page_size, n_pages, row_stride, qa, max_rows};
     const Chunks ch = row_chunks(max_rows, q_lora + dc);
-    k_post_a<<<grid_of(max_rows, ch), RB, (size_t)(q_lora + dc + dr) * sizeof(float), s>>>(a, ch);
+    pdl::launch(k_post_a, dim3(grid_of(max_rows, ch)), dim3(RB), (size_t)(q_lora + dc + dr) * sizeof(float), s, kdt_g_pdl_rows(), a, ch);
     return launched("GPU q_a / kv_a finish");
 }
 
@@ -770,7 +902,7 @@ extern "C" kdt_status kdt_op_post_q(const float *part, int32_t splits, int64_t s
                                     int32_t max_rows, cudaStream_t s) {
     PostQ a = {part, splits, split_stride, ldp, H, dn, dr, dc, rope_cs, interleave, hdr, rows, q_nope, q_abs, max_rows};
     const Chunks ch = row_chunks(max_rows, H * dn + H * (dr / 2));
-    k_post_q<<<grid_of(max_rows, ch), RB, 0, s>>>(a, ch);
+    pdl::launch(k_post_q, dim3(grid_of(max_rows, ch)), dim3(RB), 0, s, kdt_g_pdl_rows(), a, ch);
     return launched("GPU q finish");
 }
 
@@ -778,7 +910,7 @@ extern "C" kdt_status kdt_op_sum_splits(const float *part, int32_t splits, int64
                                         int32_t batch, int32_t p_bstride, int32_t ncols, float *dst, int32_t ldd,
                                         int32_t d_bstride, const int32_t *m_dev, int32_t max_rows, cudaStream_t s) {
     const Chunks ch = row_chunks(max_rows, batch * ncols);
-    k_sum_splits<<<grid_of(max_rows, ch), RB, 0, s>>>(part, splits, split_stride, ldp, batch, p_bstride, ncols, dst,
+    pdl::launch(k_sum_splits, dim3(grid_of(max_rows, ch)), dim3(RB), 0, s, kdt_g_pdl_rows(), part, splits, split_stride, ldp, batch, p_bstride, ncols, dst,
                                                       ldd, d_bstride, m_dev, max_rows, ch);
     return launched("GPU split-K sum");
 }
@@ -789,15 +921,15 @@ extern "C" kdt_status kdt_op_post_o(float *x, const float *part, int32_t splits,
     /* x + partials, then the RMSNorm: the same arithmetic as one fused pass per row, but the row's
      * sum of squares needs all of its new x, which a chunked single pass could not wait for */
     const Chunks ch = row_chunks(max_rows, D);
-    k_residual<<<grid_of(max_rows, ch), RB, 0, s>>>(x, part, splits, split_stride, D, m_dev, max_rows, ch);
-    k_rmsnorm<<<grid_of(max_rows, ch), RB, 0, s>>>(x, NULL, w, eps, D, xn, m_dev, max_rows, ch);
+    pdl::launch(k_residual, dim3(grid_of(max_rows, ch)), dim3(RB), 0, s, kdt_g_pdl_rows(), x, part, splits, split_stride, D, m_dev, max_rows, ch);
+    pdl::launch(k_rmsnorm, dim3(grid_of(max_rows, ch)), dim3(RB), 0, s, kdt_g_pdl_rows(), x, (const int32_t *)NULL, w, eps, D, xn, m_dev, max_rows, ch);
     return launched("GPU o_proj finish");
 }
 
 extern "C" kdt_status kdt_op_residual(float *x, const float *part, int32_t splits, int64_t split_stride, int32_t D,
                                       const int32_t *m_dev, int32_t max_rows, cudaStream_t s) {
     const Chunks ch = row_chunks(max_rows, D);
-    k_residual<<<grid_of(max_rows, ch), RB, 0, s>>>(x, part, splits, split_stride, D, m_dev, max_rows, ch);
+    pdl::launch(k_residual, dim3(grid_of(max_rows, ch)), dim3(RB), 0, s, kdt_g_pdl_rows(), x, part, splits, split_stride, D, m_dev, max_rows, ch);
     return launched("GPU residual");
 }
 
@@ -807,9 +939,15 @@ extern "C" kdt_status kdt_op_swiglu(const float *part, int32_t splits, int64_t s
                                     cudaStream_t s) {
     const int width = pair_expert ? ldp / 2 : inter; /* an expert's I is at most its i_pad <= ldp / 2 */
     const Chunks ch = row_chunks(max_n, width);
-    k_swiglu<<<grid_of(max_n, ch), RB, 0, s>>>(part, splits, split_stride, ldp, n_dev, max_n, pair_expert, experts,
+    pdl::launch(k_swiglu, dim3(grid_of(max_n, ch)), dim3(RB), 0, s, kdt_g_pdl_rows(), part, splits, split_stride, ldp, n_dev, max_n, pair_expert, experts,
                                                inter, h, ldh, width, ch);
     return launched("GPU SwiGLU");
+}
+
+/* k_route_wide applies: one row per CTA, no group filter, K <= 32, K <= E <= RT; KDT_GPU_ROUTE_V1=1
+ * (read per launch; for A/B and the bitwise test) keeps k_route */
+static bool route_wide_ok(const Route &a, int rpc) {
+    return !kdt_g_env_is("KDT_GPU_ROUTE_V1", '1') && rpc == 1 && a.G == 1 && a.K <= 32 && a.K <= a.E && a.E <= RT;
 }
 
 /* shared memory of one router row (a CTA holds route_rows_per_cta of them) */
@@ -824,8 +962,39 @@ extern "C" kdt_status kdt_op_route(const float *part, int32_t splits, int64_t sp
     const int rpc = route_rows_per_cta(max_rows, a.E, a.G);
     int blocks = (max_rows + rpc - 1) / rpc;
     blocks = blocks < 1 ? 1 : (blocks > 4096 ? 4096 : blocks);
-    k_route<<<(unsigned)blocks, RT, rpc * route_row_bytes(a.E, a.G), s>>>(a, rpc);
+    if (route_wide_ok(a, rpc)) {
+        const Plan1 none = {};
+        pdl::launch(k_route_wide<false>, dim3((unsigned)blocks), dim3((unsigned)((a.E + 31) / 32 * 32)), 0, s,
+                    kdt_g_pdl_rows(), a, none);
+        return launched("GPU MoE router");
+    }
+    pdl::launch(k_route, dim3((unsigned)blocks), dim3(RT), rpc * route_row_bytes(a.E, a.G), s, kdt_g_pdl_rows(), a, rpc);
     return launched("GPU MoE router");
+}
+
+/* Whether a pass of launch bound max_rows routes and plans in one kernel (kdt_op_route_plan1):
+ * one row, and k_route_wide applies; KDT_GPU_ROUTE_PLAN=0 (read per call) keeps two kernels. */
+extern "C" int kdt_op_route_plan1_ok(const kdt_model_config *cfg, int32_t max_rows) {
+    Route a = {};
+    a.E = cfg->n_routed_experts;
+    a.K = cfg->n_experts_per_tok;
+    a.G = cfg->n_group > 1 ? cfg->n_group : 1;
+    return max_rows == 1 && route_wide_ok(a, 1) && !kdt_g_env_is("KDT_GPU_ROUTE_PLAN", '0');
+}
+
+/* The router and the MoE plan of a one-row pass in one kernel (k_route_wide<true>): the outputs of
+ * kdt_op_route then kdt_op_moe_plan (kdt_op_route_plan1_ok must hold). */
+extern "C" kdt_status kdt_op_route_plan1(const float *part, int32_t splits, int64_t split_stride, const float *bias,
+                                         const kdt_model_config *cfg, const kdt_gstage_hdr *hdr, int32_t *sel,
+                                         float *wgt, int32_t has_shared, int32_t *pair_row, int32_t *pair_expert,
+                                         int32_t *pos_of, int32_t *pos_shared, int32_t *items, int32_t *counts,
+                                         int32_t *expert_counts, cudaStream_t s) {
+    if (!kdt_op_route_plan1_ok(cfg, 1)) return kdt_fail(KDT_ERR_INTERNAL, "GPU MoE router + plan: not applicable");
+    Route a = {part, splits, split_stride, bias, cfg->n_routed_experts, cfg->n_experts_per_tok,
+               1, cfg->topk_group, cfg->norm_topk_prob, cfg->routed_scaling_factor, hdr, sel, wgt, 1};
+    const Plan1 pl = {has_shared, pair_row, pair_expert, pos_of, pos_shared, items, counts, expert_counts};
+    pdl::launch(k_route_wide<true>, dim3(1), dim3((unsigned)((a.E + 31) / 32 * 32)), 0, s, kdt_g_pdl_rows(), a, pl);
+    return launched("GPU MoE router + plan");
 }
 
 /* warp totals and the chunk of choices (the counts and offsets live in registers) */
@@ -841,7 +1010,7 @@ extern "C" kdt_status kdt_op_moe_plan(const kdt_gstage_hdr *hdr, const int32_t *
     Plan a = {hdr, sel, K, E, has_shared, max_rows, pair_row, pair_expert, pos_of, pos_shared, items, counts,
               expert_counts};
     const int threads = (E + 1 + 31) / 32 * 32;
-    k_moe_plan<<<1, threads, kdt_op_plan_smem(E + has_shared), s>>>(a);
+    pdl::launch(k_moe_plan, dim3(1), dim3(threads), kdt_op_plan_smem(E + has_shared), s, kdt_g_pdl_rows(), a);
     return launched("GPU MoE plan");
 }
 
@@ -849,7 +1018,7 @@ extern "C" kdt_status kdt_op_moe_combine(float *x, const float *y, int32_t D, in
                                          const int32_t *pos_shared, const float *wgt, int32_t has_shared,
                                          const kdt_gstage_hdr *hdr, int32_t max_rows, cudaStream_t s) {
     const Chunks ch = row_chunks(max_rows, D);
-    k_moe_combine<<<grid_of(max_rows, ch), RB, 0, s>>>(x, y, D, K, pos_of, pos_shared, wgt, has_shared, hdr, max_rows,
+    pdl::launch(k_moe_combine, dim3(grid_of(max_rows, ch)), dim3(RB), 0, s, kdt_g_pdl_rows(), x, y, D, K, pos_of, pos_shared, wgt, has_shared, hdr, max_rows,
                                                        ch);
     return launched("GPU MoE combine");
 }
@@ -857,14 +1026,14 @@ extern "C" kdt_status kdt_op_moe_combine(float *x, const float *y, int32_t D, in
 extern "C" kdt_status kdt_op_taps(const float *x, int32_t D, const kdt_gstage_hdr *hdr, const kdt_grow *rows,
                                   float *taps, int32_t max_taps, int32_t t, int32_t max_rows, cudaStream_t s) {
     const Chunks ch = row_chunks(max_rows, D);
-    k_taps<<<grid_of(max_rows, ch), RB, 0, s>>>(x, D, hdr, rows, taps, max_taps, t, max_rows, ch);
+    pdl::launch(k_taps, dim3(grid_of(max_rows, ch)), dim3(RB), 0, s, kdt_g_pdl_rows(), x, D, hdr, rows, taps, max_taps, t, max_rows, ch);
     return launched("GPU taps");
 }
 
 extern "C" kdt_status kdt_op_argmax_final(const float *am_val, const int32_t *am_idx, int32_t am_ld, int32_t n_tiles,
                                           const kdt_gstage_hdr *hdr, const int32_t *head_rows, const kdt_grow *rows,
                                           int32_t *argmax, int32_t max_rows, cudaStream_t s) {
-    k_argmax_final<<<(unsigned)((max_rows + 3) / 4), 128, 0, s>>>(am_val, am_idx, am_ld, n_tiles, hdr, head_rows, rows,
+    pdl::launch(k_argmax_final, dim3((unsigned)((max_rows + 3) / 4)), dim3(128), 0, s, kdt_g_pdl_rows(), am_val, am_idx, am_ld, n_tiles, hdr, head_rows, rows,
                                                                   argmax, max_rows);
     return launched("GPU argmax");
 }
