@@ -1111,7 +1111,8 @@ static void test_bad_inputs(void) {
 /* Random logits as split-K partials, quantised so that many biased scores tie exactly (ties go to
  * the lower id), plus a row of NaNs: both kernels must choose the same experts in the same slots
  * with the same weights; every id in range. */
-static void router_case(int E, int K, int M, int splits, uint64_t seed) {
+/* the router's part of a config: E experts, top K, one group, normalised, scaled by 2.5 */
+static kdt_model_config router_cfg(int E, int K) {
     kdt_model_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.n_routed_experts = E;
@@ -1120,6 +1121,10 @@ static void router_case(int E, int K, int M, int splits, uint64_t seed) {
     cfg.topk_group = 1;
     cfg.norm_topk_prob = 1;
     cfg.routed_scaling_factor = 2.5f;
+    return cfg;
+}
+static void router_case(int E, int K, int M, int splits, uint64_t seed) {
+    const kdt_model_config cfg = router_cfg(E, K);
     const size_t np = (size_t)splits * M * E;
     float *hp = xmalloc(np * 4), *hb = xmalloc((size_t)E * 4);
     uint64_t rng = seed;
@@ -1172,14 +1177,7 @@ static void router_case(int E, int K, int M, int splits, uint64_t seed) {
 /* The one-row router + plan kernel == kdt_op_route then kdt_op_moe_plan, every output bitwise
  * (n_rows 0 too: counts zero). */
 static void plan1_case(int E, int K, int has_shared, int n_rows, int splits, uint64_t seed) {
-    kdt_model_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.n_routed_experts = E;
-    cfg.n_experts_per_tok = K;
-    cfg.n_group = 1;
-    cfg.topk_group = 1;
-    cfg.norm_topk_prob = 1;
-    cfg.routed_scaling_factor = 2.5f;
+    const kdt_model_config cfg = router_cfg(E, K);
     CHECK(kdt_op_route_plan1_ok(&cfg, 1));
     CHECK(!kdt_op_route_plan1_ok(&cfg, 2));
     float *hp = xmalloc((size_t)splits * E * 4), *hb = xmalloc((size_t)E * 4);
