@@ -237,8 +237,8 @@ struct kdt_gpu_graph {
     int32_t max_rows;               /* the captured launch bound */
 };
 
-/* 1 when the forward's row kernels, attention and gate/up GEMM go out with programmatic
- * dependent launch (gpu_ops.cu; KDT_GPU_PDL=0 or KDT_GPU_PDL_ROWS=0: not) */
+/* 1 when the forward's row kernels, attention, router and gate/up GEMM go out with programmatic
+ * dependent launch (gpu_gemm.cu; KDT_GPU_PDL=0 or KDT_GPU_PDL_ROWS=0: not) */
 int kdt_g_pdl_rows(void);
 
 /* ---- kernel launchers (all asynchronous on `s`; they only fail on launch errors) ---------- */

@@ -857,6 +857,12 @@ unsigned grid_of(int max_rows, Chunks c) {
     const int64_t items = (int64_t)(max_rows < 1 ? 1 : max_rows) * c.n;
     return (unsigned)(items > 4096 ? 4096 : items);
 }
+/* A rows x chunks kernel (its last argument is ch) on RB threads, with programmatic dependence
+ * when kdt_g_pdl_rows. */
+template <typename... KArgs, typename... Args>
+void launch_rows(void (*kernel)(KArgs...), int max_rows, Chunks ch, size_t smem, cudaStream_t s, Args... args) {
+    pdl::launch(kernel, dim3(grid_of(max_rows, ch)), dim3(RB), smem, s, kdt_g_pdl_rows(), args..., ch);
+}
 
 } // namespace
 
@@ -871,14 +877,14 @@ extern "C" kdt_status kdt_op_scatter(int32_t *table, const int32_t *updates, con
 extern "C" kdt_status kdt_op_embed(const kdt_gstage_hdr *hdr, const kdt_grow *rows, const kdt_gmat *embed, float *x,
                                    int32_t D, int32_t max_rows, cudaStream_t s) {
     const Chunks ch = row_chunks(max_rows, D);
-    pdl::launch(k_embed, dim3(grid_of(max_rows, ch)), dim3(RB), 0, s, kdt_g_pdl_rows(), hdr, rows, *embed, x, D, max_rows, ch);
+    launch_rows(k_embed, max_rows, ch, 0, s, hdr, rows, *embed, x, D, max_rows);
     return launched("GPU embedding");
 }
 
 extern "C" kdt_status kdt_op_rmsnorm(const float *x, const int32_t *rowmap, const float *w, float eps, int32_t D,
                                      float *out, const int32_t *m_dev, int32_t max_rows, cudaStream_t s) {
     const Chunks ch = row_chunks(max_rows, D);
-    pdl::launch(k_rmsnorm, dim3(grid_of(max_rows, ch)), dim3(RB), 0, s, kdt_g_pdl_rows(), x, rowmap, w, eps, D, out, m_dev, max_rows, ch);
+    launch_rows(k_rmsnorm, max_rows, ch, 0, s, x, rowmap, w, eps, D, out, m_dev, max_rows);
     return launched("GPU RMSNorm");
 }
 
@@ -892,7 +898,7 @@ extern "C" kdt_status kdt_op_post_a(const float *part, int32_t splits, int64_t s
     PostA a = {part, splits, split_stride, ldp, q_lora, dc, dr, q_a_norm, kv_a_norm, rope_cs, interleave,
                hdr, rows, cache, block_table, max_pages, page_size, n_pages, row_stride, qa, max_rows};
     const Chunks ch = row_chunks(max_rows, q_lora + dc);
-    pdl::launch(k_post_a, dim3(grid_of(max_rows, ch)), dim3(RB), (size_t)(q_lora + dc + dr) * sizeof(float), s, kdt_g_pdl_rows(), a, ch);
+    launch_rows(k_post_a, max_rows, ch, (size_t)(q_lora + dc + dr) * sizeof(float), s, a);
     return launched("GPU q_a / kv_a finish");
 }
 
@@ -902,7 +908,7 @@ extern "C" kdt_status kdt_op_post_q(const float *part, int32_t splits, int64_t s
                                     int32_t max_rows, cudaStream_t s) {
     PostQ a = {part, splits, split_stride, ldp, H, dn, dr, dc, rope_cs, interleave, hdr, rows, q_nope, q_abs, max_rows};
     const Chunks ch = row_chunks(max_rows, H * dn + H * (dr / 2));
-    pdl::launch(k_post_q, dim3(grid_of(max_rows, ch)), dim3(RB), 0, s, kdt_g_pdl_rows(), a, ch);
+    launch_rows(k_post_q, max_rows, ch, 0, s, a);
     return launched("GPU q finish");
 }
 
@@ -910,8 +916,8 @@ extern "C" kdt_status kdt_op_sum_splits(const float *part, int32_t splits, int64
                                         int32_t batch, int32_t p_bstride, int32_t ncols, float *dst, int32_t ldd,
                                         int32_t d_bstride, const int32_t *m_dev, int32_t max_rows, cudaStream_t s) {
     const Chunks ch = row_chunks(max_rows, batch * ncols);
-    pdl::launch(k_sum_splits, dim3(grid_of(max_rows, ch)), dim3(RB), 0, s, kdt_g_pdl_rows(), part, splits, split_stride, ldp, batch, p_bstride, ncols, dst,
-                                                      ldd, d_bstride, m_dev, max_rows, ch);
+    launch_rows(k_sum_splits, max_rows, ch, 0, s, part, splits, split_stride, ldp, batch, p_bstride, ncols, dst, ldd,
+                d_bstride, m_dev, max_rows);
     return launched("GPU split-K sum");
 }
 
@@ -921,15 +927,15 @@ extern "C" kdt_status kdt_op_post_o(float *x, const float *part, int32_t splits,
     /* x + partials, then the RMSNorm: the same arithmetic as one fused pass per row, but the row's
      * sum of squares needs all of its new x, which a chunked single pass could not wait for */
     const Chunks ch = row_chunks(max_rows, D);
-    pdl::launch(k_residual, dim3(grid_of(max_rows, ch)), dim3(RB), 0, s, kdt_g_pdl_rows(), x, part, splits, split_stride, D, m_dev, max_rows, ch);
-    pdl::launch(k_rmsnorm, dim3(grid_of(max_rows, ch)), dim3(RB), 0, s, kdt_g_pdl_rows(), x, (const int32_t *)NULL, w, eps, D, xn, m_dev, max_rows, ch);
+    launch_rows(k_residual, max_rows, ch, 0, s, x, part, splits, split_stride, D, m_dev, max_rows);
+    launch_rows(k_rmsnorm, max_rows, ch, 0, s, x, (const int32_t *)NULL, w, eps, D, xn, m_dev, max_rows);
     return launched("GPU o_proj finish");
 }
 
 extern "C" kdt_status kdt_op_residual(float *x, const float *part, int32_t splits, int64_t split_stride, int32_t D,
                                       const int32_t *m_dev, int32_t max_rows, cudaStream_t s) {
     const Chunks ch = row_chunks(max_rows, D);
-    pdl::launch(k_residual, dim3(grid_of(max_rows, ch)), dim3(RB), 0, s, kdt_g_pdl_rows(), x, part, splits, split_stride, D, m_dev, max_rows, ch);
+    launch_rows(k_residual, max_rows, ch, 0, s, x, part, splits, split_stride, D, m_dev, max_rows);
     return launched("GPU residual");
 }
 
@@ -939,8 +945,8 @@ extern "C" kdt_status kdt_op_swiglu(const float *part, int32_t splits, int64_t s
                                     cudaStream_t s) {
     const int width = pair_expert ? ldp / 2 : inter; /* an expert's I is at most its i_pad <= ldp / 2 */
     const Chunks ch = row_chunks(max_n, width);
-    pdl::launch(k_swiglu, dim3(grid_of(max_n, ch)), dim3(RB), 0, s, kdt_g_pdl_rows(), part, splits, split_stride, ldp, n_dev, max_n, pair_expert, experts,
-                                               inter, h, ldh, width, ch);
+    launch_rows(k_swiglu, max_n, ch, 0, s, part, splits, split_stride, ldp, n_dev, max_n, pair_expert, experts, inter,
+                h, ldh, width);
     return launched("GPU SwiGLU");
 }
 
@@ -949,6 +955,13 @@ extern "C" kdt_status kdt_op_swiglu(const float *part, int32_t splits, int64_t s
 static bool route_wide_ok(const Route &a, int rpc) {
     return !kdt_g_env_is("KDT_GPU_ROUTE_V1", '1') && rpc == 1 && a.G == 1 && a.K <= 32 && a.K <= a.E && a.E <= RT;
 }
+static Route route_args(const float *part, int32_t splits, int64_t split_stride, const float *bias,
+                        const kdt_model_config *cfg, const kdt_gstage_hdr *hdr, int32_t *sel, float *wgt,
+                        int32_t max_rows) {
+    return Route{part, splits, split_stride, bias, cfg->n_routed_experts, cfg->n_experts_per_tok,
+                 cfg->n_group > 1 ? cfg->n_group : 1, cfg->topk_group, cfg->norm_topk_prob,
+                 cfg->routed_scaling_factor, hdr, sel, wgt, max_rows};
+}
 
 /* shared memory of one router row (a CTA holds route_rows_per_cta of them) */
 extern "C" size_t kdt_op_route_smem(int32_t E, int32_t G) { return route_row_bytes(E, G); }
@@ -956,9 +969,7 @@ extern "C" size_t kdt_op_route_smem(int32_t E, int32_t G) { return route_row_byt
 extern "C" kdt_status kdt_op_route(const float *part, int32_t splits, int64_t split_stride, const float *bias,
                                    const kdt_model_config *cfg, const kdt_gstage_hdr *hdr, int32_t *sel, float *wgt,
                                    int32_t max_rows, cudaStream_t s) {
-    Route a = {part, splits, split_stride, bias, cfg->n_routed_experts, cfg->n_experts_per_tok,
-               cfg->n_group > 1 ? cfg->n_group : 1, cfg->topk_group, cfg->norm_topk_prob,
-               cfg->routed_scaling_factor, hdr, sel, wgt, max_rows};
+    const Route a = route_args(part, splits, split_stride, bias, cfg, hdr, sel, wgt, max_rows);
     const int rpc = route_rows_per_cta(max_rows, a.E, a.G);
     int blocks = (max_rows + rpc - 1) / rpc;
     blocks = blocks < 1 ? 1 : (blocks > 4096 ? 4096 : blocks);
@@ -975,11 +986,7 @@ extern "C" kdt_status kdt_op_route(const float *part, int32_t splits, int64_t sp
 /* Whether a pass of launch bound max_rows routes and plans in one kernel (kdt_op_route_plan1):
  * one row, and k_route_wide applies; KDT_GPU_ROUTE_PLAN=0 (read per call) keeps two kernels. */
 extern "C" int kdt_op_route_plan1_ok(const kdt_model_config *cfg, int32_t max_rows) {
-    Route a = {};
-    a.E = cfg->n_routed_experts;
-    a.K = cfg->n_experts_per_tok;
-    a.G = cfg->n_group > 1 ? cfg->n_group : 1;
-    return max_rows == 1 && route_wide_ok(a, 1) && !kdt_g_env_is("KDT_GPU_ROUTE_PLAN", '0');
+    return max_rows == 1 && route_wide_ok(route_args(NULL, 0, 0, NULL, cfg, NULL, NULL, NULL, 1), 1) && !kdt_g_env_is("KDT_GPU_ROUTE_PLAN", '0');
 }
 
 /* The router and the MoE plan of a one-row pass in one kernel (k_route_wide<true>): the outputs of
@@ -990,8 +997,7 @@ extern "C" kdt_status kdt_op_route_plan1(const float *part, int32_t splits, int6
                                          int32_t *pos_of, int32_t *pos_shared, int32_t *items, int32_t *counts,
                                          int32_t *expert_counts, cudaStream_t s) {
     if (!kdt_op_route_plan1_ok(cfg, 1)) return kdt_fail(KDT_ERR_INTERNAL, "GPU MoE router + plan: not applicable");
-    Route a = {part, splits, split_stride, bias, cfg->n_routed_experts, cfg->n_experts_per_tok,
-               1, cfg->topk_group, cfg->norm_topk_prob, cfg->routed_scaling_factor, hdr, sel, wgt, 1};
+    const Route a = route_args(part, splits, split_stride, bias, cfg, hdr, sel, wgt, 1);
     const Plan1 pl = {has_shared, pair_row, pair_expert, pos_of, pos_shared, items, counts, expert_counts};
     pdl::launch(k_route_wide<true>, dim3(1), dim3((unsigned)((a.E + 31) / 32 * 32)), 0, s, kdt_g_pdl_rows(), a, pl);
     return launched("GPU MoE router + plan");
@@ -1018,23 +1024,22 @@ extern "C" kdt_status kdt_op_moe_combine(float *x, const float *y, int32_t D, in
                                          const int32_t *pos_shared, const float *wgt, int32_t has_shared,
                                          const kdt_gstage_hdr *hdr, int32_t max_rows, cudaStream_t s) {
     const Chunks ch = row_chunks(max_rows, D);
-    pdl::launch(k_moe_combine, dim3(grid_of(max_rows, ch)), dim3(RB), 0, s, kdt_g_pdl_rows(), x, y, D, K, pos_of, pos_shared, wgt, has_shared, hdr, max_rows,
-                                                       ch);
+    launch_rows(k_moe_combine, max_rows, ch, 0, s, x, y, D, K, pos_of, pos_shared, wgt, has_shared, hdr, max_rows);
     return launched("GPU MoE combine");
 }
 
 extern "C" kdt_status kdt_op_taps(const float *x, int32_t D, const kdt_gstage_hdr *hdr, const kdt_grow *rows,
                                   float *taps, int32_t max_taps, int32_t t, int32_t max_rows, cudaStream_t s) {
     const Chunks ch = row_chunks(max_rows, D);
-    pdl::launch(k_taps, dim3(grid_of(max_rows, ch)), dim3(RB), 0, s, kdt_g_pdl_rows(), x, D, hdr, rows, taps, max_taps, t, max_rows, ch);
+    launch_rows(k_taps, max_rows, ch, 0, s, x, D, hdr, rows, taps, max_taps, t, max_rows);
     return launched("GPU taps");
 }
 
 extern "C" kdt_status kdt_op_argmax_final(const float *am_val, const int32_t *am_idx, int32_t am_ld, int32_t n_tiles,
                                           const kdt_gstage_hdr *hdr, const int32_t *head_rows, const kdt_grow *rows,
                                           int32_t *argmax, int32_t max_rows, cudaStream_t s) {
-    pdl::launch(k_argmax_final, dim3((unsigned)((max_rows + 3) / 4)), dim3(128), 0, s, kdt_g_pdl_rows(), am_val, am_idx, am_ld, n_tiles, hdr, head_rows, rows,
-                                                                  argmax, max_rows);
+    pdl::launch(k_argmax_final, dim3((unsigned)((max_rows + 3) / 4)), dim3(128), 0, s, kdt_g_pdl_rows(), am_val, am_idx,
+                am_ld, n_tiles, hdr, head_rows, rows, argmax, max_rows);
     return launched("GPU argmax");
 }
 
