@@ -258,7 +258,10 @@ static const char *KIMI_LAYER_CONFIG =
     " \"mscale\": 1.0, \"mscale_all_dim\": 1.0, \"original_max_position_embeddings\": 4096},"
     " \"bos_token_id\": 1, \"eos_token_id\": 2}";
 
-enum { PREFIX = 4096, CORR_BLOCK = 32 };
+enum { CORR_BLOCK = 32 };
+/* the Kimi shapes' committed context: 4096 (the issue's), KDT_BENCH_MODEL_PREFIX=n (1..32768) for
+ * probes of the attention's share */
+static int bench_prefix = 4096;
 
 /* token of `variant` for stream s: random -> the independent half of the vocabulary; corr -> the
  * stream's block of correlated rows */
@@ -340,6 +343,8 @@ static void profile_replay(kdt_gpu_runner *r, kdt_gpu_graph *g) {
 }
 
 static void bench_kimi(double copy_gbps) {
+    const char *pe = getenv("KDT_BENCH_MODEL_PREFIX");
+    if (pe && atoi(pe) >= 1 && atoi(pe) <= 32768) bench_prefix = atoi(pe);
     size_t free_b = 0, total_b = 0;
     CUDA_OK(cudaMemGetInfo(&free_b, &total_b));
     if (free_b < ((size_t)40 << 30)) {
@@ -373,13 +378,13 @@ static void bench_kimi(double copy_gbps) {
            wb.routed_expert / 1e6, wb.shared_expert / 1e6);
     const int V = c->vocab_size, E = c->n_routed_experts, Smax = 64, Nmax = 65;
     const double row_bytes = (double)(c->kv_lora_rank + c->qk_rope_head_dim) * 2;
-    kdt_gpu_runner_options ro = {Nmax, PREFIX + Nmax + 1, Nmax, 0, 0, 0, NULL};
+    kdt_gpu_runner_options ro = {Nmax, bench_prefix + Nmax + 1, Nmax, 0, 0, 0, NULL};
     kdt_gpu_runner *r;
     BENCH_OK(kdt_gpu_runner_create(g, &ro, &r));
-    kdt_kv_cache_options ko = {Smax * ((PREFIX + Nmax + 63) / 64 + 1), Smax, 0};
+    kdt_kv_cache_options ko = {Smax * ((bench_prefix + Nmax + 63) / 64 + 1), Smax, 0};
     kdt_gpu_kv *kv;
     BENCH_OK(kdt_gpu_kv_create(g, &ko, &kv));
-    for (int s = 0; s < Smax; s++) BENCH_OK(kdt_gpu_kv_fill_random(r, kv, s, PREFIX, 1000 + s));
+    for (int s = 0; s < Smax; s++) BENCH_OK(kdt_gpu_kv_fill_random(r, kv, s, bench_prefix, 1000 + s));
     const int samples = quick ? 7 : 25;
     double decode1[2] = {0, 0};
     const int Ss[3] = {1, 8, 64};
@@ -396,7 +401,7 @@ static void bench_kimi(double copy_gbps) {
             const double us = time_layers(r, kv, &rc, samples, layers, &gr, &one);
             const double D = distinct_experts(r, E, layers);
             const double bytes = (double)D * wb.routed_expert + wb.shared_expert + wb.attention + wb.router +
-                                 S * ((PREFIX + 1) * row_bytes + row_bytes);
+                                 S * ((bench_prefix + 1) * row_bytes + row_bytes);
             row *w = &rows[n_rows++];
             memset(w, 0, sizeof *w);
             snprintf(w->model, sizeof w->model, "kimi-k2.6 layer");
@@ -416,7 +421,7 @@ static void bench_kimi(double copy_gbps) {
             profile_replay(r, gr);
             if (shape_mode) step_profile(r, kv, &rc, samples, us);
             kdt_gpu_graph_free(gr);
-            for (int s = 0; s < S; s++) BENCH_OK(kdt_gpu_kv_stream_set_length(kv, s, PREFIX));
+            for (int s = 0; s < S; s++) BENCH_OK(kdt_gpu_kv_stream_set_length(kv, s, bench_prefix));
         }
     const int Ns[4] = {9, 17, 33, 65};
     for (int corr = 0; corr < 2; corr++)
@@ -424,7 +429,7 @@ static void bench_kimi(double copy_gbps) {
             const int N = Ns[k];
             if (!shape_wanted(2, N, corr)) continue;
             tree_buf tb;
-            random_tree(&tb, N, PREFIX, corr, V);
+            random_tree(&tb, N, bench_prefix, corr, V);
             BENCH_OK(kdt_gpu_stage_verify(r, kv, &tb.t, NULL));
             const kdt_gpu_run_config rc = {N, 0, 0, 0, NULL};
             kdt_gpu_graph *gr;
@@ -432,7 +437,7 @@ static void bench_kimi(double copy_gbps) {
             const double us = time_layers(r, kv, &rc, samples, layers, &gr, &one);
             const double D = distinct_experts(r, E, layers);
             const double bytes = (double)D * wb.routed_expert + wb.shared_expert + wb.attention + wb.router +
-                                 (PREFIX + N) * row_bytes + N * row_bytes;
+                                 (bench_prefix + N) * row_bytes + N * row_bytes;
             row *w = &rows[n_rows++];
             memset(w, 0, sizeof *w);
             snprintf(w->model, sizeof w->model, "kimi-k2.6 layer");
@@ -451,7 +456,7 @@ static void bench_kimi(double copy_gbps) {
             profile_replay(r, gr);
             if (shape_mode) step_profile(r, kv, &rc, samples, us);
             kdt_gpu_graph_free(gr);
-            BENCH_OK(kdt_gpu_kv_stream_set_length(kv, 0, PREFIX));
+            BENCH_OK(kdt_gpu_kv_stream_set_length(kv, 0, bench_prefix));
         }
     kdt_gpu_kv_free(kv);
     kdt_gpu_runner_free(r);
@@ -525,7 +530,7 @@ int main(int argc, char **argv) {
         bench_tiny("nolora_tiny");
     }
     if (!only || !strcmp(only, "kimi")) {
-        printf("-- Kimi K2.6, one MoE layer, context %d --\n", PREFIX);
+        printf("-- Kimi K2.6, one MoE layer, context %d --\n", bench_prefix);
         bench_kimi(copy_gbps);
     }
     print_table(stdout, 0, prop.name, copy_gbps);

@@ -1249,6 +1249,80 @@ static void test_router_wide(void) {
 }
 
 /* ---- Kimi K2.6 attention dimensions (H 64, kv_lora 512, rope 64, q_lora 1536) ------------------- */
+/* Scheduling switches of session 11 give the default's bits: the gate/up GEMM writing SwiGLU's
+ * output itself (tiled experts; KDT_GPU_FUSED_SWIGLU=0 keeps the separate kernel) and the row
+ * kernels' batched loads (KDT_GPU_ROWS_WIDE=0 keeps the earlier ones): prefill logits and a
+ * 3-stream decode are bitwise equal, and the prefill matches the CPU twin. moe_inter 48: the
+ * second 32-column block of every expert is partly padding. */
+static void fused_swiglu_run(gmodel *m, int fused, int wide, const int32_t *toks, int n, float *logits, float *dec) {
+    if (fused) unsetenv("KDT_GPU_FUSED_SWIGLU");
+    else setenv("KDT_GPU_FUSED_SWIGLU", "0", 1);
+    if (wide) unsetenv("KDT_GPU_ROWS_WIDE");
+    else setenv("KDT_GPU_ROWS_WIDE", "0", 1);
+    kdt_gpu_runner *r = new_runner(m->g, 64, 0, 0, 0);
+    kdt_gpu_kv *kv = new_gkv(m->g, 8, 3);
+    CHECK(r && kv);
+    if (r && kv) {
+        kdt_model_outputs o = {logits, NULL, 0, 0, NULL, NULL};
+        for (int q = 0; q < 3; q++)
+            CHECK_EQ_INT(kdt_gpu_prefill(r, kv, q, toks + q, n - q, q == 0 ? &o : NULL), KDT_OK);
+        const int32_t streams[3] = {0, 1, 2}, next[3] = {5, 17, 33};
+        kdt_model_outputs od = {dec, NULL, 0, 0, NULL, NULL};
+        CHECK_EQ_INT(kdt_gpu_decode(r, kv, 3, streams, next, &od), KDT_OK);
+    }
+    kdt_gpu_kv_free(kv);
+    kdt_gpu_runner_free(r);
+    unsetenv("KDT_GPU_FUSED_SWIGLU");
+    unsetenv("KDT_GPU_ROWS_WIDE");
+}
+static void test_scheduling_switches(void) {
+    tm_spec s = tm_default_spec();
+    s.hidden = 256; s.q_lora = 640; s.moe_inter = 48; s.inter = 64; s.heads = 4; s.bf16 = 1; s.seed = 4242;
+    char dir[256];
+    tm_mkdtemp(dir, sizeof dir);
+    tm_write_model(dir, &s);
+    const char *te = getenv("KDT_GPU_TILED_EXPERTS");
+    char *te_saved = te ? strdup(te) : NULL;
+    setenv("KDT_GPU_TILED_EXPERTS", "1", 1); /* read at upload */
+    gmodel m;
+    const int ok = gmodel_open(&m, dir);
+    if (te_saved) setenv("KDT_GPU_TILED_EXPERTS", te_saved, 1);
+    else unsetenv("KDT_GPU_TILED_EXPERTS");
+    free(te_saved);
+    CHECK(ok);
+    if (ok && m.g) {
+        CHECK_MSG(m.g->experts_tiled, "KDT_GPU_TILED_EXPERTS=1 left the experts row-major");
+        enum { N = 20 };
+        const int V = s.vocab;
+        int32_t toks[N];
+        uint64_t rng = 7;
+        for (int i = 0; i < N; i++) toks[i] = t_rand_int(&rng, V);
+        float *la = xmalloc((size_t)N * V * 4), *lb = xmalloc((size_t)N * V * 4);
+        float *da = xmalloc((size_t)3 * V * 4), *db = xmalloc((size_t)3 * V * 4);
+        fused_swiglu_run(&m, 1, 1, toks, N, la, da);
+        fused_swiglu_run(&m, 0, 1, toks, N, lb, db);
+        CHECK_MSG(memcmp(la, lb, (size_t)N * V * 4) == 0, "prefill: fused and separate SwiGLU differ");
+        CHECK_MSG(memcmp(da, db, (size_t)3 * V * 4) == 0, "decode: fused and separate SwiGLU differ");
+        fused_swiglu_run(&m, 1, 0, toks, N, lb, db);
+        CHECK_MSG(memcmp(la, lb, (size_t)N * V * 4) == 0, "prefill: KDT_GPU_ROWS_WIDE=0 differs");
+        CHECK_MSG(memcmp(da, db, (size_t)3 * V * 4) == 0, "decode: KDT_GPU_ROWS_WIDE=0 differs");
+        uint8_t excused[N];
+        ref_forward(m.cpu, toks, N, excused, NULL);
+        float *lc = xmalloc((size_t)N * V * 4);
+        kdt_kv_cache *ck = new_ckv(m.cpu, 2, 1);
+        kdt_model_outputs oc = {lc, NULL, 0, 0, NULL, NULL};
+        CHECK_EQ_INT(kdt_model_prefill(m.cpu, ck, 0, toks, N, &oc), KDT_OK);
+        kdt_kv_cache_free(ck);
+        double le, lm;
+        max_err_rows(la, lc, N, V, excused, &le, &lm);
+        printf("  scheduling switches: prefill vs CPU max |logit err| %.3g of %.3g\n", le, lm);
+        CHECK_MSG(le <= REL_TOL * lm, "fused SwiGLU: logits error %.3g > %.0e * %.3g", le, REL_TOL, lm);
+        free(la); free(lb); free(da); free(db); free(lc);
+    }
+    gmodel_close(&m);
+    tm_rmdir(dir);
+}
+
 static void test_kimi_dims(void) {
     if (quick) {
         printf("  (skipped under KDT_TEST_QUICK)\n");
@@ -1328,28 +1402,33 @@ static void test_kimi_dims(void) {
         for (int q = 0; q < 3; q++)
             CHECK_MSG(memcmp(a + (size_t)q * 40 * V, b + (size_t)q * 40 * V, (size_t)nn[q] * V * 4) == 0,
                       "stream %d: 16 and 64 heads per attention item differ", q);
-        /* the other warp count of 16-head items (KDT_GPU_ATT_WARPS, read per launch: 4 <-> 8), the
-         * prefills included: the same bits */
+        /* every forced warp count of 16-head items (KDT_GPU_ATT_WARPS, read per launch: 4, 8, 16;
+         * the default picks 16 for one-row decodes, 8 otherwise), the prefills included: the
+         * same bits as the default */
         const char *w_env = getenv("KDT_GPU_ATT_WARPS");
-        const int w_other = w_env && w_env[0] == '4' ? 8 : 4; /* the default is 8 */
-        setenv("KDT_GPU_ATT_WARPS", w_other == 8 ? "8" : "4", 1);
-        kdt_gpu_kv *kc = new_gkv(m.g, 8, 3);
-        for (int q = 0; q < 3; q++) CHECK_EQ_INT(kdt_gpu_prefill(r16, kc, q, h[q], prefix[q], NULL), KDT_OK);
-        CHECK_EQ_INT(kdt_gpu_verify(r16, kc, &tt.t, NULL, &ob), KDT_OK);
-        for (int q = 0; q < 3; q++)
-            CHECK_MSG(memcmp(a + (size_t)q * 40 * V, b + (size_t)q * 40 * V, (size_t)nn[q] * V * 4) == 0,
-                      "stream %d: %d warps per 16-head attention item differ from the other count", q, w_other);
-        int32_t nxt = 7;
+        char *w_saved = w_env ? strdup(w_env) : NULL;
+        int32_t nxt = 7, s1 = 1;
         float *da = xmalloc((size_t)V * 4), *db = xmalloc((size_t)V * 4);
         kdt_model_outputs oda = {da, NULL, 0, 0, NULL, NULL}, odb = {db, NULL, 0, 0, NULL, NULL};
-        int32_t s1 = 1;
-        CHECK_EQ_INT(kdt_gpu_decode(r16, kc, 1, &s1, &nxt, &odb), KDT_OK); /* one row: the 3-stage ring */
-        if (w_env) setenv("KDT_GPU_ATT_WARPS", w_env, 1);
+        CHECK_EQ_INT(kdt_gpu_decode(r16, ka, 1, &s1, &nxt, &oda), KDT_OK); /* one row: the 3-stage ring */
+        static const char *const w_forced[3] = {"4", "8", "16"};
+        for (int wi = 0; wi < 3; wi++) {
+            setenv("KDT_GPU_ATT_WARPS", w_forced[wi], 1);
+            kdt_gpu_kv *kc = new_gkv(m.g, 8, 3);
+            for (int q = 0; q < 3; q++) CHECK_EQ_INT(kdt_gpu_prefill(r16, kc, q, h[q], prefix[q], NULL), KDT_OK);
+            CHECK_EQ_INT(kdt_gpu_verify(r16, kc, &tt.t, NULL, &ob), KDT_OK);
+            for (int q = 0; q < 3; q++)
+                CHECK_MSG(memcmp(a + (size_t)q * 40 * V, b + (size_t)q * 40 * V, (size_t)nn[q] * V * 4) == 0,
+                          "stream %d: %s warps per 16-head attention item differ from the default", q, w_forced[wi]);
+            CHECK_EQ_INT(kdt_gpu_decode(r16, kc, 1, &s1, &nxt, &odb), KDT_OK);
+            CHECK_MSG(memcmp(da, db, (size_t)V * 4) == 0, "decode: %s warps per 16-head attention item differ",
+                      w_forced[wi]);
+            kdt_gpu_kv_free(kc);
+        }
+        if (w_saved) setenv("KDT_GPU_ATT_WARPS", w_saved, 1);
         else unsetenv("KDT_GPU_ATT_WARPS");
-        CHECK_EQ_INT(kdt_gpu_decode(r16, ka, 1, &s1, &nxt, &oda), KDT_OK);
-        CHECK_MSG(memcmp(da, db, (size_t)V * 4) == 0, "decode: %d warps per 16-head attention item differ", w_other);
+        free(w_saved);
         free(da); free(db);
-        kdt_gpu_kv_free(kc);
         free(a); free(b);
         free_tree(&tt);
         kdt_gpu_kv_free(ka); kdt_gpu_kv_free(kb);
@@ -1383,6 +1462,7 @@ int main(void) {
     T_RUN(test_graph_replay);
     T_RUN(test_bad_inputs);
     T_RUN(test_router_wide);
+    T_RUN(test_scheduling_switches);
     T_RUN(test_kimi_dims);
     return t_summary();
 }

@@ -20,9 +20,9 @@
  * the same tile, via ldmatrix.trans). The item writes its unnormalised O, running max (log2
  * domain) and sum. HG = 16 or 64 heads per item (64: a quarter of the KV re-reads when there are
  * many heads), 8 warps (16 heads: two per score tile, each writing half of its chains to a score
- * plane the softmax adds; or 4, KDT_GPU_ATT_WARPS=4); the per-head arithmetic is identical, so
- * these choices never change a bit and are made per launch, as are the stage count and the grid
- * (pure scheduling).
+ * plane the softmax adds; 16 for a one-row decode, one chain per warp and four planes; or 4,
+ * KDT_GPU_ATT_WARPS); the per-head arithmetic is identical, so these choices never change a bit
+ * and are made per launch, as are the stage count and the grid (pure scheduling).
  * attn_combine: per row and head, merges the splits in order. One CTA per (row, chunk of the
  * row's H x d_c outputs) (kdt_g_chunk_cols, so a decode row gets a CTA per half head, not one
  * for all); the chunk's heads' max, sum and split weights are computed once per item and every
@@ -71,8 +71,11 @@ __host__ __device__ inline int n_splits(int n_keys) {
  * P V gives each warp d_c / W columns. Every element's operations are the same for every W, so
  * W is scheduling (per launch), like HG. */
 /* Score planes of an item: 1 while every warp holds whole (m-tile, 8-key tile) pairs, 2 when
- * two warps share a pair's chains (16 heads on 8 warps). */
-__host__ __device__ constexpr int att_planes(int hg, int w) { return w <= hg / 16 * (TILE / 8) ? 1 : 2; }
+ * two warps share a pair's chains (16 heads on 8 warps), 4 when each warp holds one chain (16
+ * heads on 16 warps; the softmax adds (p0 + p1) + (p2 + p3), the same sum). */
+__host__ __device__ constexpr int att_planes(int hg, int w) {
+    return w <= hg / 16 * (TILE / 8) ? 1 : (w <= 2 * (hg / 16) * (TILE / 8) ? 2 : 4);
+}
 
 template <int HG, int W>
 struct AttCfg {
@@ -86,7 +89,7 @@ struct AttCfg {
     static constexpr int CPW = QCH / PLANES;                /* chains per warp */
     static_assert(HG == 16 || HG == 64, "heads per item");
     static_assert(PPW * CPW * WARPS == PAIRS * QCH && WARPS % (TILE / 8) == 0, "S tiles per warp");
-    static_assert(PLANES == 1 || PLANES == 2, "score planes");
+    static_assert(PLANES == 1 || PLANES == 2 || PLANES == 4, "score planes");
 };
 
 /* Shared-memory row stride (bf16) of Q and K tiles: the columns the k16 steps read (d_q rounded
@@ -248,7 +251,8 @@ __device__ __forceinline__ void load_q(const kdt_attn_args &a, const Item &it, i
     }
 }
 
-/* 16 heads with 8 warps: two CTAs per SM where a pass has many items (<= 128 registers) */
+/* 16 heads with 8 warps: two CTAs per SM where a pass has many items (<= 128 registers); 16
+ * warps (512 threads) fill an SM alone */
 template <int HG, int W>
 constexpr int att_min_blocks() { return HG == 16 && W == 8 ? 2 : 1; }
 
@@ -363,7 +367,7 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
                     }
                 }
             }
-            static_assert(QCH == 4 && (CPW == 4 || CPW == 2), "the chain sums below");
+            static_assert(QCH == 4 && (CPW == 4 || CPW == 2 || CPW == 1), "the chain sums below");
             float *plane = Ss + (c0 / CPW) * HG * SS;
 #pragma unroll
             for (int p = 0; p < PPW; p++) {
@@ -371,8 +375,9 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int key = nt * 8 + 2 * t + (e & 1), hr = mt * 16 + g + (e >> 1) * 8;
-                    /* (c0 + c1) + (c2 + c3): whole here, or one bracket per plane */
-                    float s = c[p][0][e] + c[p][1][e];
+                    /* (c0 + c1) + (c2 + c3): whole here, one bracket per plane or one chain */
+                    float s = c[p][0][e];
+                    if (CPW >= 2) s = s + c[p][1 % CPW][e];
                     if (CPW == 4) s = s + (c[p][2 % CPW][e] + c[p][3 % CPW][e]);
                     plane[hr * SS + key] = s;
                 }
@@ -391,6 +396,9 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
                 const int key = part * (TILE / TPR) + i;
                 float sv = Ss[hr * SS + key];
                 if (PLANES == 2) sv = sv + Ss[HG * SS + hr * SS + key];
+                if (PLANES == 4)
+                    sv = (sv + Ss[HG * SS + hr * SS + key]) +
+                         (Ss[2 * HG * SS + hr * SS + key] + Ss[3 * HG * SS + hr * SS + key]);
                 v[i] = kb + key < ci.k_end ? sv * a.scale_log2 : -INFINITY;
                 mx = fmaxf(mx, v[i]);
             }
@@ -566,11 +574,11 @@ int pick_nt(int w, int dc) {
     return nt;
 }
 
-/* The warp counts with instances: 16 heads 4 or 8 warps, 64 heads 8 (16 would spill at the 128
- * registers of 512 threads); NT (8-column P V tiles per warp) up to 64 / W, so d_c <= 512
+/* The warp counts with instances: 16 heads 4, 8 or 16 warps, 64 heads 8 (16 would spill at the
+ * 128 registers of 512 threads); NT (8-column P V tiles per warp) up to 64 / W, so d_c <= 512
  * always has one. */
-constexpr bool att_has_w(int hg, int w) { return hg == 16 ? (w == 4 || w == 8) : w == 8; }
-inline int att_max_nt(int w) { return w == 4 ? 16 : 8; }
+constexpr bool att_has_w(int hg, int w) { return hg == 16 ? (w == 4 || w == 8 || w == 16) : w == 8; }
+inline int att_max_nt(int w) { return w == 4 ? 16 : (w == 8 ? 8 : 4); }
 
 /* The device's SM count, per-block opt-in and per-SM shared memory. */
 struct DevLimits {
@@ -605,6 +613,11 @@ bool att_dispatch(int hg, int w, int nt, Fn &&f) {
         case 14: F(16, 4, 14); return true;
         case 16: F(16, 4, 16); return true;
         }
+    } else if (hg == 16 && w == 16) {
+        switch (nt) {
+        case 2: F(16, 16, 2); return true;
+        case 4: F(16, 16, 4); return true;
+        }
     } else if (w == 8) {
         switch (nt) {
         case 2: if (hg == 16) F(16, 8, 2); else F(64, 8, 2); return true;
@@ -637,15 +650,18 @@ struct LaunchPartial {
     }
 };
 
-/* Warps per item of a launch (scheduling only): 8. For 16 heads that is two warps per score tile
- * (H200, Kimi layer, session 9: decode S 1 attention 34.0 -> 30.1 us, S 8 137.8 -> 123.3, verify
- * N 9 143.1 -> 128.8; bits unchanged). KDT_GPU_ATT_WARPS=4 (read per launch) brings back 4 warps
- * for 16 heads, the session 8 kernel. */
-int att_warps(int hg) {
+/* Warps per item of a launch (scheduling only; every count gives the same bits): for 16 heads 8,
+ * two warps per score tile (H200, Kimi layer, session 9: decode S 1 attention 34.0 -> 30.1 us,
+ * S 8 137.8 -> 123.3, verify N 9 143.1 -> 128.8), or 16, one k-step chain per warp, where the
+ * launch has at most one CTA per SM anyway (a one-row decode) and d_c gives each of the 16 warps
+ * >= 32 P V columns (Kimi's 512): an item's tile is then a shorter dependent chain per warp
+ * (session 11: the decode's attention step 28.2 -> 25.9 us, the layer -3 us). KDT_GPU_ATT_WARPS=
+ * 4 / 8 / 16 (read per launch) forces a count. */
+int att_warps(int hg, int64_t grid, int n_sm, int dc) {
     const char *e = getenv("KDT_GPU_ATT_WARPS");
     const int w = e ? atoi(e) : 0;
     if (att_has_w(hg, w)) return w;
-    return 8;
+    return hg == 16 && grid <= n_sm && dc >= 16 * 32 ? 16 : 8;
 }
 
 /* Verify rows from a tree that lives on the device (kdt_gpu_stage_verify_device): one CTA numbers
@@ -732,7 +748,7 @@ extern "C" int32_t kdt_attn_n_splits(int32_t n_keys) { return n_splits(n_keys); 
 extern "C" size_t kdt_attn_smem_bytes(int32_t heads_per_item, int32_t dc, int32_t dq) {
     if ((heads_per_item != 16 && heads_per_item != 64) || dq % 8 || dc < 1 || dc > dq) return 0;
     size_t most = 0;
-    for (int w = 4; w <= 8; w *= 2) {
+    for (int w = 4; w <= 16; w *= 2) {
         if (!att_has_w(heads_per_item, w)) continue;
         const int nt = pick_nt(w, dc);
         if (nt > att_max_nt(w)) return 0;
@@ -747,7 +763,7 @@ extern "C" size_t kdt_attn_smem_bytes(int32_t heads_per_item, int32_t dc, int32_
 extern "C" kdt_status kdt_attn_init(int32_t heads_per_item, int32_t dc, int32_t dq) {
     DevLimits d;
     cudaError_t e = dev_limits(&d);
-    for (int w = 4; w <= 8 && e == cudaSuccess; w *= 2) {
+    for (int w = 4; w <= 16 && e == cudaSuccess; w *= 2) {
         if (!att_has_w(heads_per_item, w)) continue;
         const int nt = pick_nt(w, dc);
         SetAttr f = {att_smem(heads_per_item, w, nt, dq, max_stages(heads_per_item, w, nt, dq, d)), cudaSuccess};
@@ -767,11 +783,11 @@ extern "C" kdt_status kdt_attn_init(int32_t heads_per_item, int32_t dc, int32_t 
  * queue behind it. */
 extern "C" kdt_status kdt_attn_launch(const kdt_attn_args *a, cudaStream_t s) {
     const int hg = a->heads_per_item;
-    const int w = att_warps(hg);
-    const int nt = pick_nt(w, a->dc);
     DevLimits d;
     cudaError_t e = dev_limits(&d);
     if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "GPU attention: device: %s", cudaGetErrorString(e));
+    const int w = att_warps(hg, a->grid, d.n_sm, a->dc);
+    const int nt = pick_nt(w, a->dc);
     int stages = max_stages(hg, w, nt, a->dq, d);
     const size_t smem2 = att_smem(hg, w, nt, a->dq, 2);
     const int two_per_sm = 2 * (smem2 + 1024) <= (size_t)d.per_sm;

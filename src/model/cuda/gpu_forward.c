@@ -689,9 +689,16 @@ static kdt_status moe(pass *p, const kdt_gpu_layer *L, int32_t l) {
     a.n_items_hint = p->M <= KDT_G_BM ? (p->M * K < E ? p->M * K : E) + g->has_shared : item_bound;
     a.n_pairs_hint = max_pairs;
     a.tiled = g->experts_tiled;
+    const int fused = kdt_grouped_fuses_swiglu(&a); /* the gate/up CTAs write h themselves */
+    if (fused) {
+        a.h = r->h;
+        a.ldh = r->ld_h;
+    }
     PASS_STEP(p, "moe_gate_up", kdt_grouped_launch(&a, p->stages, p->s));
-    PASS_STEP(p, "moe_swiglu", kdt_op_swiglu(r->moe_part, 1, 0, ldp, r->moe_counts + 1, max_pairs, r->pair_expert, L->experts, 0, r->h,
-                      r->ld_h, p->s));
+    if (!fused)
+        PASS_STEP(p, "moe_swiglu", kdt_op_swiglu(r->moe_part, 1, 0, ldp, r->moe_counts + 1, max_pairs, r->pair_expert,
+                                                 L->experts, 0, r->h, r->ld_h, p->s));
+    a.h = NULL;
     a.which = 1;
     a.x = r->h;
     a.ldx = r->ld_h;

@@ -721,6 +721,50 @@ __global__ void __launch_bounds__(THREADS) v2_gemm_kernel(const kdt_gemm_args a,
     }
 }
 
+/* The fused SwiGLU epilogue of a gate/up pass (kdt_grouped_args.h): the CTA's 64 columns are 32
+ * gate rows (warps 0-1) then the 32 up rows of the same intermediate columns (warps 2-3;
+ * KDT_G_GU_BLOCK), so warps 2-3 park their accumulators in shared memory and warps 0-1 write
+ * h = kdt_g_swiglu(gate, up) for intermediate columns < i_valid of the pass's rows: the values
+ * k_swiglu would compute from the stored y. sm: >= 64 x 33 floats no copy is landing in (the
+ * pass has drained); ends with a barrier, so the next pass may reuse it. */
+__device__ __forceinline__ void store_swiglu(const float (&acc)[4][2][4], float *sm, float *h, int64_t ldh,
+                                             int m_valid, int i_valid) {
+    static_assert(BN == 2 * KDT_G_GU_BLOCK && KDT_G_GU_BLOCK == 32, "one gate/up block per CTA, 2 warps each");
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    constexpr int SP = KDT_G_GU_BLOCK + 1;
+    if (warp >= 2) {
+#pragma unroll
+        for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int r = mt * 16 + g + 8 * hh, c = (warp - 2) * 16 + j * 8 + 2 * t;
+                    if (r < m_valid) {
+                        sm[r * SP + c] = acc[mt][j][2 * hh];
+                        sm[r * SP + c + 1] = acc[mt][j][2 * hh + 1];
+                    }
+                }
+    }
+    __syncthreads();
+    if (warp < 2) {
+#pragma unroll
+        for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int r = mt * 16 + g + 8 * hh, c = warp * 16 + j * 8 + 2 * t;
+                    if (r < m_valid) {
+                        if (c < i_valid) h[(int64_t)r * ldh + c] = kdt_g_swiglu(acc[mt][j][2 * hh], sm[r * SP + c]);
+                        if (c + 1 < i_valid)
+                            h[(int64_t)r * ldh + c + 1] = kdt_g_swiglu(acc[mt][j][2 * hh + 1], sm[r * SP + c + 1]);
+                    }
+                }
+    }
+    __syncthreads();
+}
+
 /* The W side of a grouped pass: expert ex's gate/up (which 0) or down (which 1) rows n0.. */
 __device__ __forceinline__ V2Pass v2_grouped_w(const kdt_grouped_args &a, const kdt_gpu_expert &ex, int n0, int N) {
     V2Pass p;
@@ -772,7 +816,11 @@ __global__ void __launch_bounds__(THREADS, MINB) v2_grouped_kernel(const kdt_gro
             if (a.which == 0) v2_set_x_rows(p, a.x, a.ldx, p0 + m0, Gather{a.pair_row});
             else v2_set_x_rows(p, a.x, a.ldx, p0 + m0, Identity{});
             v2_pass<WL>(p, smem, c.pool, pol, acc, wpar, pre && it == (int)blockIdx.y && m0 == 0);
-            store_acc(acc, a.y + (int64_t)(p0 + m0) * a.ldy + n0, a.ldy, p.m_valid, p.n_valid);
+            if (a.h) /* gate/up with the fused SwiGLU: past the barriers (BULK) */
+                store_swiglu(acc, reinterpret_cast<float *>(smem + (BULK ? V2_BAR_BYTES : 0)),
+                             a.h + (int64_t)(p0 + m0) * a.ldh + n0 / 2, a.ldh, p.m_valid,
+                             min(KDT_G_GU_BLOCK, ex.inter - n0 / 2));
+            else store_acc(acc, a.y + (int64_t)(p0 + m0) * a.ldy + n0, a.ldy, p.m_valid, p.n_valid);
         }
     }
     /* the next kernel (kdt_g_pdl_rows) may be placed once every CTA is here: not earlier, where its
@@ -1662,8 +1710,18 @@ extern "C" kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cu
     return launch_error("GPU GEMM");
 }
 
+/* The SwiGLU fused into the gate/up GEMM's epilogue (store_swiglu): the separate k_swiglu launch
+ * and its round trip through y go away; the same bits. KDT_GPU_FUSED_SWIGLU=0 (read per call, at
+ * pass building) keeps the separate kernel. Only the v2 kernel has the epilogue, and only tiled
+ * experts always take v2. */
+extern "C" int kdt_grouped_fuses_swiglu(const kdt_grouped_args *a) {
+    return !kdt_g_env_is("KDT_GPU_FUSED_SWIGLU", '0') && a->which == 0 && a->tiled;
+}
+
 extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s) {
     const dim3 grid((unsigned)((a->n_max + BN - 1) / BN), (unsigned)(a->grid_items > 0 ? a->grid_items : 1));
+    if (a->h && (a->which != 0 || !a->tiled))
+        return kdt_fail(KDT_ERR_INTERNAL, "GPU grouped GEMM: a fused SwiGLU needs a gate/up launch over tiled experts");
     if (a->tiled) { /* only v2 reads the tiled layout; KDT_GEMM_BULK_W=1: by bulk copies */
         int per_sm = 2;
         const V2Cfg c = v2_config_grouped(stages, *a, &per_sm);

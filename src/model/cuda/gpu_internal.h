@@ -280,8 +280,14 @@ typedef struct kdt_grouped_args {
     int32_t n_items_hint;       /* expected items (0 = grid_items): balances v3's persistent grid */
     int32_t tiled;              /* the experts' gu / down are in the 64 x 64 tiled layout
                                    (kdt_gemm_tile64): only v2 reads it, so v1 / v3 are skipped */
+    float *h; int64_t ldh;      /* gate/up with h != NULL: the CTAs write h = SwiGLU(gate, up)
+                                   [pair][ldh] (columns < the expert's inter) instead of y, the
+                                   bits k_swiglu would write (kdt_grouped_fuses_swiglu) */
 } kdt_grouped_args;
 kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s);
+/* 1 when a gate/up launch like `a` can write SwiGLU's output itself (tiled experts: the v2
+ * kernel) and KDT_GPU_FUSED_SWIGLU is not 0; the caller then sets h / ldh and runs no SwiGLU. */
+int kdt_grouped_fuses_swiglu(const kdt_grouped_args *a);
 
 /* Rewrites a bf16 weight [rows][ld] (rows % 64 == 0, ld % 64 == 0) in place into the tiled
  * layout [rows / 64][ld / 64][64][64]: every 64 x 64 block the GEMM stages at once becomes 8 KB
@@ -409,5 +415,10 @@ kdt_status kdt_gpu_model_alloc(kdt_gpu_model *g, const kdt_gpu_options *opt, con
 
 #ifdef __cplusplus
 }
+#endif
+#ifdef __CUDACC__
+/* SiLU(g) * u, the one expression every SwiGLU on the GPU uses (k_swiglu, the fused gate/up
+ * epilogue), so the two paths give the same bits */
+__device__ __forceinline__ float kdt_g_swiglu(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 #endif
 #endif
