@@ -792,9 +792,10 @@ __global__ void __launch_bounds__(THREADS, MINB) v2_grouped_kernel(const kdt_gro
     float acc[V2_MT][2][4];
     uint32_t wpar = 0;
     if (BULK) v2_bulk_init(smem);
-    /* which = 1 (down): the items come from the plan two kernels back, complete before this grid
-     * can start (the SwiGLU between waited for the gate/up GEMM, which waited for the plan), so
-     * the first pass's weights go out before the wait; gate/up reads its items after it */
+    /* which = 1 (down): the items come from the plan kernel before the gate/up GEMM, complete
+     * before this grid can start (every gate/up CTA triggers only after its own wait for the plan;
+     * with the separate SwiGLU kernel between, the same holds one step further), so the first
+     * pass's weights go out before the wait; gate/up reads its items after it */
     bool pre = false;
     if (a.which == 1 && (int)blockIdx.y < n_items && n0 < a.kd) {
         const int e = a.items[3 * blockIdx.y], rows = a.items[3 * blockIdx.y + 2];

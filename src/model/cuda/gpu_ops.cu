@@ -48,20 +48,15 @@ __device__ __forceinline__ float split_sum(const float *part, int splits, int64_
 }
 
 /* Block sum of x[d]^2 over d < n: thread t adds d = t, t + RB, ... in that order with fma (what
- * `ss += x[d] * x[d]` compiles to), then block_sum. The loads go out 32 at a time (WIDE: a
- * 7,168-wide row is one memory round trip per thread) or 8 (rows_wide() off, and post_a's
- * shared-memory sections); the fma chain, and so the bits, are the same either way. */
-template <bool WIDE = true>
+ * `ss += x[d] * x[d]` compiles to), loads going out 8 at a time, then block_sum. */
 __device__ __forceinline__ float sum_squares(const float *x, int n, float *red) {
-    constexpr int SQ = WIDE ? 32 : 8;
     float ss = 0.0f;
-    for (int d0 = threadIdx.x; d0 < n; d0 += SQ * RB) {
-        float t[SQ];
+    for (int d0 = threadIdx.x; d0 < n; d0 += 8 * RB) {
+        float t[8];
 #pragma unroll
-        for (int j = 0; j < SQ; j++) /* WIDE: clamped addresses, so no branches keep loads apart */
-            t[j] = WIDE ? x[min(d0 + j * RB, n - 1)] : (d0 + j * RB < n ? x[d0 + j * RB] : 0.0f);
+        for (int j = 0; j < 8; j++) t[j] = d0 + j * RB < n ? x[d0 + j * RB] : 0.0f;
 #pragma unroll
-        for (int j = 0; j < SQ; j++)
+        for (int j = 0; j < 8; j++)
             if (d0 + j * RB < n) ss = __fmaf_rn(t[j], t[j], ss);
     }
     return block_sum(ss, red);
@@ -88,7 +83,8 @@ __device__ __forceinline__ Item item_of(int it, Chunks ch, int width) {
  * the previous kernel before its first global access, then lets the next kernel launch (a GEMM
  * streams its first weight stages meanwhile; a row kernel gets its CTAs placed and waits). A
  * kernel triggers only after its own wait, so whatever runs before a wait may read the outputs
- * of the kernel two back (the MoE down GEMM reads the plan's items: three back). */
+ * of the kernel two back (the MoE down GEMM reads the plan's items: two back with the SwiGLU in
+ * the gate/up GEMM, three with k_swiglu). */
 #define PDL_ENTRY()                 \
     do {                            \
         pdl::wait();                \
@@ -116,7 +112,6 @@ __global__ void __launch_bounds__(RB) k_embed(const kdt_gstage_hdr *hdr, const k
 
 /* out[m] = RMSNorm(x[rowmap ? rowmap[m] : m]) * w for m < *m_dev; every chunk of row m sums the
  * whole row (the same tree), then writes its columns (so out must not alias x) */
-template <bool WIDE>
 __global__ void __launch_bounds__(RB) k_rmsnorm(const float *x, const int32_t *rowmap, const float *w, float eps,
                                                  int D, float *out, const int32_t *m_dev, int max_rows, Chunks ch) {
     PDL_ENTRY();
@@ -125,7 +120,7 @@ __global__ void __launch_bounds__(RB) k_rmsnorm(const float *x, const int32_t *r
     for (int it = blockIdx.x; it < n * ch.n; it += gridDim.x) {
         const Item t = item_of(it, ch, D);
         const float *xr = x + (int64_t)(rowmap ? rowmap[t.r] : t.r) * D;
-        const float ss = sum_squares<WIDE>(xr, D, red);
+        const float ss = sum_squares(xr, D, red);
         const float inv = 1.0f / sqrtf(ss / (float)D + eps);
         for (int d = t.lo + threadIdx.x; d < t.hi; d += RB) out[(int64_t)t.r * D + d] = w[d] * (xr[d] * inv);
     }
@@ -172,14 +167,14 @@ __global__ void __launch_bounds__(RB) k_post_a(const PostA a, Chunks ch) {
             v[i] = split_sum(a.part, a.splits, a.split_stride, (int64_t)r * a.ldp + i);
         __syncthreads();
         if (in_q) {
-            const float ss = sum_squares<false>(v, a.q_lora, red);
+            const float ss = sum_squares(v, a.q_lora, red);
             const float inv = 1.0f / sqrtf(ss / (float)a.q_lora + latent_eps);
             for (int i = t.lo + threadIdx.x; i < min(t.hi, a.q_lora); i += RB)
                 a.qa[(int64_t)r * a.q_lora + i] = a.q_a_norm[i] * (v[i] * inv);
         }
         if (!in_kv) continue;
         const float *kv = v + a.q_lora;
-        const float ss = sum_squares<false>(kv, a.dc, red);
+        const float ss = sum_squares(kv, a.dc, red);
         const float inv = 1.0f / sqrtf(ss / (float)a.dc + latent_eps);
         int page = a.block_table[(int64_t)row.stream * a.max_pages + row.slot / a.page_size];
         if (page < 0 || page >= a.n_pages) page = 0; /* host-validated; never write out of bounds */
@@ -717,7 +712,6 @@ __global__ void k_moe_plan(const Plan a) {
 }
 
 /* x += sum_k y[pair(r, k)] w[r][k] (slots in increasing expert id) + y[shared pair of r] */
-template <bool WIDE>
 __global__ void __launch_bounds__(RB) k_moe_combine(float *x, const float *y, int D, int K, const int32_t *pos_of,
                                                      const int32_t *pos_shared, const float *wgt, int has_shared,
                                                      const kdt_gstage_hdr *hdr, int max_rows, Chunks ch) {
@@ -727,31 +721,9 @@ __global__ void __launch_bounds__(RB) k_moe_combine(float *x, const float *y, in
         const Item t = item_of(it, ch, D);
         const int r = t.r;
         for (int d = t.lo + threadIdx.x; d < t.hi; d += RB) {
-            /* the slots' outputs go out 8 at a time (and the shared one with them); the fma chain
-             * is the plain loop's `acc += y * w` in slot order */
-            if (!WIDE) {
-                float acc = 0.0f;
-                for (int k = 0; k < K; k++) acc += y[(int64_t)pos_of[r * K + k] * D + d] * wgt[r * K + k];
-                const float out = has_shared ? acc + y[(int64_t)pos_shared[r] * D + d] : acc;
-                x[(int64_t)r * D + d] += out;
-                continue;
-            }
-            const float ys = has_shared ? y[(int64_t)pos_shared[r] * D + d] : 0.0f;
             float acc = 0.0f;
-            for (int k0 = 0; k0 < K; k0 += 8) {
-                float yv[8], wv[8];
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    const int k = k0 + j;
-                    const int kc = k < K ? k : 0; /* clamped: the loads need no branches */
-                    yv[j] = y[(int64_t)pos_of[r * K + kc] * D + d];
-                    wv[j] = wgt[r * K + kc];
-                }
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-                    if (k0 + j < K) acc += yv[j] * wv[j];
-            }
-            const float out = has_shared ? acc + ys : acc;
+            for (int k = 0; k < K; k++) acc += y[(int64_t)pos_of[r * K + k] * D + d] * wgt[r * K + k];
+            const float out = has_shared ? acc + y[(int64_t)pos_shared[r] * D + d] : acc;
             x[(int64_t)r * D + d] += out;
         }
     }
@@ -876,14 +848,6 @@ kdt_status launched(const char *what) {
 
 /* The rows x chunks launch of a row-wise kernel whose rows are `width` columns wide: chunks of a
  * multiple of RB columns (kdt_g_chunk_cols), at most 4096 CTAs (the kernels stride over items). */
-/* The row kernels' memory round trips (session 11): the RMSNorm's sum of squares loads 32 values
- * per thread at once instead of 8 (a 7,168-wide row: one round trip, not four) and the MoE
- * combine 8 slots' outputs together; the arithmetic, and so every bit, is unchanged. H200, Kimi
- * layer decode S 1 step profile: input norm 3.4 -> 2.8 us, post_o 5.2 -> 4.9, combine 3.0 -> 2.4
- * (post_a loading 8 elements' partials at once went 4.8 -> 6.8 us: not kept). KDT_GPU_ROWS_WIDE=0
- * (read per launch) keeps the earlier loads, for A/B runs. */
-bool rows_wide() { return !kdt_g_env_is("KDT_GPU_ROWS_WIDE", '0'); }
-
 Chunks row_chunks(int max_rows, int width) {
     const int cols = kdt_g_chunk_cols(max_rows, width, RB);
     Chunks c = {(width + cols - 1) / cols, cols};
@@ -921,8 +885,7 @@ extern "C" kdt_status kdt_op_embed(const kdt_gstage_hdr *hdr, const kdt_grow *ro
 extern "C" kdt_status kdt_op_rmsnorm(const float *x, const int32_t *rowmap, const float *w, float eps, int32_t D,
                                      float *out, const int32_t *m_dev, int32_t max_rows, cudaStream_t s) {
     const Chunks ch = row_chunks(max_rows, D);
-    if (rows_wide()) launch_rows(k_rmsnorm<true>, max_rows, ch, 0, s, x, rowmap, w, eps, D, out, m_dev, max_rows);
-    else launch_rows(k_rmsnorm<false>, max_rows, ch, 0, s, x, rowmap, w, eps, D, out, m_dev, max_rows);
+    launch_rows(k_rmsnorm, max_rows, ch, 0, s, x, rowmap, w, eps, D, out, m_dev, max_rows);
     return launched("GPU RMSNorm");
 }
 
@@ -966,8 +929,7 @@ extern "C" kdt_status kdt_op_post_o(float *x, const float *part, int32_t splits,
      * sum of squares needs all of its new x, which a chunked single pass could not wait for */
     const Chunks ch = row_chunks(max_rows, D);
     launch_rows(k_residual, max_rows, ch, 0, s, x, part, splits, split_stride, D, m_dev, max_rows);
-    if (rows_wide()) launch_rows(k_rmsnorm<true>, max_rows, ch, 0, s, x, (const int32_t *)NULL, w, eps, D, xn, m_dev, max_rows);
-    else launch_rows(k_rmsnorm<false>, max_rows, ch, 0, s, x, (const int32_t *)NULL, w, eps, D, xn, m_dev, max_rows);
+    launch_rows(k_rmsnorm, max_rows, ch, 0, s, x, (const int32_t *)NULL, w, eps, D, xn, m_dev, max_rows);
     return launched("GPU o_proj finish");
 }
 
@@ -1063,10 +1025,7 @@ extern "C" kdt_status kdt_op_moe_combine(float *x, const float *y, int32_t D, in
                                          const int32_t *pos_shared, const float *wgt, int32_t has_shared,
                                          const kdt_gstage_hdr *hdr, int32_t max_rows, cudaStream_t s) {
     const Chunks ch = row_chunks(max_rows, D);
-    if (rows_wide())
-        launch_rows(k_moe_combine<true>, max_rows, ch, 0, s, x, y, D, K, pos_of, pos_shared, wgt, has_shared, hdr, max_rows);
-    else
-        launch_rows(k_moe_combine<false>, max_rows, ch, 0, s, x, y, D, K, pos_of, pos_shared, wgt, has_shared, hdr, max_rows);
+    launch_rows(k_moe_combine, max_rows, ch, 0, s, x, y, D, K, pos_of, pos_shared, wgt, has_shared, hdr, max_rows);
     return launched("GPU MoE combine");
 }
 
