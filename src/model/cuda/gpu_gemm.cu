@@ -732,36 +732,33 @@ __device__ __forceinline__ void store_swiglu(const float (&acc)[4][2][4], float 
     static_assert(BN == 2 * KDT_G_GU_BLOCK && KDT_G_GU_BLOCK == 32, "one gate/up block per CTA, 2 warps each");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     constexpr int SP = KDT_G_GU_BLOCK + 1;
-    if (warp >= 2) {
+    /* f(r, c, mt, j, hh) for each accumulator pair (row r, columns c and c + 1 of the warp's 16) */
+    auto each_pair = [&](auto &&f) {
 #pragma unroll
         for (int mt = 0; mt < 4; mt++)
 #pragma unroll
             for (int j = 0; j < 2; j++)
 #pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int r = mt * 16 + g + 8 * hh, c = (warp - 2) * 16 + j * 8 + 2 * t;
-                    if (r < m_valid) {
-                        sm[r * SP + c] = acc[mt][j][2 * hh];
-                        sm[r * SP + c + 1] = acc[mt][j][2 * hh + 1];
-                    }
-                }
-    }
+                for (int hh = 0; hh < 2; hh++) f(mt * 16 + g + 8 * hh, j * 8 + 2 * t, mt, j, hh);
+    };
+    if (warp >= 2)
+        each_pair([&](int r, int c, int mt, int j, int hh) {
+            c += (warp - 2) * 16;
+            if (r < m_valid) {
+                sm[r * SP + c] = acc[mt][j][2 * hh];
+                sm[r * SP + c + 1] = acc[mt][j][2 * hh + 1];
+            }
+        });
     __syncthreads();
-    if (warp < 2) {
-#pragma unroll
-        for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-            for (int j = 0; j < 2; j++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int r = mt * 16 + g + 8 * hh, c = warp * 16 + j * 8 + 2 * t;
-                    if (r < m_valid) {
-                        if (c < i_valid) h[(int64_t)r * ldh + c] = kdt_g_swiglu(acc[mt][j][2 * hh], sm[r * SP + c]);
-                        if (c + 1 < i_valid)
-                            h[(int64_t)r * ldh + c + 1] = kdt_g_swiglu(acc[mt][j][2 * hh + 1], sm[r * SP + c + 1]);
-                    }
-                }
-    }
+    if (warp < 2)
+        each_pair([&](int r, int c, int mt, int j, int hh) {
+            c += warp * 16;
+            if (r < m_valid) {
+                if (c < i_valid) h[(int64_t)r * ldh + c] = kdt_g_swiglu(acc[mt][j][2 * hh], sm[r * SP + c]);
+                if (c + 1 < i_valid)
+                    h[(int64_t)r * ldh + c + 1] = kdt_g_swiglu(acc[mt][j][2 * hh + 1], sm[r * SP + c + 1]);
+            }
+        });
     __syncthreads();
 }
 
