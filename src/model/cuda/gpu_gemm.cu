@@ -133,6 +133,17 @@ __device__ __forceinline__ int clamp_m(const int32_t *m_dev, int m_max) {
  * 16-row m-tiles), K in 64-wide blocks through a cp.async pipeline of STAGES stages: W tile
  * [64][64+8] bf16 and X tile [64][64+8] fp32 (the +8 padding makes the fragment loads bank-conflict
  * free); every warp converts the X fragments it needs to hi / lo itself. */
+/* The W side of a grouped pass (v1's Pass or v2's V2Pass): expert ex's gate/up (which 0) or down
+ * (which 1) rows n0.., K from 0; the caller sets where K ends in its own terms. */
+template <class P>
+__device__ __forceinline__ void set_grouped_w(P &p, const kdt_grouped_args &a, const kdt_gpu_expert &ex, int n0, int N) {
+    p.ldw = a.which == 0 ? ex.ld_d : ex.ld_i;
+    p.w = (a.which == 0 ? ex.gu : ex.down) + (int64_t)n0 * p.ldw;
+    p.n_valid = min(BN, N - n0);
+    p.kx = a.which == 0 ? a.kd : ex.inter;
+    p.k_begin = 0;
+}
+
 namespace v1 {
 
 constexpr int WS = BK + 8;                       /* bf16 per W smem row (144 B) */
@@ -298,11 +309,7 @@ __global__ void __launch_bounds__(THREADS) grouped_kernel(const kdt_grouped_args
         const int N = a.which == 0 ? 2 * ex.i_pad : a.kd;
         if (n0 >= N) continue;
         Pass p;
-        p.ldw = a.which == 0 ? ex.ld_d : ex.ld_i;
-        p.w = (a.which == 0 ? ex.gu : ex.down) + (int64_t)n0 * p.ldw;
-        p.n_valid = min(BN, N - n0);
-        p.kx = a.which == 0 ? a.kd : ex.inter;
-        p.k_begin = 0;
+        set_grouped_w(p, a, ex, n0, N);
         p.k_end = p.ldw;
         p.m_valid = min(rows, BM);
         if (a.which == 0) set_x_rows(p, a.x, a.ldx, p0, Gather{a.pair_row});
@@ -765,11 +772,7 @@ __device__ __forceinline__ void store_swiglu(const float (&acc)[4][2][4], float 
 /* The W side of a grouped pass: expert ex's gate/up (which 0) or down (which 1) rows n0.. */
 __device__ __forceinline__ V2Pass v2_grouped_w(const kdt_grouped_args &a, const kdt_gpu_expert &ex, int n0, int N) {
     V2Pass p;
-    p.ldw = a.which == 0 ? ex.ld_d : ex.ld_i;
-    p.w = (a.which == 0 ? ex.gu : ex.down) + (int64_t)n0 * p.ldw;
-    p.n_valid = min(BN, N - n0);
-    p.kx = a.which == 0 ? a.kd : ex.inter;
-    p.k_begin = 0;
+    set_grouped_w(p, a, ex, n0, N);
     p.nk = (int)(p.ldw / BK);
     return p;
 }
