@@ -1,5 +1,6 @@
 /* bench_kernels.c - the kernel benchmark: `build/bench_kernels [--only KERNEL] [--quick]
- * [--md FILE]`. KERNEL is one of tree_accept, tree_build, topk, kv_commit, verify_attn.
+ * [--md FILE]`. KERNEL is one of tree_accept, tree_build, topk, kv_commit, verify_attn, launch (the
+ * floor of a chain of dependent launches, plain and with PDL).
  * Prints the card, a measured copy bandwidth (the memory roofline used by the tables), then one
  * table per kernel: CUDA events, warm-up, medians; tiny kernels timed as CUDA-graph replays.
  */
@@ -52,7 +53,7 @@ int main(int argc, char **argv) {
             o.md = fopen(argv[++i], "w");
             if (!o.md) { perror(argv[i]); return 2; }
         } else {
-            fprintf(stderr, "usage: %s [--only tree_accept|tree_build|topk|kv_commit|verify_attn] "
+            fprintf(stderr, "usage: %s [--only tree_accept|tree_build|topk|kv_commit|verify_attn|launch] "
                             "[--quick] [--md FILE]\n", argv[0]);
             return 2;
         }
@@ -60,7 +61,7 @@ int main(int argc, char **argv) {
     static const struct { const char *name; int (*fn)(const bench_opts *); } sections[] = {
         {"tree_accept", bench_tree_accept}, {"tree_build", bench_tree_build},
         {"topk", bench_topk},               {"kv_commit", bench_kv_commit},
-        {"verify_attn", bench_verify_attn},
+        {"verify_attn", bench_verify_attn}, {"launch", bench_launch},
     };
     const int n_sections = (int)(sizeof sections / sizeof sections[0]);
     if (o.only) {

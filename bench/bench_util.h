@@ -62,5 +62,6 @@ int bench_tree_build(const bench_opts *o);
 int bench_tree_accept(const bench_opts *o);
 int bench_kv_commit(const bench_opts *o);
 int bench_verify_attn(const bench_opts *o);
+int bench_launch(const bench_opts *o);
 
 #endif
