@@ -84,7 +84,13 @@ if [ "$USE_CUDA" = 1 ]; then
   fi
   $NVCC -std=c++17 -O3 -Isrc/kernels/cuda -Itests/gpu $GENCODE tests/gpu/test_wgmma_sm90.cu -o "$OUT/gpu_test_wgmma_sm90"
   BENCH=( bench/bench_*.c )
-  $NVCC -std=c++17 -O3 $GENCODE -c bench/bench_flush.cu -o "$OUT/obj/bench_flush.o"
-  [ ${#BENCH[@]} -gt 0 ] && build_exe bench_kernels "${BENCH[@]}" "$OUT/obj/bench_flush.o"
+  BENCH_CU_OBJ=()
+  mkdir -p "$OUT/obj_bench" # outside obj/: never archived into libkdtree.a
+  for f in bench/bench_*.cu; do
+    o="$OUT/obj_bench/$(basename "$f").o"
+    $NVCC -std=c++17 -O3 -Iinclude -Isrc -Isrc/common -Ibench $GENCODE -c "$f" -o "$o"
+    BENCH_CU_OBJ+=( "$o" )
+  done
+  [ ${#BENCH[@]} -gt 0 ] && build_exe bench_kernels "${BENCH[@]}" "${BENCH_CU_OBJ[@]}"
 fi
 echo "build_nvcc.sh: built $OUT/libkdtree.a, tests and $( [ "$USE_CUDA" = 1 ] && echo "bench_kernels (archs: $ARCHS)" || echo "no CUDA targets")"
