@@ -184,8 +184,12 @@ __device__ __forceinline__ KeySrc key_src(const kdt_attn_args &a, const Item &it
             ok = bit >= 0;
         }
         if (ok) {
-            s.page = a.block_table[(int64_t)it.stream * a.max_pages + slot / a.page_size];
-            s.off = slot % a.page_size;
+            /* the cache's page size is KDT_KV_PAGE_SIZE: a shift and a mask, not two integer
+             * divisions (~25 instructions each) on every tile's critical path */
+            const unsigned u = (unsigned)slot, ps = (unsigned)a.page_size;
+            const unsigned pg = ps == KDT_KV_PAGE_SIZE ? u / KDT_KV_PAGE_SIZE : u / ps;
+            s.page = a.block_table[(int64_t)it.stream * a.max_pages + pg];
+            s.off = (int)(u - pg * ps);
             s.valid = 1;
         }
     }
@@ -209,17 +213,39 @@ __device__ __forceinline__ void issue_key(const kdt_attn_args &a, uint16_t *tile
 
 /* Q of an item -> Qs (bf16): float4 loads, QB of them in flight per thread (a batch: q_fetch
  * issues, q_store converts and stores); heads past H read as 0. Columns [d_q, qs) are zeroed once
- * per CTA and never written here. */
+ * per CTA and never written here. Float4 i of the item is head i / dq4, column 4 (i % dq4). With
+ * 64 heads per item (36 float4 per thread of 8 warps) a thread's i step by THREADS, so (head,
+ * column) step by (THREADS / dq4, THREADS % dq4) with a carry (RowCol): two integer divisions per
+ * batch instead of two per float4 (H200, session 12: decode S 64 and verify N 17-65 -1.3..-1.8 %).
+ * 16-head items keep the divisions: the walk's registers made their 8- and 16-warp instances
+ * spill (decode S 8 +10..17 us). */
 constexpr int QB = 12;
+struct RowCol { /* element i of a [rows][n] array as (r, c), stepped by `step` elements at a time */
+    int r, c, dr, dc, n;
+    __device__ RowCol(int i, int n_, int step) : n(n_) {
+        r = i / n;
+        c = i - r * n;
+        dr = step / n;
+        dc = step - dr * n;
+    }
+    __device__ void next() {
+        r += dr;
+        c += dc;
+        if (c >= n) c -= n, r++;
+    }
+};
+template <int HG>
+__host__ __device__ constexpr bool q_walk() { return HG == 64; }
 template <int HG, int W>
 __device__ __forceinline__ void q_fetch(const kdt_attn_args &a, const Item &it, int i0, float4 (&v)[QB]) {
     constexpr int THREADS = AttCfg<HG, W>::THREADS;
     const int dq4 = a.dq / 4, n4 = HG * dq4, h0 = it.hg * HG;
     const float4 *src = reinterpret_cast<const float4 *>(a.q_abs + ((int64_t)it.r * a.H + h0) * a.dq);
+    RowCol q(i0, dq4, THREADS);
 #pragma unroll
-    for (int j = 0; j < QB; j++) {
+    for (int j = 0; j < QB; j++, q.next()) {
         const int i = i0 + j * THREADS;
-        const bool ok = i < n4 && h0 + i / dq4 < a.H;
+        const bool ok = i < n4 && h0 + (q_walk<HG>() ? q.r : i / dq4) < a.H;
         const float4 t = src[ok ? i : 0]; /* always an address inside the row */
         v[j] = ok ? t : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
@@ -228,15 +254,20 @@ template <int HG, int W>
 __device__ __forceinline__ void q_store(const kdt_attn_args &a, int i0, const float4 (&v)[QB], uint16_t *Qs, int qs) {
     constexpr int THREADS = AttCfg<HG, W>::THREADS;
     const int dq4 = a.dq / 4, n4 = HG * dq4;
+    RowCol q(i0, dq4, THREADS);
 #pragma unroll
-    for (int j = 0; j < QB; j++) {
+    for (int j = 0; j < QB; j++, q.next()) {
         const int i = i0 + j * THREADS;
         if (i < n4) {
-            const int h = i / dq4, d = (i - h * dq4) * 4;
             uint2 p;
             p.x = pack_bf16(v[j].x, v[j].y);
             p.y = pack_bf16(v[j].z, v[j].w);
-            *reinterpret_cast<uint2 *>(Qs + h * qs + d) = p;
+            if (q_walk<HG>()) {
+                *reinterpret_cast<uint2 *>(Qs + q.r * qs + 4 * q.c) = p;
+            } else {
+                const int h = i / dq4, d = (i - h * dq4) * 4;
+                *reinterpret_cast<uint2 *>(Qs + h * qs + d) = p;
+            }
         }
     }
 }
@@ -278,9 +309,9 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
     const long long total = (long long)a.hdr->total_splits * n_hg;
 
     /* pad columns [d_q, qs) of Q and of every K stage are never written by the loads: zero them */
-    for (int i = tid; i < (HG + stages * TILE) * (qs - a.dq); i += THREADS) {
-        const int r = i / (qs - a.dq), c = a.dq + i % (qs - a.dq);
-        Qs[r * qs + c] = 0; /* Ks rows follow the Q rows */
+    {
+        const int pad = qs - a.dq, n_pad_rows = HG + stages * TILE; /* Ks rows follow the Q rows */
+        for (RowCol q(tid, pad, THREADS); q.r < n_pad_rows; q.next()) Qs[q.r * qs + a.dq + q.c] = 0;
     }
 
     /* producer: the next tile to load (p_tile of item pi) and its key's location, looked up one
