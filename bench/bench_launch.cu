@@ -70,9 +70,6 @@ extern "C" int bench_launch(const bench_opts *o) {
     BENCH_CUDA(cudaMemcpy(c.a, h, ROW * sizeof(float), cudaMemcpyHostToDevice));
     BENCH_CUDA(cudaMemset(c.sink, 0, sizeof(unsigned)));
     free(h);
-    int dev = 0, major = 0;
-    BENCH_CUDA(cudaGetDevice(&dev));
-    BENCH_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     const int pdl_ok = pdl::usable(k_empty, "KDT_BENCH_NO_PDL");
     printf("a graph of %d dependent kernels, replayed; us per kernel (median of replays)%s\n", CHAIN,
            pdl_ok ? "" : " (no PDL on this device / build)");
@@ -82,7 +79,7 @@ extern "C" int bench_launch(const bench_opts *o) {
     const int samples = o->quick ? 10 : 30;
     const struct { int kind, grid; } cases[] = {{0, 1}, {0, 132}, {0, 528}, {1, (ROW + 255) / 256}};
     for (unsigned i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        double us[2] = {0, 0};
+        double us[2] = {-1, -1}; /* -1: not run (no PDL here) */
         for (int p = 0; p < 2; p++) {
             if (p && !pdl_ok) break;
             c.kind = cases[i].kind;
@@ -93,8 +90,10 @@ extern "C" int bench_launch(const bench_opts *o) {
             us[p] = t.median_us / CHAIN;
         }
         const char *name = cases[i].kind ? "row" : "empty";
-        printf("%-6s %6d %12.2f %12.2f\n", name, cases[i].grid, us[0], us[1]);
-        if (o->md) fprintf(o->md, "| %s | %d | %.2f | %.2f |\n", name, cases[i].grid, us[0], us[1]);
+        char pdl_us[32] = "-";
+        if (us[1] >= 0) snprintf(pdl_us, sizeof pdl_us, "%.2f", us[1]);
+        printf("%-6s %6d %12.2f %12s\n", name, cases[i].grid, us[0], pdl_us);
+        if (o->md) fprintf(o->md, "| %s | %d | %.2f | %s |\n", name, cases[i].grid, us[0], pdl_us);
     }
     cudaFree(c.sink);
     cudaFree(c.a);
