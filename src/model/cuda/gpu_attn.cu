@@ -241,7 +241,7 @@ __device__ __forceinline__ void q_fetch(const kdt_attn_args &a, const Item &it, 
     constexpr int THREADS = AttCfg<HG, W>::THREADS;
     const int dq4 = a.dq / 4, n4 = HG * dq4, h0 = it.hg * HG;
     const float4 *src = reinterpret_cast<const float4 *>(a.q_abs + ((int64_t)it.r * a.H + h0) * a.dq);
-    RowCol q(i0, dq4, THREADS);
+    RowCol q(i0, dq4, THREADS); /* used with q_walk only */
 #pragma unroll
     for (int j = 0; j < QB; j++, q.next()) {
         const int i = i0 + j * THREADS;
@@ -254,20 +254,16 @@ template <int HG, int W>
 __device__ __forceinline__ void q_store(const kdt_attn_args &a, int i0, const float4 (&v)[QB], uint16_t *Qs, int qs) {
     constexpr int THREADS = AttCfg<HG, W>::THREADS;
     const int dq4 = a.dq / 4, n4 = HG * dq4;
-    RowCol q(i0, dq4, THREADS);
+    RowCol q(i0, dq4, THREADS); /* used with q_walk only */
 #pragma unroll
     for (int j = 0; j < QB; j++, q.next()) {
         const int i = i0 + j * THREADS;
         if (i < n4) {
+            const int h = q_walk<HG>() ? q.r : i / dq4, c4 = q_walk<HG>() ? q.c : i - h * dq4;
             uint2 p;
             p.x = pack_bf16(v[j].x, v[j].y);
             p.y = pack_bf16(v[j].z, v[j].w);
-            if (q_walk<HG>()) {
-                *reinterpret_cast<uint2 *>(Qs + q.r * qs + 4 * q.c) = p;
-            } else {
-                const int h = i / dq4, d = (i - h * dq4) * 4;
-                *reinterpret_cast<uint2 *>(Qs + h * qs + d) = p;
-            }
+            *reinterpret_cast<uint2 *>(Qs + h * qs + 4 * c4) = p;
         }
     }
 }
