@@ -60,6 +60,7 @@
 
 #include "common.h"
 #include "kdtree/kernels.h"
+#include "pdl.cuh"
 #include "verify_attn_mma.cuh"
 #include "verify_attn_tiles.cuh"
 #include "wgmma_sm90.cuh"
@@ -249,15 +250,34 @@ __device__ __forceinline__ const uint16_t *va_key_src(const VaArgs &a, const int
     return a.kv + ((long long)page * a.page_size + t % a.page_size) * D_QK;
 }
 
-/* Whether tile row `row` sees key `key`: inside the split, and for tree slots (key >= P) an
- * ancestor-or-self of the row's node. */
-__device__ __forceinline__ bool va_visible(const VaArgs &a, const VaItem &it, const int *sNode, int row, int key) {
-    if (key >= it.ke) return false;
-    if (key < it.P) return true;
-    const int node = sNode[row];
-    if (node < 0) return true; /* a padding row: its output is never written */
-    const int j = key - it.P;
-    return (__ldg(it.mask + (long long)node * a.words + (j >> 6)) >> (j & 63)) & 1ull;
+/* Whether tile row `row` sees keys t0 .. t0 + 63 (bit k: key t0 + k): inside the split (key < ke),
+ * and for tree slots (key >= P) an ancestor-or-self of the row's node (a padding row, node < 0,
+ * sees them all: its output is never written). At most two mask words per row, loaded together:
+ * a test per element left one dependent global load per tree key of the tile, one after another.
+ * Words past the node's last are never read. */
+__device__ __forceinline__ uint64_t va_lt_bits(int n) { /* bits 0 .. n-1, n clamped to 0..64 */
+    return n <= 0 ? 0ull : (n >= 64 ? ~0ull : (1ull << n) - 1ull);
+}
+__device__ __forceinline__ uint64_t va_visible_window(const VaArgs &a, const VaItem &it, const int *sNode, int row,
+                                                      int t0) {
+    const int n_pre = it.P - t0; /* keys of the tile below P (clamped by va_lt_bits) */
+    uint64_t vis = va_lt_bits(n_pre);
+    if (n_pre < 64) {
+        const int node = sNode[row];
+        const int lead = n_pre > 0 ? n_pre : 0; /* the tile's first tree key is bit lead */
+        if (node < 0) {
+            vis = ~0ull; /* a padding row: its output is never written */
+        } else {
+            const int j = t0 + lead - it.P; /* its tree slot, >= 0 */
+            const int w = j >> 6, sh = j & 63;
+            const uint64_t *m = it.mask + (long long)node * a.words;
+            const uint64_t lo = w < a.words ? __ldg(m + w) : 0ull;
+            const uint64_t hi = sh && w + 1 < a.words ? __ldg(m + w + 1) : 0ull;
+            const uint64_t win = (lo >> sh) | (sh ? hi << (64 - sh) : 0ull); /* slots j .. j + 63 */
+            vis |= win << lead;
+        }
+    }
+    return vis & va_lt_bits(it.ke - t0);
 }
 
 /* 2^x for x <= 0 (scores minus their running max, log2 domain): one MUFU.EX2. Results below
@@ -327,6 +347,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel(const VaArgs a)
     int *sNode = reinterpret_cast<int *>(reinterpret_cast<unsigned char *>(sRed) + C::RED_BYTES);
     WalkShared *sWalk = reinterpret_cast<WalkShared *>(reinterpret_cast<unsigned char *>(sNode) + C::NODE_BYTES);
 
+    pdl::launch_dependents(); /* the combine's CTAs may take the SMs that run out of items */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int mw = warp % MW, nw = warp / MW;
     const uint32_t q_base = va::smem_addr(smem), kv_base = va::smem_addr(sKV), p_base = va::smem_addr(sP);
@@ -409,13 +430,23 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel(const VaArgs a)
 #pragma unroll
                 for (int ni = 0; ni < NT; ni++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        float v = sc[mi][ni][e] * a.scale_log2;
-                        if (need_mask && !va_visible(a, itm, sNode, mw * WM + mi * 16 + va_frag_row(lane, e),
-                                                     t0 + nw * WN + ni * 8 + va_frag_col(lane, e)))
-                            v = -INFINITY;
-                        sc[mi][ni][e] = v;
-                    }
+                    for (int e = 0; e < 4; e++) sc[mi][ni][e] *= a.scale_log2;
+            if (need_mask) { /* this thread's rows' visibility windows, their mask words loaded together */
+                uint64_t vis[MT][2];
+#pragma unroll
+                for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        vis[mi][h] = va_visible_window(a, itm, sNode, mw * WM + mi * 16 + va_frag_row(lane, 2 * h), t0);
+#pragma unroll
+                for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+                    for (int ni = 0; ni < NT; ni++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            if (!((vis[mi][e >> 1] >> (nw * WN + ni * 8 + va_frag_col(lane, e))) & 1ull))
+                                sc[mi][ni][e] = -INFINITY;
+            }
 
             /* Row maxima of this warp's keys -> sRed[nw][row]. */
 #pragma unroll
@@ -590,6 +621,11 @@ constexpr size_t W_SMEM = 1024 + 3 * (size_t)W_TILE + ROWS * 4 + sizeof(WRows) +
 constexpr int VA_PROF_TILES = 32, VA_PROF_PHASES = 6;
 __device__ long long g_va_prof[2][VA_PROF_TILES][VA_PROF_PHASES];
 __device__ int g_va_prof_tiles;
+/* Item-level stamps of the same two threads (v4 only), cycles: kernel entry, item known, Q and
+ * KV tile 0 issued (and, WG0, its Q part landed), tiles done, both warpgroups done, rows
+ * finished, outputs stored. */
+constexpr int VA_PROF_ITEM = 7;
+__device__ long long g_va_prof_item[2][VA_PROF_ITEM];
 int g_va_prof_kind; /* host: 0 = v4 stamps (per tile), 1 = seesaw stamps (per pair of tiles) */
 
 #if KDT_HAS_WGMMA
@@ -671,7 +707,7 @@ __device__ __forceinline__ void w_finish_rows(const VaArgs &a, const VaItem &it,
     }
 }
 
-/* w_store_half (every thread, after the barrier): this warpgroup's 256 output columns of rows r0,
+/* w_store_half (every thread, after the barrier; v5): this warpgroup's 256 output columns of rows r0,
  * r0 + 8, normalized: bf16 out, or the fp32 partial of a split item. */
 __device__ __forceinline__ void w_store_half(const VaArgs &a, const VaItem &it, const float (&o)[128],
                                              const float *inv_in, const int *zero_in, int r0, int wgi, int tq) {
@@ -699,6 +735,53 @@ __device__ __forceinline__ void w_store_half(const VaArgs &a, const VaItem &it, 
         }
     }
 }
+/* v4's epilogue: the same values staged row-major in shared memory at `stage` (the Q and KV
+ * buffers, free once both warpgroups are past their last product): bf16 rows of 1,024 B or fp32
+ * partial rows of 2,048 B, each padded by 16 / 32 B so a warp's 4- / 8-byte stores hit distinct
+ * banks; then one thread per valid row sends it to global memory with one bulk copy
+ * (w_send_rows). Each warp store instruction of w_store_half wrote 8 rows x 16 or 32 B: ~8,400
+ * cycles for a 64-row bf16 tile, ~4,700 for fp32, against ~3,600 for a whole 64-key tile (H200,
+ * session 13, KDT_VA_PROFILE). */
+constexpr uint32_t W_STAGE_BF16 = D_V * 2 + 16, W_STAGE_F32 = D_V * 4 + 32; /* row strides, bytes */
+static_assert(ROWS * W_STAGE_F32 <= 3 * W_TILE, "the staged fp32 tile fits the Q and KV buffers");
+__device__ __forceinline__ void w_stage_half(const VaItem &it, const float (&o)[128], const float *inv_in,
+                                             const int *zero_in, int r0, int wgi, int tq, unsigned char *stage) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int row = r0 + 8 * h;
+        if (row >= it.rows_valid) continue;
+        const float inv = inv_in[row];
+        const bool zero = zero_in[row] != 0;
+        const int col0 = 256 * wgi + 2 * tq;
+        if (!it.split_mode) {
+            uint32_t *dst = reinterpret_cast<uint32_t *>(stage + row * W_STAGE_BF16) + col0 / 2;
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                const float x0 = zero ? 0.f : o[4 * j + 2 * h] * inv, x1 = zero ? 0.f : o[4 * j + 2 * h + 1] * inv;
+                dst[4 * j] = va::pack_bf16x2(x0, x1);
+            }
+        } else {
+            float2 *dst = reinterpret_cast<float2 *>(stage + row * W_STAGE_F32) + col0 / 2;
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                const float x0 = zero ? 0.f : o[4 * j + 2 * h] * inv, x1 = zero ? 0.f : o[4 * j + 2 * h + 1] * inv;
+                dst[4 * j] = make_float2(x0, x1);
+            }
+        }
+    }
+}
+/* After w_stage_half, a fence_proxy_async and a barrier: threads 0 .. rows_valid - 1 each copy
+ * their row out (one bulk group per thread; bulk_wait_read before the buffers are reused). */
+__device__ __forceinline__ void w_send_rows(const VaArgs &a, const VaItem &it, uint32_t stage) {
+    const int r = threadIdx.x;
+    if (r >= it.rows_valid) return;
+    if (!it.split_mode)
+        wg::bulk_store(a.out + (it.row0 + r) * D_V, stage + (uint32_t)r * W_STAGE_BF16, D_V * 2);
+    else
+        wg::bulk_store(a.ws_o + it.slot * (long long)SLOT_O_FLOATS + (long long)r * D_V, stage + (uint32_t)r * W_STAGE_F32,
+                       D_V * 4);
+    wg::bulk_commit();
+}
 #endif
 
 /* PROF: the KDT_VA_PROFILE build of the kernel (phase stamps); the default one has none.
@@ -725,9 +808,11 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
     const int wgi = warp >> 2, wq = warp & 3, g = lane >> 2, tq = lane & 3;
     const int r0 = 16 * wq + g; /* this thread's accumulator rows: r0, r0 + 8 */
     bool stamp = PROF && blockIdx.x == 0 && (tid & (WG_THREADS - 1)) == 0; /* first item only */
+    pdl::launch_dependents(); /* the combine's CTAs may take the SMs that run out of items */
     const uint32_t bar0 = va::smem_addr(&sRows->kv_full[0]);
     const bool tma = a.use_tma != 0, issuer = tid == WG_THREADS; /* WG1's first thread issues TMA */
     uint32_t kv_par = 0; /* bit b: parity of the next wait on buffer b's barrier (every thread) */
+    if (PROF && stamp) g_va_prof_item[wgi][0] = clock64();
     if (tma) {
         if (tid == 0) wg::mbar_init(bar0, 1), wg::mbar_init(bar0 + 8, 1);
         wg::fence_proxy_async();
@@ -735,14 +820,18 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
     }
 #define W_STAMP(ph) \
     if (PROF && stamp && it < VA_PROF_TILES) g_va_prof[wgi][it][ph] = clock64()
+#define W_ISTAMP(k) \
+    if (PROF && stamp) g_va_prof_item[wgi][k] = clock64()
 
     WalkState walk;
     VaItem itm;
     for (long long i = blockIdx.x;; i += gridDim.x, stamp = false) {
+        wg::bulk_wait_read(); /* the last item's rows have left the Q and KV buffers */
         const int next = va_next_item(a, i, walk, sWalk, sNode, &itm);
         if (next <= 0) { if (next == 0) break; continue; }
         const int P = itm.P, kb = itm.kb, ke = itm.ke, n_tiles = (ke - kb + 63) / 64;
         if (stamp && tid == 0) g_va_prof_tiles = n_tiles < VA_PROF_TILES ? n_tiles : VA_PROF_TILES;
+        W_ISTAMP(1);
         const int32_t *table = itm.table;
         int bad = 0;
         /* Q rows (all threads: one group), then WG1 starts both tile buffers (one group each) */
@@ -775,6 +864,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
             wg::fence_proxy_async();
         }
 
+        W_ISTAMP(2);
         float o[128]; /* O rows r0 (+8), columns 256 wgi + 8 j + 2 tq (+1) */
 #pragma unroll
         for (int e = 0; e < 128; e++) o[e] = 0.f;
@@ -812,12 +902,13 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
                     for (int e = 0; e < 32; e++) sc[e] *= a.scale_log2;
                 }
                 if (need_mask) {
+                    const uint64_t vis0 = va_visible_window(a, itm, sNode, r0, t0);
+                    const uint64_t vis1 = va_visible_window(a, itm, sNode, r0 + 8, t0);
 #pragma unroll
                     for (int j = 0; j < 8; j++)
 #pragma unroll
                         for (int e = 0; e < 4; e++)
-                            if (!va_visible(a, itm, sNode, r0 + 8 * (e >> 1), t0 + 8 * j + 2 * tq + (e & 1)))
-                                sc[4 * j + e] = -INFINITY;
+                            if (!((((e >> 1) ? vis1 : vis0) >> (8 * j + 2 * tq + (e & 1))) & 1ull)) sc[4 * j + e] = -INFINITY;
                 }
                 float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -930,7 +1021,9 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
         }
 
         /* the finished rows' normalisation (WG0 holds m and l), then each warpgroup's half */
+        W_ISTAMP(3);
         const int any_bad = __syncthreads_or(bad);
+        W_ISTAMP(4);
         if (wgi == 0) {
             float lt[2];
 #pragma unroll
@@ -942,8 +1035,15 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
             w_finish_rows(a, itm, m, lt, any_bad, r0, tq, sRows->inv, sRows->zero);
         }
         __syncthreads(); /* sRows->inv / zero written */
-        w_store_half(a, itm, o, sRows->inv, sRows->zero, r0, wgi, tq);
+        W_ISTAMP(5);
+        w_stage_half(itm, o, sRows->inv, sRows->zero, r0, wgi, tq, smem);
+        wg::fence_proxy_async();
+        __syncthreads();
+        w_send_rows(a, itm, q_base);
+        W_ISTAMP(6);
     }
+    wg::bulk_wait(); /* no copy outlives the CTA's shared memory */
+#undef W_ISTAMP
 #undef W_STAMP
 #else
     (void)a, (void)kv_map;
@@ -1031,6 +1131,9 @@ __global__ void __launch_bounds__(THREADS) verify_attn_combine(const VaArgs a) {
         walk_to<true>(a, LLONG_MAX, s0, tiles, slots, &sWalk);
         if (lane == 0) sTiles = tiles;
     }
+    /* launched with PDL: the walk above reads only the call's inputs (final before the main
+     * kernel started); the partials and out need the whole main grid done */
+    pdl::wait();
     __syncthreads();
     int parts = 1;
     while (parts < CB_MAX_PARTS && sTiles * parts < (long long)gridDim.x) parts *= 2;
@@ -1219,6 +1322,28 @@ extern "C" kdt_status kdt_verify_attn_cuda_profile(char *out, size_t cap) {
                                   cnt ? sum / cnt : 0.0);
         }
     }
+    if (!g_va_prof_kind) { /* v4: the item around its tiles, and its first and last tile */
+        long long it_st[2][VA_PROF_ITEM];
+        if (cudaMemcpyFromSymbol(it_st, g_va_prof_item, sizeof it_st) != cudaSuccess) return KDT_OK;
+        static const char *inames[VA_PROF_ITEM] = {"entry", "item known", "Q + KV0 issued", "tiles done",
+                                                   "both WGs done", "rows finished", "stored"};
+        for (int w = 0; w < 2; w++) {
+            n += (size_t)snprintf(out + (n < cap ? n : cap), n < cap ? cap - n : 0, "\n  WG%d item, cycles from entry:", w);
+            for (int k = 1; k < VA_PROF_ITEM; k++)
+                n += (size_t)snprintf(out + (n < cap ? n : cap), n < cap ? cap - n : 0, " %s %lld;", inames[k],
+                                      it_st[w][k] - it_st[w][0]);
+            for (int t = 0; t < tiles; t += tiles > 1 ? tiles - 1 : 1) {
+                n += (size_t)snprintf(out + (n < cap ? n : cap), n < cap ? cap - n : 0, "\n  WG%d tile %d:", w, t);
+                for (int ph = 0; ph < VA_PROF_PHASES; ph++) {
+                    const long long end = ph + 1 < VA_PROF_PHASES ? st[w][t][ph + 1] : (t + 1 < tiles ? st[w][t + 1][0] : 0);
+                    n += (size_t)snprintf(out + (n < cap ? n : cap), n < cap ? cap - n : 0, " %s %lld;", names[w][ph],
+                                          end > 0 && st[w][t][ph] > 0 ? end - st[w][t][ph] : -1);
+                }
+                n += (size_t)snprintf(out + (n < cap ? n : cap), n < cap ? cap - n : 0, " (start +%lld)",
+                                      st[w][t][0] - it_st[w][0]);
+            }
+        }
+    }
     return KDT_OK;
 }
 
@@ -1324,7 +1449,10 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "%s: launch failed: %s", who, cudaGetErrorString(e));
     if (a.slot_capacity > 0) {
-        verify_attn_combine<<<2 * sms, THREADS, 0, cs>>>(a);
+        /* programmatic dependent launch (sm_90+; KDT_VA_PDL=0 turns it off): the combine's launch
+         * and its walk overlap the main kernel, whose finished CTAs' SMs it takes first */
+        static const bool use_pdl = pdl::usable(verify_attn_combine, "KDT_VA_PDL");
+        pdl::launch(verify_attn_combine, dim3(2 * sms), dim3(THREADS), 0, cs, use_pdl, a);
         e = cudaGetLastError();
         if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "%s: combine launch failed: %s", who, cudaGetErrorString(e));
     }

@@ -120,7 +120,7 @@ __device__ __forceinline__ void ss_zero_tail(unsigned char *tile, int first, int
 }
 
 /* Bit 4 j + e: whether this thread's score element (rows r0 (e < 2) / r0 + 8, key
- * t0 + 8 j + 2 tq + (e & 1)) is visible; va_visible's rule. A rolled loop: it runs only on tiles
+ * t0 + 8 j + 2 tq + (e & 1)) is visible; va_visible_window's rule. A rolled loop: it runs only on tiles
  * that reach the tree slots or the split end, and unrolled into both warpgroups' paths it made the
  * kernel too large for the instruction cache (ncu: no_inst stalls). (Out of line, the call made
  * ptxas spill and serialize the wgmma.) */

@@ -197,6 +197,33 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void *tmap, int 
 #endif
 }
 
+/* ---- bulk copies shared -> global (cp.async.bulk, no tensor map), one group per thread -------
+ * The source must have been written before a fence_proxy_async and a barrier; both addresses
+ * 16-byte aligned, bytes a multiple of 16. */
+__device__ __forceinline__ void bulk_store(void *gdst, uint32_t ssrc, uint32_t bytes) {
+#if KDT_HAS_WGMMA
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(__cvta_generic_to_global(gdst)),
+                 "r"(ssrc), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_commit() {
+#if KDT_HAS_WGMMA
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+/* this thread's bulk copies have read their shared-memory source (it may be overwritten) */
+__device__ __forceinline__ void bulk_wait_read() {
+#if KDT_HAS_WGMMA
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#endif
+}
+/* this thread's bulk copies are complete */
+__device__ __forceinline__ void bulk_wait() {
+#if KDT_HAS_WGMMA
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* lo -> lower address */
     return *reinterpret_cast<uint32_t *>(&v);
