@@ -213,7 +213,7 @@ int bench_verify_attn(const bench_opts *o) {
         rc = bench_row(&b, o, stream, oS, oP, oq);
         const char *prof = getenv("KDT_VA_PROFILE");
         if (prof && prof[0] == '1') { /* the phase stamps of the last call (sm_90a kernel only) */
-            char text[1024];
+            char text[2048]; /* the per-tile means, then the item and its first and last tile */
             if (kdt_verify_attn_cuda_profile(text, sizeof text) == KDT_OK) printf("%s\n", text);
             else printf("profile: %s\n", kdt_last_error());
         }

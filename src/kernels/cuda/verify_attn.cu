@@ -621,9 +621,9 @@ constexpr size_t W_SMEM = 1024 + 3 * (size_t)W_TILE + ROWS * 4 + sizeof(WRows) +
 constexpr int VA_PROF_TILES = 32, VA_PROF_PHASES = 6;
 __device__ long long g_va_prof[2][VA_PROF_TILES][VA_PROF_PHASES];
 __device__ int g_va_prof_tiles;
-/* Item-level stamps of the same two threads (v4 only), cycles: kernel entry, item known, Q and
- * KV tile 0 issued (and, WG0, its Q part landed), tiles done, both warpgroups done, rows
- * finished, outputs stored. */
+/* Item-level stamps of the same two threads (v4 only), cycles: kernel entry, item known, its
+ * first data in (WG0: its own part of Q landed; WG1: Q and KV tile 0 landed), tiles done, both
+ * warpgroups done, rows finished, outputs staged and sent. */
 constexpr int VA_PROF_ITEM = 7;
 __device__ long long g_va_prof_item[2][VA_PROF_ITEM];
 int g_va_prof_kind; /* host: 0 = v4 stamps (per tile), 1 = seesaw stamps (per pair of tiles) */
@@ -707,6 +707,11 @@ __device__ __forceinline__ void w_finish_rows(const VaArgs &a, const VaItem &it,
     }
 }
 
+/* The normalized pair of this thread's O half at row r0 + 8 h, columns 8 j + 2 tq (+1) of the half. */
+__device__ __forceinline__ float2 w_out_pair(const float (&o)[128], int j, int h, float inv, bool zero) {
+    return make_float2(zero ? 0.f : o[4 * j + 2 * h] * inv, zero ? 0.f : o[4 * j + 2 * h + 1] * inv);
+}
+
 /* w_store_half (every thread, after the barrier; v5): this warpgroup's 256 output columns of rows r0,
  * r0 + 8, normalized: bf16 out, or the fp32 partial of a split item. */
 __device__ __forceinline__ void w_store_half(const VaArgs &a, const VaItem &it, const float (&o)[128],
@@ -722,24 +727,21 @@ __device__ __forceinline__ void w_store_half(const VaArgs &a, const VaItem &it, 
             uint16_t *dst = a.out + (it.row0 + row) * D_V + col0;
 #pragma unroll
             for (int j = 0; j < 32; j++) {
-                const float x0 = zero ? 0.f : o[4 * j + 2 * h] * inv, x1 = zero ? 0.f : o[4 * j + 2 * h + 1] * inv;
-                *reinterpret_cast<uint32_t *>(dst + 8 * j) = va::pack_bf16x2(x0, x1);
+                const float2 x = w_out_pair(o, j, h, inv, zero);
+                *reinterpret_cast<uint32_t *>(dst + 8 * j) = va::pack_bf16x2(x.x, x.y);
             }
         } else {
             float *dst = a.ws_o + it.slot * (long long)SLOT_O_FLOATS + row * D_V + col0;
 #pragma unroll
-            for (int j = 0; j < 32; j++) {
-                const float x0 = zero ? 0.f : o[4 * j + 2 * h] * inv, x1 = zero ? 0.f : o[4 * j + 2 * h + 1] * inv;
-                *reinterpret_cast<float2 *>(dst + 8 * j) = make_float2(x0, x1);
-            }
+            for (int j = 0; j < 32; j++) *reinterpret_cast<float2 *>(dst + 8 * j) = w_out_pair(o, j, h, inv, zero);
         }
     }
 }
-/* v4's epilogue: the same values staged row-major in shared memory at `stage` (the Q and KV
- * buffers, free once both warpgroups are past their last product): bf16 rows of 1,024 B or fp32
- * partial rows of 2,048 B, each padded by 16 / 32 B so a warp's 4- / 8-byte stores hit distinct
- * banks; then one thread per valid row sends it to global memory with one bulk copy
- * (w_send_rows). Each warp store instruction of w_store_half wrote 8 rows x 16 or 32 B: ~8,400
+/* v4's epilogue: w_store_half's values (its loop over the two rows, kept apart so that v5's code
+ * stays as measured) staged row-major in shared memory at `stage` (the Q and KV buffers, free
+ * once both warpgroups are past their last product): bf16 rows of 1,024 B or fp32 partial rows of
+ * 2,048 B, each padded by 16 / 32 B so a warp's 4- / 8-byte stores hit distinct banks; then one
+ * thread per valid row sends it to global memory with one bulk copy (w_send_rows). Each warp store instruction of w_store_half wrote 8 rows x 16 or 32 B: ~8,400
  * cycles for a 64-row bf16 tile, ~4,700 for fp32, against ~3,600 for a whole 64-key tile (H200,
  * session 13, KDT_VA_PROFILE). */
 constexpr uint32_t W_STAGE_BF16 = D_V * 2 + 16, W_STAGE_F32 = D_V * 4 + 32; /* row strides, bytes */
@@ -757,16 +759,13 @@ __device__ __forceinline__ void w_stage_half(const VaItem &it, const float (&o)[
             uint32_t *dst = reinterpret_cast<uint32_t *>(stage + row * W_STAGE_BF16) + col0 / 2;
 #pragma unroll
             for (int j = 0; j < 32; j++) {
-                const float x0 = zero ? 0.f : o[4 * j + 2 * h] * inv, x1 = zero ? 0.f : o[4 * j + 2 * h + 1] * inv;
-                dst[4 * j] = va::pack_bf16x2(x0, x1);
+                const float2 x = w_out_pair(o, j, h, inv, zero);
+                dst[4 * j] = va::pack_bf16x2(x.x, x.y);
             }
         } else {
             float2 *dst = reinterpret_cast<float2 *>(stage + row * W_STAGE_F32) + col0 / 2;
 #pragma unroll
-            for (int j = 0; j < 32; j++) {
-                const float x0 = zero ? 0.f : o[4 * j + 2 * h] * inv, x1 = zero ? 0.f : o[4 * j + 2 * h + 1] * inv;
-                dst[4 * j] = make_float2(x0, x1);
-            }
+            for (int j = 0; j < 32; j++) dst[4 * j] = w_out_pair(o, j, h, inv, zero);
         }
     }
 }
@@ -1325,7 +1324,7 @@ extern "C" kdt_status kdt_verify_attn_cuda_profile(char *out, size_t cap) {
     if (!g_va_prof_kind) { /* v4: the item around its tiles, and its first and last tile */
         long long it_st[2][VA_PROF_ITEM];
         if (cudaMemcpyFromSymbol(it_st, g_va_prof_item, sizeof it_st) != cudaSuccess) return KDT_OK;
-        static const char *inames[VA_PROF_ITEM] = {"entry", "item known", "Q + KV0 issued", "tiles done",
+        static const char *inames[VA_PROF_ITEM] = {"entry", "item known", "first data in", "tiles done",
                                                    "both WGs done", "rows finished", "stored"};
         for (int w = 0; w < 2; w++) {
             n += (size_t)snprintf(out + (n < cap ? n : cap), n < cap ? cap - n : 0, "\n  WG%d item, cycles from entry:", w);
