@@ -707,6 +707,20 @@ __device__ __forceinline__ void w_finish_rows(const VaArgs &a, const VaItem &it,
     }
 }
 
+/* -inf into this thread's 2 rows x 16 keys of a 64-key score tile (m64n64 accumulator layout:
+ * element 4 j + e is row r0 + 8 (e >> 1), key t0 + 8 j + 2 tq + (e & 1)) where va_visible_window
+ * hides them; v4 and v5 call it only on tiles reaching the tree slots or the split end. */
+__device__ __forceinline__ void w_mask_tile(float (&sc)[32], const VaArgs &a, const VaItem &it, const int *sNode,
+                                            int r0, int tq, int t0) {
+    const uint64_t vis0 = va_visible_window(a, it, sNode, r0, t0);
+    const uint64_t vis1 = va_visible_window(a, it, sNode, r0 + 8, t0);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (!((((e >> 1) ? vis1 : vis0) >> (8 * j + 2 * tq + (e & 1))) & 1ull)) sc[4 * j + e] = -INFINITY;
+}
+
 /* The normalized pair of this thread's O half at row r0 + 8 h, columns 8 j + 2 tq (+1) of the half. */
 __device__ __forceinline__ float2 w_out_pair(const float (&o)[128], int j, int h, float inv, bool zero) {
     return make_float2(zero ? 0.f : o[4 * j + 2 * h] * inv, zero ? 0.f : o[4 * j + 2 * h + 1] * inv);
@@ -741,9 +755,10 @@ __device__ __forceinline__ void w_store_half(const VaArgs &a, const VaItem &it, 
  * stays as measured) staged row-major in shared memory at `stage` (the Q and KV buffers, free
  * once both warpgroups are past their last product): bf16 rows of 1,024 B or fp32 partial rows of
  * 2,048 B, each padded by 16 / 32 B so a warp's 4- / 8-byte stores hit distinct banks; then one
- * thread per valid row sends it to global memory with one bulk copy (w_send_rows). Each warp store instruction of w_store_half wrote 8 rows x 16 or 32 B: ~8,400
- * cycles for a 64-row bf16 tile, ~4,700 for fp32, against ~3,600 for a whole 64-key tile (H200,
- * session 13, KDT_VA_PROFILE). */
+ * thread per valid row sends it to global memory with one bulk copy (w_send_rows). Each warp
+ * store instruction of w_store_half wrote 8 rows x 16 or 32 B: ~8,400 cycles for a 64-row bf16
+ * tile, ~4,700 for fp32, against ~3,600 for a whole 64-key tile (H200, session 13,
+ * KDT_VA_PROFILE). */
 constexpr uint32_t W_STAGE_BF16 = D_V * 2 + 16, W_STAGE_F32 = D_V * 4 + 32; /* row strides, bytes */
 static_assert(ROWS * W_STAGE_F32 <= 3 * W_TILE, "the staged fp32 tile fits the Q and KV buffers");
 __device__ __forceinline__ void w_stage_half(const VaItem &it, const float (&o)[128], const float *inv_in,
@@ -900,15 +915,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
 #pragma unroll
                     for (int e = 0; e < 32; e++) sc[e] *= a.scale_log2;
                 }
-                if (need_mask) {
-                    const uint64_t vis0 = va_visible_window(a, itm, sNode, r0, t0);
-                    const uint64_t vis1 = va_visible_window(a, itm, sNode, r0 + 8, t0);
-#pragma unroll
-                    for (int j = 0; j < 8; j++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++)
-                            if (!((((e >> 1) ? vis1 : vis0) >> (8 * j + 2 * tq + (e & 1))) & 1ull)) sc[4 * j + e] = -INFINITY;
-                }
+                if (need_mask) w_mask_tile(sc, a, itm, sNode, r0, tq, t0);
                 float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
                 for (int e = 0; e < 32; e++) mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], sc[e]);

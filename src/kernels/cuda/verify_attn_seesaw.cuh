@@ -119,27 +119,6 @@ __device__ __forceinline__ void ss_zero_tail(unsigned char *tile, int first, int
     wg::bar_sync(bar_id, WG_THREADS);
 }
 
-/* Bit 4 j + e: whether this thread's score element (rows r0 (e < 2) / r0 + 8, key
- * t0 + 8 j + 2 tq + (e & 1)) is visible; va_visible_window's rule. A rolled loop: it runs only on tiles
- * that reach the tree slots or the split end, and unrolled into both warpgroups' paths it made the
- * kernel too large for the instruction cache (ncu: no_inst stalls). (Out of line, the call made
- * ptxas spill and serialize the wgmma.) */
-__device__ __forceinline__ uint32_t ss_visible_bits(const uint64_t *mask, int words, int P, int ke, int node0,
-                                                    int node1, int t0, int tq) {
-    uint32_t bits = 0;
-#pragma unroll 1
-    for (int b = 0; b < 32; b++) {
-        const int key = t0 + 8 * (b >> 2) + 2 * tq + (b & 1), node = (b & 2) ? node1 : node0;
-        bool vis = key < ke;
-        if (vis && key >= P && node >= 0) {
-            const int k = key - P;
-            vis = (__ldg(mask + (long long)node * words + (k >> 6)) >> (k & 63)) & 1ull;
-        }
-        bits |= (uint32_t)vis << b;
-    }
-    return bits;
-}
-
 /* The log2-domain scores of one tile (this thread's 2 rows x 16 keys), -inf where hidden.
  * FUSED (KDT_VA_FUSED=1, positive scale): the raw scores, masked; the scale goes into the max
  * (ss_row_max's result times scale_log2) and into the exponent's FFMA (ss_exp). */
@@ -150,11 +129,7 @@ __device__ __forceinline__ void ss_scale_mask(float (&sc)[32], const VaArgs &a, 
 #pragma unroll
         for (int e = 0; e < 32; e++) sc[e] *= a.scale_log2;
     }
-    if (t0 + 64 > it.P || t0 + 64 > it.ke) {
-        const uint32_t bits = ss_visible_bits(it.mask, a.words, it.P, it.ke, sNode[r0], sNode[r0 + 8], t0, tq);
-#pragma unroll
-        for (int e = 0; e < 32; e++) sc[e] = (bits >> e) & 1u ? sc[e] : -INFINITY;
-    }
+    if (t0 + 64 > it.P || t0 + 64 > it.ke) w_mask_tile(sc, a, it, sNode, r0, tq, t0);
 }
 
 /* Row maxima of this thread's two rows over the quad (the 4 lanes holding a row): per row four
