@@ -157,6 +157,10 @@ static int bench_shape(va_bench *b, int S, int P, int q, uint64_t seed) {
     p->block_table = b->d_table, p->max_pages = pages, p->prefix_len = b->d_prefix, p->n_nodes = b->d_n;
     p->anc_mask = b->d_mask, p->out = b->d_out, p->lse = b->d_lse;
     p->workspace = b->d_ws, p->workspace_bytes = b->ws_bytes;
+    /* KDT_BENCH_VA_NOSPLIT=1: no workspace, so no stream is split (what the splits and their
+     * merge cost, by difference) */
+    const char *ns = getenv("KDT_BENCH_VA_NOSPLIT");
+    if (ns && ns[0] == '1') p->workspace = NULL, p->workspace_bytes = 0;
     return 0;
 }
 
