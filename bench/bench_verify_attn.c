@@ -55,6 +55,8 @@ static double flashmla_us(int S, int P, int q) {
 /* Device buffers sized for the largest shape, shared by all shapes. */
 typedef struct va_bench {
     int max_S, max_q, max_P, pool_pages;
+    int no_split; /* KDT_BENCH_VA_NOSPLIT=1: no workspace, so no stream is split (what the splits
+                   * and their merge cost, by difference) */
     uint16_t *d_q, *d_kv, *d_out;
     float *d_lse;
     int32_t *d_table, *d_prefix, *d_n;
@@ -156,11 +158,7 @@ static int bench_shape(va_bench *b, int S, int P, int q, uint64_t seed) {
     p->q = b->d_q, p->kv_cache = b->d_kv, p->n_pages = b->pool_pages, p->page_size = VA_PAGE;
     p->block_table = b->d_table, p->max_pages = pages, p->prefix_len = b->d_prefix, p->n_nodes = b->d_n;
     p->anc_mask = b->d_mask, p->out = b->d_out, p->lse = b->d_lse;
-    p->workspace = b->d_ws, p->workspace_bytes = b->ws_bytes;
-    /* KDT_BENCH_VA_NOSPLIT=1: no workspace, so no stream is split (what the splits and their
-     * merge cost, by difference) */
-    const char *ns = getenv("KDT_BENCH_VA_NOSPLIT");
-    if (ns && ns[0] == '1') p->workspace = NULL, p->workspace_bytes = 0;
+    p->workspace = b->no_split ? NULL : b->d_ws, p->workspace_bytes = b->no_split ? 0 : b->ws_bytes;
     return 0;
 }
 
@@ -198,9 +196,12 @@ int bench_verify_attn(const bench_opts *o) {
     static const int quick[][3] = {{1, 256, 9}, {1, 4096, 33}, {8, 1024, 65}, {64, 4096, 33}, {64, 16384, 1}};
     va_bench b;
     if (bench_alloc(&b, 64, 65, 16384)) return 1;
+    const char *ns = getenv("KDT_BENCH_VA_NOSPLIT");
+    b.no_split = ns && ns[0] == '1';
     cudaStream_t stream;
     BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    printf("path: %s (KDT_VERIFY_ATTN=mma|wgmma picks one)\n", kdt_verify_attn_cuda_path());
+    printf("path: %s (KDT_VERIFY_ATTN=mma|wgmma picks one)%s\n", kdt_verify_attn_cuda_path(),
+           b.no_split ? "; no workspace: no stream is split (KDT_BENCH_VA_NOSPLIT=1)" : "");
     printf("H = 64, d_qk 576, d_v 512, page 64; graph replay of one call, L2 flushed before each; "
            "floor = max(FLOPs / %.0f TFLOP/s, bytes / %.0f GB/s)\n", VA_GEMM_TFLOPS, g_bench_device.copy_gbps);
     printf("%3s %6s %4s %10s %8s %8s %9s %7s %10s %7s\n", "S", "P", "q", "us", "TFLOP/s", "GB/s", "floor_us",
