@@ -736,6 +736,32 @@ static void emu_item(emu_cta *C, const emu_cfg *k, const va_case *c, int s, int 
                 }
 }
 
+/* x rounded to fp16 (11 significant bits, round to nearest even; subnormal steps of 2^-24 below
+ * 2^-14), the format of the kernel's split partials; |x| < 65,504 here. */
+static float emu_round_half(float x) {
+    if (x == 0.f || !isfinite(x)) return x;
+    int e;
+    frexpf(x, &e); /* |x| in [2^(e-1), 2^e) */
+    const int step_exp = e - 1 - 10 < -24 ? -24 : e - 1 - 10;
+    return ldexpf(nearbyintf(ldexpf(x, -step_exp)), step_exp);
+}
+/* A split item's partial row as the kernel stores it: per 64 columns, scaled by the power of two
+ * that puts the group's max |x| in [2^14, 2^15) (va::part_scales), rounded to fp16, scaled back. */
+static void emu_partial_to_half(float *row) {
+    for (int g = 0; g < VA_D_V; g += 64) {
+        float mx = 0.f;
+        for (int d = g; d < g + 64; d++) mx = fmaxf(mx, fabsf(row[d]));
+        int e = -127; /* the kernel reads mx's biased exponent: -127 for 0 and subnormals */
+        if (mx >= 0x1p-126f) {
+            frexpf(mx, &e);
+            e -= 1; /* mx in [2^e, 2^(e+1)) */
+        }
+        int k = 14 - e;
+        k = k < -126 ? -126 : (k > 126 ? 126 : k);
+        for (int d = g; d < g + 64; d++) row[d] = ldexpf(emu_round_half(ldexpf(row[d], k)), -k);
+    }
+}
+
 /* Every item of every stream with the kernel's schedule, then the split combine. */
 static void emu_run(const va_case *c, int BN, emu_cta *C) {
     const emu_cfg k = emu_make_cfg(BN);
@@ -749,6 +775,8 @@ static void emu_run(const va_case *c, int BN, emu_cta *C) {
             for (int sp = 0; sp < splits; sp++) {
                 const int kb = sp * chunk, ke = kb + chunk < keys ? kb + chunk : keys;
                 emu_item(C, &k, c, s, g0, kb, ke, po + (size_t)sp * VA_ROWS * VA_D_V, pl + sp * VA_ROWS);
+                if (splits > 1)
+                    for (int r = 0; r < rows; r++) emu_partial_to_half(po + ((size_t)sp * VA_ROWS + r) * VA_D_V);
             }
             for (int r = 0; r < rows; r++) { /* combine (one split: the value itself) */
                 const size_t orow = (size_t)s * c->max_nodes * c->H + g0 + r;

@@ -9,8 +9,9 @@
  * H = 64 all heads of one node, for H < 64 several nodes, for H = 128 half a node. All rows of a
  * tile read the same latent KV row per key, so each KV tile is fetched once per row tile. An
  * item = (stream, row tile, KV split): it runs an online softmax over the split's key range
- * [kb, ke) in tiles of BN keys and writes either the final bf16 output (one split) or an fp32
- * partial (o normalized, lse) that verify_attn_combine merges in split order.
+ * [kb, ke) in tiles of BN keys and writes either the final bf16 output (one split) or a
+ * partial (o normalized, in fp16 with a power-of-two scale per row and 64 columns; lse in fp32)
+ * that verify_attn_combine merges in split order.
  *
  * Split schedule (va_split, the one dispatch function): depends only on the stream's own
  * (prefix_len, n_nodes) and H, never on S or other streams, so a stream's output is bitwise the
@@ -18,8 +19,9 @@
  *   splits = 1                                   if rt >= TARGET_ITEMS (132, one H200 wave)
  *   splits = min(TARGET/rt, blocks/MIN_BLOCKS, MAX_SPLITS), at least 1, otherwise
  * then rebalanced to equal chunks of whole 64-key blocks. TARGET/rt fills the GPU for a lone
- * stream; MIN_BLOCKS = 16 (1,024 keys) caps the partial traffic (64 rows x 512 fp32 written and
- * read back per item, 128 KB against 16 x 72 KB of keys) when a large batch repeats the split for
+ * stream; MIN_BLOCKS = 16 (1,024 keys) caps the partial traffic (64 rows x 512 written and read
+ * back per item, 64 KB in fp16, 128 KB in fp32 until session 16, against 16 x 72 KB of keys)
+ * when a large batch repeats the split for
  * every stream. It was 4: with the faster sm_90a kernel the partials dominated decode (H200, S 64,
  * P 16384, q 1: 700 us with 4, 560 with 8, 455 with 16; S 64 P 4096 q 9 1,231 -> 775; the S = 1
  * shapes within +-4 %). See docs/verify_attn_notes.md for the trade-off. A NULL workspace (or 0
@@ -71,8 +73,12 @@ namespace {
 
 constexpr int D_QK = VA_D_QK, D_V = VA_D_V, ROWS = VA_ROWS, THREADS = VA_THREADS;
 constexpr int QK_CHUNKS = VA_QK_CHUNKS, SCHED_BLOCK = VA_SCHED_BLOCK;
-constexpr size_t SLOT_O_FLOATS = (size_t)ROWS * D_V;
-constexpr size_t SLOT_BYTES = (SLOT_O_FLOATS + ROWS) * sizeof(float); /* o partial + lse */
+/* A split item's partial slot: o normalized, in fp16 with a power-of-two scale per (row, 64-column
+ * group) (va::part_scales: half the bytes of fp32, written by the main kernel and read back by the
+ * combine), lse in fp32. */
+constexpr int PART_GROUPS = D_V / 64;
+constexpr size_t SLOT_O_HALVES = (size_t)ROWS * D_V;
+constexpr size_t SLOT_BYTES = SLOT_O_HALVES * 2 + ROWS * sizeof(float) + (size_t)ROWS * PART_GROUPS * sizeof(float);
 constexpr int MAX_KEYS_PER_STREAM = 1 << 30;
 
 struct VaArgs {
@@ -84,8 +90,9 @@ struct VaArgs {
     const uint64_t *anc_mask;     /* [S][max_nodes][words] */
     uint16_t *out;                /* [S][max_nodes][H][512] */
     float *lse;                   /* [S][max_nodes][H] */
-    float *ws_o;                  /* [slots][64][512] */
+    uint16_t *ws_o;               /* [slots][64][512] fp16, scaled */
     float *ws_lse;                /* [slots][64] */
+    float *ws_scale;              /* [slots][64][PART_GROUPS]: what ws_o's fp16 values are multiplied by */
     long long slot_capacity;      /* 0: no workspace, nothing is split */
     int S, H, max_nodes, words, n_pages, page_size, max_pages;
     float scale_log2;             /* softmax_scale * log2(e) */
@@ -548,7 +555,8 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel(const VaArgs a)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int row = mi * 16 + va_frag_row(lane, 2 * h);
-                if (row >= rows_valid) continue;
+                /* rows >= rows_valid are finished too (the split branch's quad shuffles need every
+                 * lane) but not stored */
                 float l = sRed[row];
 #pragma unroll
                 for (int w = 1; w < NW; w++) l += sRed[w * ROWS + row];
@@ -557,6 +565,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel(const VaArgs a)
                 va_row_finish(mp[mi][h], l, any_bad, &inv, &lse_v, &zero);
                 const int col = warp * 64 + va_frag_col(lane, 0);
                 if (!split_mode) {
+                    if (row >= rows_valid) continue;
                     uint16_t *dst = a.out + (row0 + row) * D_V + col;
 #pragma unroll
                     for (int nj = 0; nj < 8; nj++) {
@@ -566,14 +575,27 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel(const VaArgs a)
                     }
                     if (warp == 0 && (lane & 3) == 0) a.lse[row0 + row] = lse_v;
                 } else {
-                    float *dst = a.ws_o + slot * (long long)SLOT_O_FLOATS + row * D_V + col;
+                    /* the quad holds this row's 64 columns of warp's group: its max sets the scale */
+                    float mx = 0.f;
+#pragma unroll
+                    for (int nj = 0; nj < 8; nj++)
+                        mx = fmaxf(mx, zero ? 0.f : fmaxf(fabsf(o[mi][nj][2 * h] * inv), fabsf(o[mi][nj][2 * h + 1] * inv)));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    float up, down;
+                    va::part_scales(mx, &up, &down);
+                    if (row >= rows_valid) continue;
+                    uint16_t *dst = a.ws_o + slot * (long long)SLOT_O_HALVES + row * D_V + col;
 #pragma unroll
                     for (int nj = 0; nj < 8; nj++) {
                         const float x0 = zero ? 0.f : o[mi][nj][2 * h] * inv;
                         const float x1 = zero ? 0.f : o[mi][nj][2 * h + 1] * inv;
-                        *reinterpret_cast<float2 *>(dst + nj * 8) = make_float2(x0, x1);
+                        *reinterpret_cast<uint32_t *>(dst + nj * 8) = va::pack_half2(x0 * up, x1 * up);
                     }
-                    if (warp == 0 && (lane & 3) == 0) a.ws_lse[slot * ROWS + row] = lse_v;
+                    if ((lane & 3) == 0) {
+                        a.ws_scale[(slot * ROWS + row) * PART_GROUPS + warp] = down;
+                        if (warp == 0) a.ws_lse[slot * ROWS + row] = lse_v;
+                    }
                 }
             }
     }
@@ -726,18 +748,34 @@ __device__ __forceinline__ float2 w_out_pair(const float (&o)[128], int j, int h
     return make_float2(zero ? 0.f : o[4 * j + 2 * h] * inv, zero ? 0.f : o[4 * j + 2 * h + 1] * inv);
 }
 
+/* The scale of a split partial's (row r0 + 8 h, this warpgroup's 256 columns): the quad's max |x|
+ * (every lane must call it); the same value goes to the half's 4 groups of 64 columns. */
+__device__ __forceinline__ void w_half_scales(const float (&o)[128], int h, float inv, bool zero, float *up, float *down) {
+    float mx = 0.f;
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        const float2 x = w_out_pair(o, j, h, inv, zero);
+        mx = fmaxf(mx, fmaxf(fabsf(x.x), fabsf(x.y)));
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    va::part_scales(mx, up, down);
+}
+__device__ __forceinline__ void w_store_scales(const VaArgs &a, const VaItem &it, int row, int wgi, float down) {
+    *reinterpret_cast<float4 *>(a.ws_scale + (it.slot * ROWS + row) * PART_GROUPS + 4 * wgi) = make_float4(down, down, down, down);
+}
 /* w_store_half (every thread, after the barrier; v5): this warpgroup's 256 output columns of rows r0,
- * r0 + 8, normalized: bf16 out, or the fp32 partial of a split item. */
+ * r0 + 8, normalized: bf16 out, or the fp16 partial (and its scales) of a split item. */
 __device__ __forceinline__ void w_store_half(const VaArgs &a, const VaItem &it, const float (&o)[128],
                                              const float *inv_in, const int *zero_in, int r0, int wgi, int tq) {
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int row = r0 + 8 * h;
-        if (row >= it.rows_valid) continue;
         const float inv = inv_in[row];
         const bool zero = zero_in[row] != 0;
         const int col0 = 256 * wgi + 2 * tq;
         if (!it.split_mode) {
+            if (row >= it.rows_valid) continue;
             uint16_t *dst = a.out + (it.row0 + row) * D_V + col0;
 #pragma unroll
             for (int j = 0; j < 32; j++) {
@@ -745,42 +783,55 @@ __device__ __forceinline__ void w_store_half(const VaArgs &a, const VaItem &it, 
                 *reinterpret_cast<uint32_t *>(dst + 8 * j) = va::pack_bf16x2(x.x, x.y);
             }
         } else {
-            float *dst = a.ws_o + it.slot * (long long)SLOT_O_FLOATS + row * D_V + col0;
+            float up, down;
+            w_half_scales(o, h, inv, zero, &up, &down);
+            if (row >= it.rows_valid) continue;
+            uint16_t *dst = a.ws_o + it.slot * (long long)SLOT_O_HALVES + row * D_V + col0;
 #pragma unroll
-            for (int j = 0; j < 32; j++) *reinterpret_cast<float2 *>(dst + 8 * j) = w_out_pair(o, j, h, inv, zero);
+            for (int j = 0; j < 32; j++) {
+                const float2 x = w_out_pair(o, j, h, inv, zero);
+                *reinterpret_cast<uint32_t *>(dst + 8 * j) = va::pack_half2(x.x * up, x.y * up);
+            }
+            if (tq == 0) w_store_scales(a, it, row, wgi, down);
         }
     }
 }
 /* v4's epilogue: w_store_half's values (its loop over the two rows, kept apart so that v5's code
  * stays as measured) staged row-major in shared memory at `stage` (the Q and KV buffers, free
- * once both warpgroups are past their last product): bf16 rows of 1,024 B or fp32 partial rows of
- * 2,048 B, each padded by 16 / 32 B so a warp's 4- / 8-byte stores hit distinct banks; then one
- * thread per valid row sends it to global memory with one bulk copy (w_send_rows). Each warp
- * store instruction of w_store_half wrote 8 rows x 16 or 32 B: ~8,400 cycles for a 64-row bf16
- * tile, ~4,700 for fp32, against ~3,600 for a whole 64-key tile (H200, session 13,
+ * once both warpgroups are past their last product): rows of 1,024 B (bf16 out, or a split item's
+ * fp16 partial, whose scales go straight to global memory), each padded by 16 B so a warp's 4-byte
+ * stores hit distinct banks; then one thread per valid row sends it to global memory with one bulk
+ * copy (w_send_rows). Each warp store instruction of w_store_half wrote 8 rows x 16 B: ~8,400
+ * cycles for a 64-row bf16 tile, against ~3,600 for a whole 64-key tile (H200, session 13,
  * KDT_VA_PROFILE). */
-constexpr uint32_t W_STAGE_BF16 = D_V * 2 + 16, W_STAGE_F32 = D_V * 4 + 32; /* row strides, bytes */
-static_assert(ROWS * W_STAGE_F32 <= 3 * W_TILE, "the staged fp32 tile fits the Q and KV buffers");
-__device__ __forceinline__ void w_stage_half(const VaItem &it, const float (&o)[128], const float *inv_in,
+constexpr uint32_t W_STAGE_ROW = D_V * 2 + 16; /* row stride, bytes: bf16 out or fp16 partial */
+static_assert(ROWS * W_STAGE_ROW <= 3 * W_TILE, "the staged tile fits the Q and KV buffers");
+__device__ __forceinline__ void w_stage_half(const VaArgs &a, const VaItem &it, const float (&o)[128], const float *inv_in,
                                              const int *zero_in, int r0, int wgi, int tq, unsigned char *stage) {
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int row = r0 + 8 * h;
-        if (row >= it.rows_valid) continue;
         const float inv = inv_in[row];
         const bool zero = zero_in[row] != 0;
         const int col0 = 256 * wgi + 2 * tq;
+        uint32_t *dst = reinterpret_cast<uint32_t *>(stage + row * W_STAGE_ROW) + col0 / 2;
         if (!it.split_mode) {
-            uint32_t *dst = reinterpret_cast<uint32_t *>(stage + row * W_STAGE_BF16) + col0 / 2;
+            if (row >= it.rows_valid) continue;
 #pragma unroll
             for (int j = 0; j < 32; j++) {
                 const float2 x = w_out_pair(o, j, h, inv, zero);
                 dst[4 * j] = va::pack_bf16x2(x.x, x.y);
             }
         } else {
-            float2 *dst = reinterpret_cast<float2 *>(stage + row * W_STAGE_F32) + col0 / 2;
+            float up, down;
+            w_half_scales(o, h, inv, zero, &up, &down);
+            if (row >= it.rows_valid) continue;
 #pragma unroll
-            for (int j = 0; j < 32; j++) dst[4 * j] = w_out_pair(o, j, h, inv, zero);
+            for (int j = 0; j < 32; j++) {
+                const float2 x = w_out_pair(o, j, h, inv, zero);
+                dst[4 * j] = va::pack_half2(x.x * up, x.y * up);
+            }
+            if (tq == 0) w_store_scales(a, it, row, wgi, down);
         }
     }
 }
@@ -789,11 +840,9 @@ __device__ __forceinline__ void w_stage_half(const VaItem &it, const float (&o)[
 __device__ __forceinline__ void w_send_rows(const VaArgs &a, const VaItem &it, uint32_t stage) {
     const int r = threadIdx.x;
     if (r >= it.rows_valid) return;
-    if (!it.split_mode)
-        wg::bulk_store(a.out + (it.row0 + r) * D_V, stage + (uint32_t)r * W_STAGE_BF16, D_V * 2);
-    else
-        wg::bulk_store(a.ws_o + it.slot * (long long)SLOT_O_FLOATS + (long long)r * D_V, stage + (uint32_t)r * W_STAGE_F32,
-                       D_V * 4);
+    uint16_t *dst = it.split_mode ? a.ws_o + it.slot * (long long)SLOT_O_HALVES + (long long)r * D_V
+                                  : a.out + (it.row0 + r) * D_V;
+    wg::bulk_store(dst, stage + (uint32_t)r * W_STAGE_ROW, D_V * 2);
     wg::bulk_commit();
 }
 #endif
@@ -1042,7 +1091,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
         }
         __syncthreads(); /* sRows->inv / zero written */
         W_ISTAMP(5);
-        w_stage_half(itm, o, sRows->inv, sRows->zero, r0, wgi, tq, smem);
+        w_stage_half(a, itm, o, sRows->inv, sRows->zero, r0, wgi, tq, smem);
         wg::fence_proxy_async();
         __syncthreads();
         w_send_rows(a, itm, q_base);
@@ -1080,11 +1129,11 @@ __device__ __forceinline__ void combine_row(const VaArgs &a, const VaPlan &pl, l
     float mx = fmaxf(la, lb);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    uint2 *dst = reinterpret_cast<uint2 *>(a.out + (row0 + r) * D_V);
+    uint4 *dst = reinterpret_cast<uint4 *>(a.out + (row0 + r) * D_V); /* lane's 8 columns 8 (lane + 32 j) */
     if (any_nan || mx == -INFINITY) {
         const uint32_t fill = any_nan ? 0x7fc07fc0u : 0u;
 #pragma unroll
-        for (int j = 0; j < 4; j++) dst[lane + 32 * j] = make_uint2(fill, fill);
+        for (int j = 0; j < 2; j++) dst[lane + 32 * j] = make_uint4(fill, fill, fill, fill);
         if (lane == 0) a.lse[row0 + r] = any_nan ? __int_as_float(0x7fc00000) : -INFINITY;
         return;
     }
@@ -1093,38 +1142,53 @@ __device__ __forceinline__ void combine_row(const VaArgs &a, const VaPlan &pl, l
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
     const float inv = 1.f / sum;
-    float4 acc[4];
+    float acc[2][8];
 #pragma unroll
-    for (int j = 0; j < 4; j++) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-    const float4 *src0 = reinterpret_cast<const float4 *>(a.ws_o + (slot_base + rtile) * (long long)SLOT_O_FLOATS +
-                                                          (long long)r * D_V);
-    const long long k_stride = (long long)pl.rt * (long long)(SLOT_O_FLOATS / 4); /* float4s per split */
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[j][e] = 0.f;
+    /* split k's slot is slot_base + k rt + rtile; 8 fp16 values (16 B) per lane and j, group
+     * (lane + 32 j) / 8 of 64 columns */
+    const long long slot0 = slot_base + rtile;
+    const uint4 *src0 = reinterpret_cast<const uint4 *>(a.ws_o + slot0 * (long long)SLOT_O_HALVES + (long long)r * D_V);
+    const float *sc0 = a.ws_scale + (slot0 * ROWS + r) * PART_GROUPS;
+    const long long k_stride = (long long)pl.rt * (long long)(SLOT_O_HALVES / 8);  /* uint4s per split */
+    const long long sc_stride = (long long)pl.rt * ROWS * PART_GROUPS;              /* scales per split */
     for (int k0 = 0; k0 < K; k0 += 4) {
-        float4 v[4][4];
-        float wk[4];
+        uint4 v[4][2];
+        float down[4][2], wk[4];
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             const int k = k0 + u; /* warp-uniform */
             wk[u] = __shfl_sync(0xffffffffu, k < 32 ? wa : wb, k & 31) * inv;
             if (k < K) {
 #pragma unroll
-                for (int j = 0; j < 4; j++) v[u][j] = src0[k * k_stride + lane + 32 * j];
+                for (int j = 0; j < 2; j++) {
+                    v[u][j] = src0[k * k_stride + lane + 32 * j];
+                    down[u][j] = sc0[k * sc_stride + ((lane + 32 * j) >> 3)];
+                }
             }
         }
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             if (k0 + u < K) {
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    acc[j].x += wk[u] * v[u][j].x, acc[j].y += wk[u] * v[u][j].y;
-                    acc[j].z += wk[u] * v[u][j].z, acc[j].w += wk[u] * v[u][j].w;
+                for (int j = 0; j < 2; j++) {
+                    const uint32_t w4[4] = {v[u][j].x, v[u][j].y, v[u][j].z, v[u][j].w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const float2 x = __half22float2(*reinterpret_cast<const __half2 *>(&w4[e]));
+                        acc[j][2 * e] += wk[u] * (x.x * down[u][j]);
+                        acc[j][2 * e + 1] += wk[u] * (x.y * down[u][j]);
+                    }
                 }
             }
         }
     }
 #pragma unroll
-    for (int j = 0; j < 4; j++)
-        dst[lane + 32 * j] = make_uint2(va::pack_bf16x2(acc[j].x, acc[j].y), va::pack_bf16x2(acc[j].z, acc[j].w));
+    for (int j = 0; j < 2; j++)
+        dst[lane + 32 * j] = make_uint4(va::pack_bf16x2(acc[j][0], acc[j][1]), va::pack_bf16x2(acc[j][2], acc[j][3]),
+                                        va::pack_bf16x2(acc[j][4], acc[j][5]), va::pack_bf16x2(acc[j][6], acc[j][7]));
     if (lane == 0) a.lse[row0 + r] = mx + logf(sum);
 }
 __global__ void __launch_bounds__(THREADS) verify_attn_combine(const VaArgs a) {
@@ -1405,8 +1469,9 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
     a.prefix_len = p->prefix_len, a.n_nodes = p->n_nodes, a.anc_mask = p->anc_mask;
     a.out = p->out, a.lse = p->lse;
     a.slot_capacity = p->workspace ? (long long)(p->workspace_bytes / SLOT_BYTES) : 0;
-    a.ws_o = (float *)p->workspace;
-    a.ws_lse = a.slot_capacity > 0 ? (float *)((char *)p->workspace + a.slot_capacity * SLOT_O_FLOATS * sizeof(float)) : NULL;
+    a.ws_o = (uint16_t *)p->workspace;
+    a.ws_lse = a.slot_capacity > 0 ? (float *)((char *)p->workspace + a.slot_capacity * SLOT_O_HALVES * 2) : NULL;
+    a.ws_scale = a.ws_lse ? a.ws_lse + a.slot_capacity * ROWS : NULL;
     a.S = p->n_streams, a.H = p->n_heads, a.max_nodes = p->max_nodes, a.words = KDT_MASK_WORDS(p->max_nodes);
     a.n_pages = p->n_pages, a.page_size = p->page_size, a.max_pages = p->max_pages;
     a.scale_log2 = (float)((double)p->softmax_scale * 1.4426950408889634);

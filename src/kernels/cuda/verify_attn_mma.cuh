@@ -7,6 +7,7 @@
 #define KDT_VERIFY_ATTN_MMA_CUH
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <stdint.h>
 
 namespace va {
@@ -57,6 +58,24 @@ __device__ __forceinline__ void mma_bf16_16816(float d[4], const uint32_t a[4], 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* lo -> lower address */
     return *reinterpret_cast<uint32_t *>(&v);
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi); /* lo -> lower address */
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* The fp16 split partials: a (row, 64-column group)'s normalized values x are stored as
+ * half(x * up), up = 2^k with k chosen from the group's max |x| (mx) so that the largest lands in
+ * [2^14, 2^15) (fp16 keeps 11 significant bits; its largest finite value is 65,504); the combine
+ * multiplies by down = 2^-k. Both are exact powers of two (k clamped to +-126: a group of zeros or
+ * subnormals gets 2^126; NaN passes through). */
+__device__ __forceinline__ void part_scales(float mx, float *up, float *down) {
+    const int e = ((__float_as_int(mx) >> 23) & 255) - 127; /* mx's exponent; -127 for 0 */
+    int k = 14 - e;
+    k = k < -126 ? -126 : (k > 126 ? 126 : k);
+    *up = __int_as_float((127 + k) << 23);
+    *down = __int_as_float((127 - k) << 23);
 }
 
 } // namespace va
