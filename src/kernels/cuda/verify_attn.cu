@@ -97,6 +97,7 @@ struct VaArgs {
     int S, H, max_nodes, words, n_pages, page_size, max_pages;
     float scale_log2;             /* softmax_scale * log2(e) */
     int prof;                     /* KDT_VA_PROFILE=1: the sm_90a kernel stamps its phases (below) */
+    int prof_item;                /* KDT_VA_PROFILE_ITEM=k: v4 stamps CTA 0's k-th item (default 0, the first) */
     int use_tma;                  /* sm_90a kernel: KV tiles by TMA (the kv_map parameter) */
 };
 
@@ -649,6 +650,7 @@ __device__ int g_va_prof_tiles;
 constexpr int VA_PROF_ITEM = 7;
 __device__ long long g_va_prof_item[2][VA_PROF_ITEM];
 int g_va_prof_kind; /* host: 0 = v4 stamps (per tile), 1 = seesaw stamps (per pair of tiles) */
+int g_va_prof_nth;  /* host: the item v4 stamped (KDT_VA_PROFILE_ITEM) */
 
 #if KDT_HAS_WGMMA
 constexpr int WG_THREADS = 128;
@@ -870,7 +872,9 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wgi = warp >> 2, wq = warp & 3, g = lane >> 2, tq = lane & 3;
     const int r0 = 16 * wq + g; /* this thread's accumulator rows: r0, r0 + 8 */
-    bool stamp = PROF && blockIdx.x == 0 && (tid & (WG_THREADS - 1)) == 0; /* first item only */
+    /* one item only: the first, or with KDT_VA_PROFILE_ITEM=k CTA 0's k-th, whose "entry" stamp is
+     * then its loop top (the previous item just stored), so the item-to-item gap shows */
+    bool stamp = PROF && blockIdx.x == 0 && (tid & (WG_THREADS - 1)) == 0 && a.prof_item == 0;
     pdl::launch_dependents(); /* the combine's CTAs may take the SMs that run out of items */
     const uint32_t bar0 = va::smem_addr(&sRows->kv_full[0]);
     const bool tma = a.use_tma != 0, issuer = tid == WG_THREADS; /* WG1's first thread issues TMA */
@@ -888,7 +892,12 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
 
     WalkState walk;
     VaItem itm;
-    for (long long i = blockIdx.x;; i += gridDim.x, stamp = false) {
+    for (long long i = blockIdx.x;; i += gridDim.x) {
+        if (PROF) {
+            const long long nth = (i - blockIdx.x) / gridDim.x;
+            stamp = blockIdx.x == 0 && (tid & (WG_THREADS - 1)) == 0 && nth == a.prof_item;
+            if (stamp && nth > 0) g_va_prof_item[wgi][0] = clock64();
+        }
         wg::bulk_wait_read(); /* the last item's rows have left the Q and KV buffers */
         const int next = va_next_item(a, i, walk, sWalk, sNode, &itm);
         if (next <= 0) { if (next == 0) break; continue; }
@@ -1376,9 +1385,9 @@ extern "C" kdt_status kdt_verify_attn_cuda_profile(char *out, size_t cap) {
         {"wait SCALE0", "softmax1 + P1 out", "wait SCALE1", "wait P0 + P V issue + waits", "next S1",
          "to next pair"}};
     const char *(*names)[VA_PROF_PHASES] = g_va_prof_kind ? names_v5 : names_v4;
-    size_t n = (size_t)snprintf(out, cap, "verify_attn sm_90a %s phases (CTA 0, first item, %s 1..%d), mean cycles:",
-                                g_va_prof_kind ? "v5 (seesaw)" : "v4", g_va_prof_kind ? "pairs of tiles" : "tiles",
-                                tiles - 2);
+    size_t n = (size_t)snprintf(out, cap, "verify_attn sm_90a %s phases (CTA 0, item %d, %s 1..%d), mean cycles:",
+                                g_va_prof_kind ? "v5 (seesaw)" : "v4", g_va_prof_kind ? 0 : g_va_prof_nth,
+                                g_va_prof_kind ? "pairs of tiles" : "tiles", tiles - 2);
     for (int w = 0; w < 2; w++) {
         n += (size_t)snprintf(out + (n < cap ? n : cap), n < cap ? cap - n : 0, "\n  WG%d:", w);
         for (int ph = 0; ph < VA_PROF_PHASES; ph++) {
@@ -1398,7 +1407,8 @@ extern "C" kdt_status kdt_verify_attn_cuda_profile(char *out, size_t cap) {
         static const char *inames[VA_PROF_ITEM] = {"entry", "item known", "first data in", "tiles done",
                                                    "both WGs done", "rows finished", "stored"};
         for (int w = 0; w < 2; w++) {
-            n += (size_t)snprintf(out + (n < cap ? n : cap), n < cap ? cap - n : 0, "\n  WG%d item, cycles from entry:", w);
+            n += (size_t)snprintf(out + (n < cap ? n : cap), n < cap ? cap - n : 0, "\n  WG%d item, cycles from %s:", w,
+                                  g_va_prof_nth ? "its loop top" : "entry");
             for (int k = 1; k < VA_PROF_ITEM; k++)
                 n += (size_t)snprintf(out + (n < cap ? n : cap), n < cap ? cap - n : 0, " %s %lld;", inames[k],
                                       it_st[w][k] - it_st[w][0]);
@@ -1477,6 +1487,10 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
     a.scale_log2 = (float)((double)p->softmax_scale * 1.4426950408889634);
     const char *prof = getenv("KDT_VA_PROFILE");
     a.prof = prof && prof[0] == '1';
+    const char *prof_item = getenv("KDT_VA_PROFILE_ITEM");
+    a.prof_item = prof_item ? atoi(prof_item) : 0;
+    if (a.prof_item < 0) a.prof_item = 0;
+    if (a.prof) g_va_prof_nth = a.prof_item;
     a.use_tma = 0;
 
     cudaStream_t cs = (cudaStream_t)stream;
