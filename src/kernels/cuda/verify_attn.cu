@@ -21,11 +21,11 @@
  * then rebalanced to equal chunks of whole 64-key blocks. TARGET/rt fills the GPU for a lone
  * stream; MIN_BLOCKS = 16 (1,024 keys) caps the partial traffic (64 rows x 512 written and read
  * back per item, 64 KB in fp16, 128 KB in fp32 until session 16, against 16 x 72 KB of keys)
- * when a large batch repeats the split for
- * every stream. It was 4: with the faster sm_90a kernel the partials dominated decode (H200, S 64,
- * P 16384, q 1: 700 us with 4, 560 with 8, 455 with 16; S 64 P 4096 q 9 1,231 -> 775; the S = 1
- * shapes within +-4 %). See docs/verify_attn_notes.md for the trade-off. A NULL workspace (or 0
- * bytes) runs every stream unsplit: correct, only slower for small batches.
+ * when a large batch repeats the split for every stream. It was 4: with the faster sm_90a kernel
+ * the partials dominated decode (H200, S 64, P 16384, q 1: 700 us with 4, 560 with 8, 455 with
+ * 16; S 64 P 4096 q 9 1,231 -> 775; the S = 1 shapes within +-4 %). See
+ * docs/verify_attn_notes.md for the trade-off. A NULL workspace (or 0 bytes) runs every stream
+ * unsplit: correct, only slower for small batches.
  *
  * Launch: a persistent grid (one CTA per SM) walks the item list: items are numbered stream by
  * stream, and each CTA finds its item's stream with a warp-parallel prefix scan over the streams
