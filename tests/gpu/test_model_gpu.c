@@ -1238,6 +1238,8 @@ static void plan1_case(int E, int K, int has_shared, int n_rows, int splits, uin
 static void test_router_wide(void) {
     plan1_case(384, 8, 1, 1, 28, 21);
     plan1_case(384, 8, 1, 0, 28, 22);
+    plan1_case(384, 8, 2, 1, 28, 25); /* the shared expert apart: counted, not planned */
+    plan1_case(16, 4, 2, 0, 1, 26);
     plan1_case(40, 6, 0, 1, 3, 23);
     plan1_case(16, 4, 1, 1, 1, 24);
     router_case(384, 8, 7, 28, 11); /* Kimi: 12 warps of candidates */
@@ -1314,6 +1316,87 @@ static void test_fused_swiglu(void) {
     }
     gmodel_close(&m);
     tm_rmdir(dir);
+}
+
+/* The shared expert apart (a split-K dense MLP on a second stream, joined before the MoE combine:
+ * the default) against it inside the grouped launches (KDT_GPU_SHARED_APART=0): both match the
+ * CPU twin, and the decode step of 3 streams equals a tree verify of the same tokens bit for bit
+ * under both (the apart path's own batch invariance; the default path is also covered by every
+ * other test here). Tiled experts (fused SwiGLU) and row-major ones. */
+static void shared_apart_case(int tiled) {
+    tm_spec s = tm_default_spec();
+    s.hidden = 256; s.moe_inter = 48; s.inter = 64; s.heads = 4; s.bf16 = 1; s.seed = 4343 + tiled;
+    char dir[256];
+    tm_mkdtemp(dir, sizeof dir);
+    tm_write_model(dir, &s);
+    const char *te = getenv("KDT_GPU_TILED_EXPERTS");
+    char *te_saved = te ? strdup(te) : NULL;
+    setenv("KDT_GPU_TILED_EXPERTS", tiled ? "1" : "0", 1); /* read at upload */
+    gmodel m;
+    const int ok = gmodel_open(&m, dir);
+    if (te_saved) setenv("KDT_GPU_TILED_EXPERTS", te_saved, 1);
+    else unsetenv("KDT_GPU_TILED_EXPERTS");
+    free(te_saved);
+    CHECK(ok);
+    if (ok && m.g) {
+        CHECK_EQ_INT(m.g->experts_tiled, tiled);
+        enum { N = 20, S = 3 };
+        const int V = s.vocab;
+        int32_t toks[N];
+        uint64_t rng = 9 + tiled;
+        for (int i = 0; i < N; i++) toks[i] = t_rand_int(&rng, V);
+        uint8_t excused[N];
+        ref_forward(m.cpu, toks, N, excused, NULL);
+        float *lc = xmalloc((size_t)N * V * 4), *lg = xmalloc((size_t)N * V * 4);
+        float *dec = xmalloc((size_t)S * V * 4), *ver = xmalloc((size_t)S * V * 4);
+        kdt_kv_cache *ck = new_ckv(m.cpu, 2, 1);
+        kdt_model_outputs oc = {lc, NULL, 0, 0, NULL, NULL};
+        CHECK_EQ_INT(kdt_model_prefill(m.cpu, ck, 0, toks, N, &oc), KDT_OK);
+        kdt_kv_cache_free(ck);
+        for (int apart = 1; apart >= 0; apart--) {
+            if (!apart) setenv("KDT_GPU_SHARED_APART", "0", 1);
+            kdt_gpu_runner *r = new_runner(m.g, 64, 4, 0, 0);
+            kdt_gpu_kv *kv = new_gkv(m.g, 8, 2 * S);
+            CHECK(r && kv);
+            if (r && kv) {
+                CHECK_MSG(r->side != NULL, "a model with a shared expert got no second stream");
+                kdt_model_outputs o = {lg, NULL, 0, 0, NULL, NULL};
+                for (int q = 0; q < 2 * S; q++) /* streams q and q + S hold the same prefix */
+                    CHECK_EQ_INT(kdt_gpu_prefill(r, kv, q, toks + q % S, N - q % S, q == 0 ? &o : NULL), KDT_OK);
+                double le, lm;
+                max_err_rows(lg, lc, N, V, excused, &le, &lm);
+                printf("  shared expert %s (tiled %d): prefill vs CPU max |logit err| %.3g of %.3g\n",
+                       apart ? "apart" : "grouped", tiled, le, lm);
+                CHECK_MSG(le <= REL_TOL * lm, "shared expert %s (tiled %d): logits error %.3g > %.0e * %.3g",
+                          apart ? "apart" : "grouped", tiled, le, REL_TOL, lm);
+                /* a decode of streams 0..2 == one-node trees on streams 3..5 */
+                const int32_t ids[S] = {0, 1, 2}, next[S] = {5, 17, 33};
+                kdt_model_outputs od = {dec, NULL, 0, 0, NULL, NULL};
+                CHECK_EQ_INT(kdt_gpu_decode(r, kv, S, ids, next, &od), KDT_OK);
+                int prefix[S], n_nodes[S] = {1, 1, 1};
+                for (int q = 0; q < S; q++) prefix[q] = kdt_gpu_kv_stream_length(kv, S + q);
+                test_tree tt;
+                make_tree(&tt, S, 1, n_nodes, prefix, next, V, &rng);
+                const int32_t vids[S] = {3, 4, 5};
+                kdt_model_outputs ov = {ver, NULL, 0, 0, NULL, NULL};
+                CHECK_EQ_INT(kdt_gpu_verify(r, kv, &tt.t, vids, &ov), KDT_OK);
+                CHECK_MSG(memcmp(dec, ver, (size_t)S * V * 4) == 0,
+                          "shared expert %s (tiled %d): decode and verify of the same token differ",
+                          apart ? "apart" : "grouped", tiled);
+                free_tree(&tt);
+            }
+            kdt_gpu_kv_free(kv);
+            kdt_gpu_runner_free(r);
+            unsetenv("KDT_GPU_SHARED_APART");
+        }
+        free(lc); free(lg); free(dec); free(ver);
+    }
+    gmodel_close(&m);
+    tm_rmdir(dir);
+}
+static void test_shared_apart(void) {
+    shared_apart_case(1);
+    shared_apart_case(0);
 }
 
 static void test_kimi_dims(void) {
@@ -1456,6 +1539,7 @@ int main(void) {
     T_RUN(test_bad_inputs);
     T_RUN(test_router_wide);
     T_RUN(test_fused_swiglu);
+    T_RUN(test_shared_apart);
     T_RUN(test_kimi_dims);
     return t_summary();
 }

@@ -18,7 +18,8 @@
  *   o = W_UV o_lat (per head)                GEMM -> sum -> heads
  *   x += o_proj heads; xn = RMSNorm(x)       GEMM -> post_o
  *   dense: x += down(silu(gate xn) * up xn)  GEMM -> SwiGLU -> GEMM -> residual
- *   MoE: router GEMM -> route -> plan -> grouped gate/up -> SwiGLU -> grouped down -> combine
+ *   MoE: router GEMM -> route -> plan -> grouped gate/up -> SwiGLU -> grouped down -> combine,
+ *        the shared expert meanwhile on a second stream as a dense MLP (shared_apart)
  *   taps
  * then for the rows that want outputs: RMSNorm -> lm_head with the fused argmax (+ logits). */
 #include "gpu_internal.h"
@@ -91,6 +92,12 @@ void kdt_gpu_runner_free(kdt_gpu_runner *r) {
     }
     if (r->commit_buf) cudaFree(r->commit_buf);
     if (r->flush_buf) cudaFree(r->flush_buf);
+    if (r->side) {
+        cudaStreamSynchronize(r->side);
+        cudaStreamDestroy(r->side);
+    }
+    if (r->ev_fork) cudaEventDestroy(r->ev_fork);
+    if (r->ev_join) cudaEventDestroy(r->ev_join);
     if (r->own_stream && r->stream) cudaStreamDestroy(r->stream);
     free(r);
 }
@@ -212,6 +219,28 @@ kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_op
         STEP(ralloc(r, (void **)&r->moe_y, (size_t)r->max_pairs * D * f, "MoE outputs"));
         if (st == KDT_OK && (e = cudaMemset(r->expert_counts, 0, (size_t)c->n_layers * (E + 1) * 4)) != cudaSuccess)
             st = cuda_fail(e, "expert counts");
+        /* the shared expert apart: its split-K partials (gate/up, then down) and SwiGLU rows */
+        size_t psh = 0;
+        for (int32_t l = 0; g->has_shared && l < c->n_layers; l++) {
+            const kdt_gpu_layer *L = &g->layers[l];
+            const kdt_gmat *mats[2] = {&L->shared_gu, &L->shared_down};
+            for (int i = 0; i < 2; i++) {
+                if (!mats[i]->w) continue;
+                int32_t splits, chunk;
+                kdt_gemm_plan(mats[i]->rows, mats[i]->ld, 1, &splits, &chunk);
+                const size_t need = (size_t)splits * R * (size_t)mats[i]->rows;
+                if (need > psh) psh = need;
+            }
+        }
+        if (psh > 0) {
+            r->part_sh_floats = psh;
+            STEP(ralloc(r, (void **)&r->part_sh, psh * f, "shared expert partials"));
+            STEP(ralloc(r, (void **)&r->h_sh, (size_t)R * r->ld_h * f, "shared expert hidden"));
+            if (st == KDT_OK && ((e = cudaStreamCreateWithFlags(&r->side, cudaStreamNonBlocking)) != cudaSuccess ||
+                                 (e = cudaEventCreateWithFlags(&r->ev_fork, cudaEventDisableTiming)) != cudaSuccess ||
+                                 (e = cudaEventCreateWithFlags(&r->ev_join, cudaEventDisableTiming)) != cudaSuccess))
+                st = cuda_fail(e, "kdt_gpu_runner_create: shared expert stream");
+        }
     }
     STEP(ralloc(r, (void **)&r->h, (size_t)(r->max_pairs > R ? r->max_pairs : R) * r->ld_h * f, "MLP hidden"));
     STEP(ralloc(r, (void **)&r->xn_head, (size_t)R * D * f, "head rows"));
@@ -547,6 +576,8 @@ typedef struct pass {
     kdt_gpu_kv *c;
     const kdt_gpu_model *g;
     cudaStream_t s;
+    float *part;                /* split-K partials of its GEMMs (r->part; the side pass's own) */
+    size_t part_floats;
     int32_t M;                  /* launch bound */
     int32_t stages;
     const kdt_gstage_hdr *hdr;
@@ -581,7 +612,7 @@ static kdt_status gemm_into(pass *p, const char *name, const float *x, int64_t l
     kdt_gemm_plan(w->rows, w->ld, w->batch, splits, &k_chunk);
     *split_stride = (int64_t)p->M * ldy;
     if (y && *splits != 1) return kdt_fail(KDT_ERR_INTERNAL, "GPU forward: %s: a direct GEMM output needs one split", name);
-    if (!y && (size_t)*splits * (size_t)*split_stride > p->r->part_floats)
+    if (!y && (size_t)*splits * (size_t)*split_stride > p->part_floats)
         return kdt_fail(KDT_ERR_INTERNAL, "GPU forward: split-K partials overflow");
     kdt_gemm_args a;
     memset(&a, 0, sizeof a);
@@ -593,7 +624,7 @@ static kdt_status gemm_into(pass *p, const char *name, const float *x, int64_t l
     a.ldw = w->ld;
     a.w_batch = w->batch_stride;
     a.n = w->rows;
-    a.y = y ? y : p->r->part;
+    a.y = y ? y : p->part;
     a.ldy = ldy;
     a.y_split = *split_stride;
     a.y_batch = y_batch;
@@ -647,27 +678,88 @@ static kdt_status attention(pass *p, int32_t l) {
     return kdt_attn_launch(&a, p->s);
 }
 
+/* The shared expert apart (the default; KDT_GPU_SHARED_APART=0, read per pass, keeps it as the
+ * last item of the grouped launches): it needs only the layer's normed rows, not the routing, so
+ * it runs as a dense MLP (split-K GEMMs over all rows, 320 + 336 CTAs for Kimi instead of the 64 +
+ * 112 a grouped item gets) on a second stream forked after post_o and joined before the MoE
+ * combine. Its 88 MB (Kimi) then stream while the router and the plan, latency steps, leave the
+ * HBM idle. H200, Kimi layer, decode S 1: 315-318 -> 309.5-311.2 us (session 17, three A/B
+ * calls); verify N 9 -4 %, the other shapes within 1 %. Its bits differ from the grouped form's
+ * (the split-K chain), and are the same in every pass, as the batch-invariance rule needs. A
+ * 64-CTA grouped launch of its own on the second stream measured +35-45 us (a lone expert's
+ * item streams at ~0.7 TB/s): the split is what makes it pay. */
+static int shared_apart(const pass *p) {
+    return p->g->has_shared && p->r->side && !kdt_g_env_is("KDT_GPU_SHARED_APART", '0');
+}
+
+static kdt_status moe_routed(pass *p, const kdt_gpu_layer *L, int32_t l, int32_t hs, int32_t sh_splits,
+                             int64_t sh_ss);
+
+/* The shared expert as a dense MLP on r->side (forked by the caller): gate/up, SwiGLU, down;
+ * the down's split partials stay in r->part_sh for the combine. */
+static kdt_status shared_expert(pass *p, const kdt_gpu_layer *L, int32_t *dn_splits, int64_t *dn_ss) {
+    kdt_gpu_runner *r = p->r;
+    const kdt_model_config *c = &p->g->cfg;
+    const int32_t D = c->hidden_size, inter = c->n_shared_experts * c->moe_intermediate_size;
+    pass q = *p;
+    q.s = r->side;
+    q.part = r->part_sh;
+    q.part_floats = r->part_sh_floats;
+    int32_t splits;
+    int64_t ss;
+    kdt_status st = gemm(&q, "shared_gate_up", r->xn, D, 0, D, &L->shared_gu, L->shared_gu.rows, 0, &splits, &ss);
+    if (st == KDT_OK && !step_cut(&q, "shared_swiglu"))
+        st = kdt_op_swiglu(q.part, splits, ss, L->shared_gu.rows, p->m_dev, p->M, NULL, NULL, inter, r->h_sh, r->ld_h,
+                           q.s);
+    if (st == KDT_OK)
+        st = gemm(&q, "shared_down", r->h_sh, r->ld_h, 0, inter, &L->shared_down, D, 0, dn_splits, dn_ss);
+    p->step = q.step;
+    return st;
+}
+
 static kdt_status moe(pass *p, const kdt_gpu_layer *L, int32_t l) {
+    if (!shared_apart(p)) return moe_routed(p, L, l, p->g->has_shared, 0, 0);
+    kdt_gpu_runner *r = p->r;
+    cudaError_t e = cudaEventRecord(r->ev_fork, p->s);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(r->side, r->ev_fork, 0);
+    if (e != cudaSuccess) return cuda_fail(e, "GPU forward: shared expert fork");
+    int32_t sh_splits = 0;
+    int64_t sh_ss = 0;
+    kdt_status st = shared_expert(p, L, &sh_splits, &sh_ss);
+    if (st == KDT_OK) st = moe_routed(p, L, l, 2, sh_splits, sh_ss);
+    /* joined on every path (a cut pass or an error too): a capture must not end forked */
+    e = cudaEventRecord(r->ev_join, r->side);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(p->s, r->ev_join, 0);
+    if (st == KDT_OK && e != cudaSuccess) st = cuda_fail(e, "GPU forward: shared expert join");
+    return st;
+}
+
+/* The router, the plan, the routed experts and the combine. hs: the plan's has_shared (1: the
+ * shared expert's pairs in the grouped launches; 2: it ran apart, its down partials in
+ * r->part_sh, sh_splits x sh_ss). */
+static kdt_status moe_routed(pass *p, const kdt_gpu_layer *L, int32_t l, int32_t hs, int32_t sh_splits,
+                             int64_t sh_ss) {
     const kdt_gpu_model *g = p->g;
     const kdt_model_config *c = &g->cfg;
     kdt_gpu_runner *r = p->r;
     const int32_t D = c->hidden_size, E = c->n_routed_experts, K = c->n_experts_per_tok;
+    const int32_t in_plan = hs == 1; /* the shared expert's pairs and item are the plan's */
     int32_t splits;
     int64_t ss;
     KDT_TRY(gemm(p, "router", r->xn, D, 0, D, &L->router, E, 0, &splits, &ss));
     int32_t *ec = r->expert_counts + (int64_t)l * (E + 1);
     if (kdt_op_route_plan1_ok(c, p->M)) { /* a one-row pass: the router's CTA also writes the plan */
         PASS_STEP(p, "route_plan", kdt_op_route_plan1(r->part, splits, ss, L->router_bias, c, p->hdr, r->sel, r->wgt,
-                                                      g->has_shared, r->pair_row, r->pair_expert, r->pos_of,
+                                                      hs, r->pair_row, r->pair_expert, r->pos_of,
                                                       r->pos_shared, r->items, r->moe_counts, ec, p->s));
     } else {
         PASS_STEP(p, "route", kdt_op_route(r->part, splits, ss, L->router_bias, c, p->hdr, r->sel, r->wgt, p->M, p->s));
-        PASS_STEP(p, "moe_plan", kdt_op_moe_plan(p->hdr, r->sel, K, E, g->has_shared, p->M, r->pair_row, r->pair_expert,
+        PASS_STEP(p, "moe_plan", kdt_op_moe_plan(p->hdr, r->sel, K, E, hs, p->M, r->pair_row, r->pair_expert,
                                                  r->pos_of, r->pos_shared, r->items, r->moe_counts, ec, p->s));
     }
-    const int32_t max_pairs = p->M * K + (g->has_shared ? p->M : 0);
-    const int32_t E_tot = E + g->has_shared;
-    int32_t item_bound = (p->M * K + g->has_shared) < E_tot ? p->M * K + g->has_shared : E_tot;
+    const int32_t max_pairs = p->M * K + (in_plan ? p->M : 0);
+    const int32_t E_tot = E + in_plan;
+    int32_t item_bound = (p->M * K + in_plan) < E_tot ? p->M * K + in_plan : E_tot;
     item_bound += (max_pairs + KDT_G_BM - 1) / KDT_G_BM;
     const int32_t ldp = 2 * g->max_inter_pad;
     kdt_grouped_args a;
@@ -686,7 +778,7 @@ static kdt_status moe(pass *p, const kdt_gpu_layer *L, int32_t l) {
     a.grid_items = item_bound < 128 ? item_bound : 128;
     a.max_item_rows = p->M < KDT_G_BM ? p->M : KDT_G_BM; /* an item: one expert's pairs, <= one per row */
     /* up to 64 rows every touched expert is one item: at most min(M K, E) routed + the shared one */
-    a.n_items_hint = p->M <= KDT_G_BM ? (p->M * K < E ? p->M * K : E) + g->has_shared : item_bound;
+    a.n_items_hint = p->M <= KDT_G_BM ? (p->M * K < E ? p->M * K : E) + in_plan : item_bound;
     a.n_pairs_hint = max_pairs;
     a.tiled = g->experts_tiled;
     const int fused = kdt_grouped_fuses_swiglu(&a); /* the gate/up CTAs write h themselves */
@@ -706,8 +798,13 @@ static kdt_status moe(pass *p, const kdt_gpu_layer *L, int32_t l) {
     a.ldy = D;
     a.n_max = D;
     PASS_STEP(p, "moe_down", kdt_grouped_launch(&a, p->stages, p->s));
-    PASS_STEP(p, "moe_combine", kdt_op_moe_combine(r->x, r->moe_y, D, K, r->pos_of, r->pos_shared, r->wgt, g->has_shared,
-                                              p->hdr, p->M, p->s));
+    if (hs == 2) { /* the combine reads the shared expert's partials: join first */
+        cudaError_t e = cudaEventRecord(r->ev_join, r->side);
+        if (e == cudaSuccess) e = cudaStreamWaitEvent(p->s, r->ev_join, 0);
+        if (e != cudaSuccess) return cuda_fail(e, "GPU forward: shared expert join");
+    }
+    PASS_STEP(p, "moe_combine", kdt_op_moe_combine(r->x, r->moe_y, r->part_sh, sh_splits, sh_ss, D, K, r->pos_of,
+                                                   r->pos_shared, r->wgt, hs, p->hdr, p->M, p->s));
     return KDT_OK;
 }
 
@@ -833,6 +930,8 @@ kdt_status kdt_gpu_run(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_gpu_run_confi
     p.c = c;
     p.g = r->g;
     p.s = r->stream;
+    p.part = r->part;
+    p.part_floats = r->part_floats;
     p.M = rc->max_rows;
     p.stages = r->stages;
     p.hdr = (const kdt_gstage_hdr *)r->d_stage;

@@ -211,6 +211,13 @@ struct kdt_gpu_runner {
     float *h;                       /* [max(max_pairs, max_rows)][ld of the widest MLP] */
     int32_t ld_h;
     float *moe_y;                   /* [max_pairs][D] */
+    /* the shared expert apart (gpu_forward.c, shared_apart): a dense MLP on a second stream
+     * forked after post_o, with its own split-K partials (the main stream's router uses part) */
+    cudaStream_t side;
+    cudaEvent_t ev_fork, ev_join;
+    float *part_sh;                 /* split-K partials of its gate/up, then of its down */
+    size_t part_sh_floats;
+    float *h_sh;                    /* [max_rows][ld_h] its SwiGLU output */
     float *xn_head;                 /* [max_rows][D] */
     float *am_val;                  /* [vocab tiles][max_rows] */
     int32_t *am_idx;
@@ -390,9 +397,13 @@ kdt_status kdt_op_moe_plan(const kdt_gstage_hdr *hdr, const int32_t *sel, int32_
                            int32_t max_rows, int32_t *pair_row, int32_t *pair_expert, int32_t *pos_of,
                            int32_t *pos_shared, int32_t *items, int32_t *counts, int32_t *expert_counts,
                            cudaStream_t s);
-kdt_status kdt_op_moe_combine(float *x, const float *y, int32_t D, int32_t K, const int32_t *pos_of,
-                              const int32_t *pos_shared, const float *wgt, int32_t has_shared,
-                              const kdt_gstage_hdr *hdr, int32_t max_rows, cudaStream_t s);
+/* has_shared: 0 none; 1 the shared expert's pairs are in the plan; 2 it ran apart (the plan has
+ * only routed pairs, expert_counts[E] still counts its rows; the combine adds the sum of its
+ * down GEMM's split partials sh [sh_splits][..][D], sh_stride floats apart) */
+kdt_status kdt_op_moe_combine(float *x, const float *y, const float *sh, int32_t sh_splits, int64_t sh_stride,
+                              int32_t D, int32_t K, const int32_t *pos_of, const int32_t *pos_shared,
+                              const float *wgt, int32_t has_shared, const kdt_gstage_hdr *hdr, int32_t max_rows,
+                              cudaStream_t s);
 kdt_status kdt_op_taps(const float *x, int32_t D, const kdt_gstage_hdr *hdr, const kdt_grow *rows, float *taps,
                        int32_t max_taps, int32_t t, int32_t max_rows, cudaStream_t s);
 kdt_status kdt_op_argmax_final(const float *am_val, const int32_t *am_idx, int32_t am_ld, int32_t n_tiles,

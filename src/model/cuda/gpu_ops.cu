@@ -584,10 +584,10 @@ __global__ void __launch_bounds__(RT, 1) k_route_wide(const Route a, const Plan1
         __syncthreads(); /* the next row reuses sc, cand and chosen */
     }
     if (PLAN && blockIdx.x == 0 && threadIdx.x == 0) {
-        const int R = n < 1 ? n : 1, hs = pl.has_shared;
+        const int R = n < 1 ? n : 1, hs = pl.has_shared == 1; /* 2: the shared expert runs apart */
         pl.counts[0] = R * (K + hs);
         pl.counts[1] = R * (K + hs);
-        pl.expert_counts[E] = R * hs;
+        pl.expert_counts[E] = pl.has_shared ? R : 0;
         if (R == 1 && hs) {
             pl.pair_row[K] = 0;
             pl.pair_expert[K] = E;
@@ -630,7 +630,7 @@ __device__ __forceinline__ int count_in(const int32_t *chunk, int n, int e) {
 __global__ void k_moe_plan(const Plan a) {
     PDL_ENTRY();
     extern __shared__ __align__(16) int32_t psm[];
-    const int E_tot = a.E + a.has_shared;
+    const int E_tot = a.E + (a.has_shared == 1); /* 2: the shared expert runs apart, no pairs here */
     int32_t *wsum = psm, *chunk = psm + 64; /* [2][32] warp totals; the chunk (16-byte aligned) */
     __shared__ int shared_off;
     const int R = clamp_rows(a.hdr->n_rows, a.max_rows), P = R * a.K;
@@ -667,8 +667,8 @@ __global__ void k_moe_plan(const Plan a) {
         }
         a.expert_counts[e] = cnt;
     }
-    if (!a.has_shared && e == a.E) a.expert_counts[a.E] = 0;
-    if (a.has_shared && e == a.E) shared_off = po;
+    if (a.has_shared != 1 && e == a.E) a.expert_counts[a.E] = a.has_shared ? R : 0;
+    if (a.has_shared == 1 && e == a.E) shared_off = po;
     int run = 0;
     for (int b0 = 0; b0 < P; b0 += PLAN_CHUNK) {
         const int n = min(PLAN_CHUNK, P - b0);
@@ -700,7 +700,7 @@ __global__ void k_moe_plan(const Plan a) {
             }
         }
     }
-    if (a.has_shared) {
+    if (a.has_shared == 1) {
         __syncthreads(); /* shared_off */
         const int so = shared_off;
         for (int r = threadIdx.x; r < R; r += blockDim.x) {
@@ -711,8 +711,11 @@ __global__ void k_moe_plan(const Plan a) {
     }
 }
 
-/* x += sum_k y[pair(r, k)] w[r][k] (slots in increasing expert id) + y[shared pair of r] */
-__global__ void __launch_bounds__(RB) k_moe_combine(float *x, const float *y, int D, int K, const int32_t *pos_of,
+/* x += sum_k y[pair(r, k)] w[r][k] (slots in increasing expert id) + the row's shared-expert
+ * output: y[shared pair of r] (has_shared 1) or the sum of the split-K partials sh (has_shared 2:
+ * it ran apart as a dense MLP, gpu_forward.c) */
+__global__ void __launch_bounds__(RB) k_moe_combine(float *x, const float *y, const float *sh, int sh_splits,
+                                                     int64_t sh_stride, int D, int K, const int32_t *pos_of,
                                                      const int32_t *pos_shared, const float *wgt, int has_shared,
                                                      const kdt_gstage_hdr *hdr, int max_rows, Chunks ch) {
     PDL_ENTRY();
@@ -723,7 +726,8 @@ __global__ void __launch_bounds__(RB) k_moe_combine(float *x, const float *y, in
         for (int d = t.lo + threadIdx.x; d < t.hi; d += RB) {
             float acc = 0.0f;
             for (int k = 0; k < K; k++) acc += y[(int64_t)pos_of[r * K + k] * D + d] * wgt[r * K + k];
-            const float out = has_shared ? acc + y[(int64_t)pos_shared[r] * D + d] : acc;
+            const float out = has_shared == 2 ? acc + split_sum(sh, sh_splits, sh_stride, (int64_t)r * D + d)
+                                              : (has_shared ? acc + y[(int64_t)pos_shared[r] * D + d] : acc);
             x[(int64_t)r * D + d] += out;
         }
     }
@@ -1017,15 +1021,19 @@ extern "C" kdt_status kdt_op_moe_plan(const kdt_gstage_hdr *hdr, const int32_t *
     Plan a = {hdr, sel, K, E, has_shared, max_rows, pair_row, pair_expert, pos_of, pos_shared, items, counts,
               expert_counts};
     const int threads = (E + 1 + 31) / 32 * 32;
-    pdl::launch(k_moe_plan, dim3(1), dim3(threads), kdt_op_plan_smem(E + has_shared), s, kdt_g_pdl_rows(), a);
+    pdl::launch(k_moe_plan, dim3(1), dim3(threads), kdt_op_plan_smem(E + (has_shared != 0)), s, kdt_g_pdl_rows(), a);
     return launched("GPU MoE plan");
 }
 
-extern "C" kdt_status kdt_op_moe_combine(float *x, const float *y, int32_t D, int32_t K, const int32_t *pos_of,
+extern "C" kdt_status kdt_op_moe_combine(float *x, const float *y, const float *sh, int32_t sh_splits,
+                                         int64_t sh_stride, int32_t D, int32_t K, const int32_t *pos_of,
                                          const int32_t *pos_shared, const float *wgt, int32_t has_shared,
                                          const kdt_gstage_hdr *hdr, int32_t max_rows, cudaStream_t s) {
+    if (has_shared == 2 && (!sh || sh_splits < 1))
+        return kdt_fail(KDT_ERR_INTERNAL, "GPU MoE combine: no shared-expert partials");
     const Chunks ch = row_chunks(max_rows, D);
-    launch_rows(k_moe_combine, max_rows, ch, 0, s, x, y, D, K, pos_of, pos_shared, wgt, has_shared, hdr, max_rows);
+    launch_rows(k_moe_combine, max_rows, ch, 0, s, x, y, sh, sh_splits, sh_stride, D, K, pos_of, pos_shared, wgt,
+                has_shared, hdr, max_rows);
     return launched("GPU MoE combine");
 }
 
