@@ -683,7 +683,7 @@ static kdt_status attention(pass *p, int32_t l) {
  * it runs as a dense MLP (split-K GEMMs over all rows, 320 + 336 CTAs for Kimi instead of the 64 +
  * 112 a grouped item gets) on a second stream forked after post_o and joined before the MoE
  * combine. Its 88 MB (Kimi) then stream while the router and the plan, latency steps, leave the
- * HBM idle. H200, Kimi layer, decode S 1: 315-318 -> 309.5-311.2 us (session 17, three A/B
+ * HBM idle. H200, Kimi layer, decode S 1: 315-318 -> 309.5-312.5 us (session 17, A/B in four
  * calls); verify N 9 -4 %, the other shapes within 1 %. Its bits differ from the grouped form's
  * (the split-K chain), and are the same in every pass, as the batch-invariance rule needs. A
  * 64-CTA grouped launch of its own on the second stream measured +35-45 us (a lone expert's
