@@ -1250,6 +1250,18 @@ static void test_router_wide(void) {
     router_case(512, 32, 2, 4, 16); /* the limits */
 }
 
+/* gmodel_open with KDT_GPU_TILED_EXPERTS (read at upload) set to `tiled` for this load only. */
+static int gmodel_open_tiled(gmodel *m, const char *dir, int tiled) {
+    const char *te = getenv("KDT_GPU_TILED_EXPERTS");
+    char *te_saved = te ? strdup(te) : NULL;
+    setenv("KDT_GPU_TILED_EXPERTS", tiled ? "1" : "0", 1);
+    const int ok = gmodel_open(m, dir);
+    if (te_saved) setenv("KDT_GPU_TILED_EXPERTS", te_saved, 1);
+    else unsetenv("KDT_GPU_TILED_EXPERTS");
+    free(te_saved);
+    return ok;
+}
+
 /* ---- Kimi K2.6 attention dimensions (H 64, kv_lora 512, rope 64, q_lora 1536) ------------------- */
 /* The gate/up GEMM writing SwiGLU's output itself (tiled experts; KDT_GPU_FUSED_SWIGLU=0 keeps
  * the separate kernel): prefill logits and a 3-stream decode are bitwise those of the separate
@@ -1279,14 +1291,8 @@ static void test_fused_swiglu(void) {
     char dir[256];
     tm_mkdtemp(dir, sizeof dir);
     tm_write_model(dir, &s);
-    const char *te = getenv("KDT_GPU_TILED_EXPERTS");
-    char *te_saved = te ? strdup(te) : NULL;
-    setenv("KDT_GPU_TILED_EXPERTS", "1", 1); /* read at upload */
     gmodel m;
-    const int ok = gmodel_open(&m, dir);
-    if (te_saved) setenv("KDT_GPU_TILED_EXPERTS", te_saved, 1);
-    else unsetenv("KDT_GPU_TILED_EXPERTS");
-    free(te_saved);
+    const int ok = gmodel_open_tiled(&m, dir, 1);
     CHECK(ok);
     if (ok && m.g) {
         CHECK_MSG(m.g->experts_tiled, "KDT_GPU_TILED_EXPERTS=1 left the experts row-major");
@@ -1329,14 +1335,8 @@ static void shared_apart_case(int tiled) {
     char dir[256];
     tm_mkdtemp(dir, sizeof dir);
     tm_write_model(dir, &s);
-    const char *te = getenv("KDT_GPU_TILED_EXPERTS");
-    char *te_saved = te ? strdup(te) : NULL;
-    setenv("KDT_GPU_TILED_EXPERTS", tiled ? "1" : "0", 1); /* read at upload */
     gmodel m;
-    const int ok = gmodel_open(&m, dir);
-    if (te_saved) setenv("KDT_GPU_TILED_EXPERTS", te_saved, 1);
-    else unsetenv("KDT_GPU_TILED_EXPERTS");
-    free(te_saved);
+    const int ok = gmodel_open_tiled(&m, dir, tiled);
     CHECK(ok);
     if (ok && m.g) {
         CHECK_EQ_INT(m.g->experts_tiled, tiled);
