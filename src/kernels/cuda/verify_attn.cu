@@ -581,10 +581,8 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel(const VaArgs a)
 #pragma unroll
                     for (int nj = 0; nj < 8; nj++)
                         mx = fmaxf(mx, zero ? 0.f : fmaxf(fabsf(o[mi][nj][2 * h] * inv), fabsf(o[mi][nj][2 * h + 1] * inv)));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                     float up, down;
-                    va::part_scales(mx, &up, &down);
+                    va::quad_part_scales(mx, &up, &down);
                     if (row >= rows_valid) continue;
                     uint16_t *dst = a.ws_o + slot * (long long)SLOT_O_HALVES + row * D_V + col;
 #pragma unroll
@@ -759,9 +757,7 @@ __device__ __forceinline__ void w_half_scales(const float (&o)[128], int h, floa
         const float2 x = w_out_pair(o, j, h, inv, zero);
         mx = fmaxf(mx, fmaxf(fabsf(x.x), fabsf(x.y)));
     }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    va::part_scales(mx, up, down);
+    va::quad_part_scales(mx, up, down);
 }
 __device__ __forceinline__ void w_store_scales(const VaArgs &a, const VaItem &it, int row, int wgi, float down) {
     *reinterpret_cast<float4 *>(a.ws_scale + (it.slot * ROWS + row) * PART_GROUPS + 4 * wgi) = make_float4(down, down, down, down);

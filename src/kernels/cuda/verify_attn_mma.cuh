@@ -77,6 +77,12 @@ __device__ __forceinline__ void part_scales(float mx, float *up, float *down) {
     *up = __int_as_float((127 + k) << 23);
     *down = __int_as_float((127 - k) << 23);
 }
+/* part_scales of the max over a quad (4 lanes holding one row's group; every lane must call it) */
+__device__ __forceinline__ void quad_part_scales(float mx, float *up, float *down) {
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    part_scales(mx, up, down);
+}
 
 } // namespace va
 
