@@ -36,6 +36,15 @@ static kdt_status cuda_fail(cudaError_t e, const char *what) {
 }
 
 
+/* max(cur, the floats of w's split-K partials for R rows: splits x R x N x batch; none without w) */
+static size_t max_partials(size_t cur, const kdt_gmat *w, int32_t R) {
+    if (!w->w) return cur;
+    int32_t splits, chunk;
+    kdt_gemm_plan(w->rows, w->ld, w->batch, &splits, &chunk);
+    const size_t need = (size_t)splits * R * (size_t)w->rows * (size_t)w->batch;
+    return need > cur ? need : cur;
+}
+
 static kdt_status ralloc(kdt_gpu_runner *r, void **p, size_t bytes, const char *what) {
     *p = NULL;
     if (bytes == 0) return KDT_OK;
@@ -178,13 +187,7 @@ kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_op
     for (int32_t l = 0; l < c->n_layers; l++) {
         const kdt_gpu_layer *L = &g->layers[l];
         const kdt_gmat *mats[] = {&L->w_a, &L->q_b, &L->uk_t, &L->uv, &L->o_proj, &L->router, &L->dense_gu, &L->dense_down};
-        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
-            if (!mats[i]->w) continue;
-            int32_t splits, chunk;
-            kdt_gemm_plan(mats[i]->rows, mats[i]->ld, mats[i]->batch, &splits, &chunk);
-            const size_t need = (size_t)splits * R * (size_t)mats[i]->rows * (size_t)mats[i]->batch;
-            if (need > part) part = need;
-        }
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) part = max_partials(part, mats[i], R);
     }
     r->part_floats = part;
     r->max_splits_total = R * max_row_splits(o.max_keys);
@@ -221,17 +224,8 @@ kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_op
             st = cuda_fail(e, "expert counts");
         /* the shared expert apart: its split-K partials (gate/up, then down) and SwiGLU rows */
         size_t psh = 0;
-        for (int32_t l = 0; g->has_shared && l < c->n_layers; l++) {
-            const kdt_gpu_layer *L = &g->layers[l];
-            const kdt_gmat *mats[2] = {&L->shared_gu, &L->shared_down};
-            for (int i = 0; i < 2; i++) {
-                if (!mats[i]->w) continue;
-                int32_t splits, chunk;
-                kdt_gemm_plan(mats[i]->rows, mats[i]->ld, 1, &splits, &chunk);
-                const size_t need = (size_t)splits * R * (size_t)mats[i]->rows;
-                if (need > psh) psh = need;
-            }
-        }
+        for (int32_t l = 0; g->has_shared && l < c->n_layers; l++)
+            psh = max_partials(max_partials(psh, &g->layers[l].shared_gu, R), &g->layers[l].shared_down, R);
         if (psh > 0) {
             r->part_sh_floats = psh;
             STEP(ralloc(r, (void **)&r->part_sh, psh * f, "shared expert partials"));
@@ -717,21 +711,24 @@ static kdt_status shared_expert(pass *p, const kdt_gpu_layer *L, int32_t *dn_spl
     return st;
 }
 
+/* from -> to: `to` waits for what `from` has enqueued so far (ev records it; capturable) */
+static kdt_status stream_after(cudaStream_t to, cudaStream_t from, cudaEvent_t ev, const char *what) {
+    cudaError_t e = cudaEventRecord(ev, from);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(to, ev, 0);
+    return e == cudaSuccess ? KDT_OK : cuda_fail(e, what);
+}
+
 static kdt_status moe(pass *p, const kdt_gpu_layer *L, int32_t l) {
     if (!shared_apart(p)) return moe_routed(p, L, l, p->g->has_shared, 0, 0);
     kdt_gpu_runner *r = p->r;
-    cudaError_t e = cudaEventRecord(r->ev_fork, p->s);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(r->side, r->ev_fork, 0);
-    if (e != cudaSuccess) return cuda_fail(e, "GPU forward: shared expert fork");
+    KDT_TRY(stream_after(r->side, p->s, r->ev_fork, "GPU forward: shared expert fork"));
     int32_t sh_splits = 0;
     int64_t sh_ss = 0;
     kdt_status st = shared_expert(p, L, &sh_splits, &sh_ss);
     if (st == KDT_OK) st = moe_routed(p, L, l, 2, sh_splits, sh_ss);
     /* joined on every path (a cut pass or an error too): a capture must not end forked */
-    e = cudaEventRecord(r->ev_join, r->side);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(p->s, r->ev_join, 0);
-    if (st == KDT_OK && e != cudaSuccess) st = cuda_fail(e, "GPU forward: shared expert join");
-    return st;
+    const kdt_status sj = stream_after(p->s, r->side, r->ev_join, "GPU forward: shared expert join");
+    return st != KDT_OK ? st : sj;
 }
 
 /* The router, the plan, the routed experts and the combine. hs: the plan's has_shared (1: the
@@ -798,11 +795,8 @@ static kdt_status moe_routed(pass *p, const kdt_gpu_layer *L, int32_t l, int32_t
     a.ldy = D;
     a.n_max = D;
     PASS_STEP(p, "moe_down", kdt_grouped_launch(&a, p->stages, p->s));
-    if (hs == 2) { /* the combine reads the shared expert's partials: join first */
-        cudaError_t e = cudaEventRecord(r->ev_join, r->side);
-        if (e == cudaSuccess) e = cudaStreamWaitEvent(p->s, r->ev_join, 0);
-        if (e != cudaSuccess) return cuda_fail(e, "GPU forward: shared expert join");
-    }
+    if (hs == 2) /* the combine reads the shared expert's partials: join first */
+        KDT_TRY(stream_after(p->s, r->side, r->ev_join, "GPU forward: shared expert join"));
     PASS_STEP(p, "moe_combine", kdt_op_moe_combine(r->x, r->moe_y, r->part_sh, sh_splits, sh_ss, D, K, r->pos_of,
                                                    r->pos_shared, r->wgt, hs, p->hdr, p->M, p->s));
     return KDT_OK;
