@@ -1,6 +1,7 @@
 /* test_model_load.c - the model loader: config.json parsing (transformers-5 and published forms,
  * the K2.5 text_config wrapper, YaRN-derived values), safetensors reading (single file, index +
- * shards, BF16/F32), and every malformed-input case giving a clear error, never a crash. */
+ * shards, BF16/F32), and every malformed-input case giving a clear error, never a crash: the
+ * named cases one by one, then 400 random corruptions (fixed seed). */
 #include "t.h"
 
 #ifdef KDT_WITH_MODEL
@@ -412,6 +413,111 @@ static void test_malformed_files(void) {
     tm_rmdir(d);
 }
 
+/* xorshift64: the corruption test's fixed-seed generator */
+static uint64_t rnd(uint64_t *x) {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+/* Random corruptions of a checkpoint (fixed seed; 200 loads of a two-shard one, then 200 of a
+ * single model.safetensors, whose tensors no index cross-checks): 1-4 bits of a shard's length
+ * field and JSON header, or of config.json / the index, flipped; bytes replaced by JSON
+ * punctuation; a file cut short; a shard's header-length field replaced; a span of JSON cut out.
+ * Each load must end in KDT_OK or a format / I/O / unsupported error whose message names the
+ * model directory, with no model handed out; crashes and memory errors show up as such (CI runs
+ * this under ASan/UBSan). */
+static int corrupt_and_load(const char *d, int n_files, char (*path)[700], char **orig, const size_t *len,
+                            uint64_t *x, int loads, int *loaded) {
+    static const char punct[] = "\"{}[],:-09eE. \\";
+    int failed = 0, bad = 0;
+    for (int it = 0; it < loads; it++) {
+        const int f = (int)(rnd(x) % (uint64_t)n_files);
+        const int is_shard = strstr(path[f], ".safetensors") && !strstr(path[f], "index");
+        size_t n = len[f];
+        unsigned char *b = malloc(n);
+        memcpy(b, orig[f], n);
+        size_t span = n; /* the part worth corrupting: a shard's length field and JSON header */
+        if (is_shard) {
+            uint64_t hl = 0;
+            for (int i = 7; i >= 0; i--) hl = hl << 8 | b[i];
+            span = 8 + (size_t)hl < n ? 8 + (size_t)hl : n;
+        }
+        const int kind = (int)(rnd(x) % 4);
+        if (kind == 0) {
+            for (int k = 1 + (int)(rnd(x) % 4); k > 0; k--) b[rnd(x) % span] ^= (unsigned char)(1u << (rnd(x) % 8));
+        } else if (kind == 1) {
+            for (int k = 1 + (int)(rnd(x) % 4); k > 0; k--) b[rnd(x) % span] = (unsigned char)punct[rnd(x) % (sizeof punct - 1)];
+        } else if (kind == 2) {
+            n = (size_t)(rnd(x) % n);
+        } else if (is_shard) {
+            static const uint64_t lens[] = {0, 1, 7, 8, UINT64_MAX, (uint64_t)1 << 63, 1u << 30};
+            const uint64_t v = rnd(x) % 2 ? lens[rnd(x) % (sizeof lens / sizeof lens[0])]
+                                          : (uint64_t)(span - 8) + rnd(x) % 17 - 8;
+            for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
+        } else {
+            const size_t a = (size_t)(rnd(x) % n), c = a + (size_t)(rnd(x) % 64);
+            const size_t e = c < n ? c : n;
+            memmove(b + a, b + e, n - e);
+            n -= e - a;
+        }
+        tm_write_bytes(path[f], b, n);
+        free(b);
+        kdt_model *m = (kdt_model *)0x1;
+        kdt_model_options o = {0, 0};
+        const kdt_status st = kdt_model_load(d, &o, &m);
+        if (st == KDT_OK) {
+            (*loaded)++;
+            kdt_model_free(m);
+        } else {
+            failed++;
+            const char *e = kdt_last_error();
+            if (!((st == KDT_ERR_FORMAT || st == KDT_ERR_IO || st == KDT_ERR_UNSUPPORTED) && m == NULL && e &&
+                  strstr(e, d))) {
+                bad++;
+                fprintf(stderr, "    load %d (%s, kind %d): %s \"%s\"%s\n", it, path[f], kind, kdt_status_name(st),
+                        e ? e : "", m ? " (a model handed out)" : "");
+            }
+        }
+        tm_write_bytes(path[f], orig[f], len[f]);
+    }
+    CHECK(failed > loads * 3 / 4);
+    return bad;
+}
+
+static void test_random_corruptions(void) {
+    static const char *two[] = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "config.json",
+                                "model.safetensors.index.json"};
+    static const char *one[] = {"model.safetensors", "config.json"};
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    int loaded = 0, bad = 0;
+    for (int form = 0; form < 2; form++) {
+        tm_spec s = tm_default_spec();
+        s.shards = form == 0 ? 2 : 1;
+        const char **names = form == 0 ? two : one;
+        const int n_files = form == 0 ? 4 : 2;
+        char d[600], path[4][700];
+        char *orig[4] = {0};
+        size_t len[4] = {0};
+        tm_mkdtemp(d, sizeof d);
+        tm_write_model(d, &s);
+        int ok = 1;
+        for (int f = 0; f < n_files; f++) {
+            snprintf(path[f], sizeof path[f], "%s/%s", d, names[f]);
+            orig[f] = tm_read_bytes(path[f], &len[f]);
+            if (!orig[f] || len[f] <= 8) ok = 0;
+        }
+        CHECK(ok);
+        if (ok) bad += corrupt_and_load(d, n_files, path, orig, len, &x, 200, &loaded);
+        for (int f = 0; f < n_files; f++) free(orig[f]);
+        tm_rmdir(d);
+    }
+    printf("    400 corrupted loads: %d loaded (corruptions that left a valid checkpoint), the rest clear errors\n",
+           loaded);
+    CHECK(bad == 0);
+}
+
 static void test_tied_and_extra_tensors(void) {
     /* a checkpoint with extra (MTP-like) tensors loads; they are ignored */
     tm_spec s = tm_default_spec();
@@ -492,6 +598,7 @@ int main(void) {
     T_RUN(test_load_variants);
     T_RUN(test_malformed_files);
     T_RUN(test_tied_and_extra_tensors);
+    T_RUN(test_random_corruptions);
     return t_summary();
 }
 #else

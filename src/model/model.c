@@ -54,7 +54,9 @@ static void shape_text(const kdt_st_tensor *t, char *got, size_t n) {
 static kdt_status find_float(const kdt_model *m, const char *full, int64_t rows, int64_t cols,
                              const kdt_st_tensor **out) {
     const kdt_st_tensor *t = kdt_st_find(&m->st, full);
-    if (!t) return kdt_fail(KDT_ERR_FORMAT, "tensor \"%s\" is missing from the checkpoint", full);
+    if (!t)
+        return kdt_fail(KDT_ERR_FORMAT, "%s: tensor \"%s\" is missing from the checkpoint (%lld tensors in %d files)",
+                        m->dir, full, (long long)m->st.n_tensors, m->st.n_files);
     const char *file = m->st.files[t->file].path;
     if (t->dtype != KDT_W_F32 && t->dtype != KDT_W_BF16 && t->dtype != KDT_W_F16)
         return kdt_fail(KDT_ERR_FORMAT, "%s: tensor \"%s\": dtype %s, expected F32, BF16 or F16", file, full,
@@ -264,8 +266,9 @@ static kdt_status bind_all(kdt_model *m) {
     }
     if (!found)
         return kdt_fail(KDT_ERR_FORMAT,
-                        "tensor \"model.embed_tokens.weight\" (or \"language_model.model.embed_tokens.weight\") "
-                        "is missing from the checkpoint");
+                        "%s: tensor \"model.embed_tokens.weight\" (or \"language_model.model.embed_tokens.weight\") "
+                        "is missing from the checkpoint (%lld tensors in %d files)",
+                        m->dir, (long long)m->st.n_tensors, m->st.n_files);
     const kdt_model_config *c = &m->cfg;
     KDT_TRY(bind(m, &m->embed, "model.embed_tokens.weight", c->vocab_size, c->hidden_size));
     KDT_TRY(bind(m, &m->final_norm, "model.norm.weight", 0, c->hidden_size));
@@ -292,12 +295,13 @@ kdt_status kdt_model_load(const char *dir, const kdt_model_options *opt, kdt_mod
     kdt_model *m = calloc(1, sizeof *m);
     if (!m) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "kdt_model_load");
     m->opt = o;
+    m->dir = strdup(dir);
     size_t dl = strlen(dir);
     char *path = malloc(dl + 32);
     char *text = NULL;
     size_t len = 0;
     kdt_status st = KDT_OK;
-    if (!path) {
+    if (!path || !m->dir) {
         st = kdt_fail(KDT_ERR_OUT_OF_MEMORY, "kdt_model_load");
         goto fail;
     }
@@ -337,6 +341,7 @@ void kdt_model_free(kdt_model *m) {
     free(m->layers);
     free(m->rope_inv_freq);
     kdt_st_close(&m->st);
+    free(m->dir);
     free(m);
 }
 

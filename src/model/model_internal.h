@@ -132,6 +132,7 @@ struct kdt_model {
     kdt_model_config cfg;
     kdt_model_options opt;
     kdt_st_set st;
+    char *dir;                  /* the checkpoint directory (for error messages) */
     char prefix[64];            /* tensor-name prefix ("" or "language_model.") */
     kdt_weight embed;           /* [V][D] */
     kdt_weight final_norm;      /* [D] */
