@@ -359,6 +359,47 @@ static void test_malformed_files(void) {
         kdt_st_set st;
         CHECK(err_is(kdt_st_open_dir(d, 0, &st), KDT_ERR_FORMAT, "overlap", "model.safetensors"));
     }
+    /* the data section not tiled exactly: a hole between tensors, bytes after the last one (what a
+     * header length off by a padding byte gives: every tensor shifted, so never loaded) */
+    {
+        const char *hdrs[2] = {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                               "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}",
+                               "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}"};
+        const size_t data[2] = {20, 9};
+        const char *want[2] = {"hole", "cover 8 of the 9"};
+        for (int k = 0; k < 2; k++) {
+            size_t hl = strlen(hdrs[k]), tot = 8 + hl + data[k];
+            unsigned char *b = calloc(1, tot);
+            b[0] = (unsigned char)hl;
+            memcpy(b + 8, hdrs[k], hl);
+            tm_write_bytes(p, b, tot);
+            free(b);
+            kdt_st_set st;
+            CHECK(err_is(kdt_st_open_dir(d, 0, &st), KDT_ERR_FORMAT, want[k], "model.safetensors"));
+        }
+    }
+    /* the real file with 8 padding spaces after its header and a header length one byte short of
+     * them: the JSON still parses, but the data would start one byte early */
+    {
+        uint64_t hl = 0;
+        for (int i = 7; i >= 0; i--) hl = hl << 8 | (unsigned char)orig[i];
+        char *b = malloc(n + 8);
+        memcpy(b + 8, orig + 8, (size_t)hl);
+        memset(b + 8 + hl, ' ', 8);
+        memcpy(b + 16 + hl, orig + 8 + hl, n - 8 - (size_t)hl);
+        const uint64_t bad_hl = hl + 7;
+        for (int i = 0; i < 8; i++) b[i] = (char)(bad_hl >> (8 * i));
+        tm_write_bytes(p, b, n + 8);
+        CHECK(load_fails(d, KDT_ERR_FORMAT, "model.safetensors", "data bytes"));
+        const uint64_t good_hl = hl + 8; /* the same file with the right length loads */
+        for (int i = 0; i < 8; i++) b[i] = (char)(good_hl >> (8 * i));
+        tm_write_bytes(p, b, n + 8);
+        kdt_model *m = NULL;
+        kdt_model_options o = {0, 0};
+        CHECK(kdt_model_load(d, &o, &m) == KDT_OK);
+        kdt_model_free(m);
+        free(b);
+    }
     tm_write_bytes(p, orig, n);
     /* a config that does not match the weights: wrong shapes */
     {

@@ -1,6 +1,7 @@
 /* safetensors.c - the checkpoint reader: mmap's model.safetensors or the shards listed by
  * model.safetensors.index.json, parses and validates every header (length, JSON, dtype, shape,
- * offsets within the file, no overlaps, sizes matching shapes) and keeps a name -> tensor hash.
+ * sizes matching shapes, the tensors tiling the data section exactly: no overlap, no hole, nothing
+ * after the last, as the reference reader requires) and keeps a name -> tensor hash.
  * Format: 8-byte little-endian header length N, N bytes of JSON {name: {dtype, shape,
  * data_offsets: [begin, end]}, "__metadata__": {...}}, then the data; offsets are relative to
  * the data section. */
@@ -275,6 +276,28 @@ static kdt_status parse_header(kdt_st_set *s, int32_t fi) {
             goto done;
         }
         last = i;
+    }
+    /* the tensors must tile the data section exactly, as the reference reader requires: a header
+     * length off by a few padding bytes, or offsets off by a few, would otherwise shift every
+     * tensor and load garbage without an error */
+    uint64_t covered = 0;
+    for (int64_t i = 0; i < n_spans; i++) {
+        if (spans[i].end == spans[i].begin) continue;
+        if (spans[i].begin != covered) {
+            st = kdt_fail(KDT_ERR_FORMAT,
+                          "%s: tensor \"%s\" starts at data byte %llu, but the tensors before it end at %llu "
+                          "(a hole in the data section: wrong header length or data_offsets?)",
+                          f->path, s->tensors[spans[i].tensor].name, (unsigned long long)spans[i].begin,
+                          (unsigned long long)covered);
+            goto done;
+        }
+        covered = spans[i].end;
+    }
+    if (covered != data_size) {
+        st = kdt_fail(KDT_ERR_FORMAT,
+                      "%s: the tensors cover %llu of the %llu data bytes (wrong header length or data_offsets?)",
+                      f->path, (unsigned long long)covered, (unsigned long long)data_size);
+        goto done;
     }
 done:
     free(spans);
