@@ -267,23 +267,19 @@ static kdt_status parse_header(kdt_st_set *s, int32_t fi) {
         n_spans++;
     }
     qsort(spans, (size_t)n_spans, sizeof *spans, span_cmp);
-    int64_t last = -1; /* sorted by begin: an overlap shows against the previous non-empty span */
+    /* sorted by begin, the non-empty spans must tile the data section exactly, as the reference
+     * reader requires: an overlap, a hole, or bytes after the last tensor (a header length off by
+     * a padding byte, or offsets off by a few, would otherwise shift tensors and load garbage) */
+    int64_t last = -1;
+    uint64_t covered = 0;
     for (int64_t i = 0; i < n_spans; i++) {
         if (spans[i].end == spans[i].begin) continue;
-        if (last >= 0 && spans[i].begin < spans[last].end) {
+        if (spans[i].begin < covered) {
             st = kdt_fail(KDT_ERR_FORMAT, "%s: tensors \"%s\" and \"%s\" overlap in the data section",
                           f->path, s->tensors[spans[last].tensor].name, s->tensors[spans[i].tensor].name);
             goto done;
         }
-        last = i;
-    }
-    /* the tensors must tile the data section exactly, as the reference reader requires: a header
-     * length off by a few padding bytes, or offsets off by a few, would otherwise shift every
-     * tensor and load garbage without an error */
-    uint64_t covered = 0;
-    for (int64_t i = 0; i < n_spans; i++) {
-        if (spans[i].end == spans[i].begin) continue;
-        if (spans[i].begin != covered) {
+        if (spans[i].begin > covered) {
             st = kdt_fail(KDT_ERR_FORMAT,
                           "%s: tensor \"%s\" starts at data byte %llu, but the tensors before it end at %llu "
                           "(a hole in the data section: wrong header length or data_offsets?)",
@@ -292,12 +288,12 @@ static kdt_status parse_header(kdt_st_set *s, int32_t fi) {
             goto done;
         }
         covered = spans[i].end;
+        last = i;
     }
     if (covered != data_size) {
         st = kdt_fail(KDT_ERR_FORMAT,
                       "%s: the tensors cover %llu of the %llu data bytes (wrong header length or data_offsets?)",
                       f->path, (unsigned long long)covered, (unsigned long long)data_size);
-        goto done;
     }
 done:
     free(spans);
