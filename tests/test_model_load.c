@@ -381,18 +381,15 @@ static void test_malformed_files(void) {
     /* the real file with 8 padding spaces after its header and a header length one byte short of
      * them: the JSON still parses, but the data would start one byte early */
     {
-        uint64_t hl = 0;
-        for (int i = 7; i >= 0; i--) hl = hl << 8 | (unsigned char)orig[i];
+        const uint64_t hl = tm_get_le64(orig);
         char *b = malloc(n + 8);
         memcpy(b + 8, orig + 8, (size_t)hl);
         memset(b + 8 + hl, ' ', 8);
         memcpy(b + 16 + hl, orig + 8 + hl, n - 8 - (size_t)hl);
-        const uint64_t bad_hl = hl + 7;
-        for (int i = 0; i < 8; i++) b[i] = (char)(bad_hl >> (8 * i));
+        tm_put_le64(b, hl + 7);
         tm_write_bytes(p, b, n + 8);
         CHECK(load_fails(d, KDT_ERR_FORMAT, "model.safetensors", "data bytes"));
-        const uint64_t good_hl = hl + 8; /* the same file with the right length loads */
-        for (int i = 0; i < 8; i++) b[i] = (char)(good_hl >> (8 * i));
+        tm_put_le64(b, hl + 8); /* the same file with the right length loads */
         tm_write_bytes(p, b, n + 8);
         kdt_model *m = NULL;
         kdt_model_options o = {0, 0};
@@ -469,20 +466,19 @@ static uint64_t rnd(uint64_t *x) {
  * Each load must end in KDT_OK or a format / I/O / unsupported error whose message names the
  * model directory, with no model handed out; crashes and memory errors show up as such (CI runs
  * this under ASan/UBSan). */
-static int corrupt_and_load(const char *d, int n_files, char (*path)[700], char **orig, const size_t *len,
-                            uint64_t *x, int loads, int *loaded) {
+static int corrupt_and_load(const char *d, int n_files, int n_shards, char (*path)[700], char **orig,
+                            const size_t *len, uint64_t *x, int loads, int *loaded) {
     static const char punct[] = "\"{}[],:-09eE. \\";
     int failed = 0, bad = 0;
     for (int it = 0; it < loads; it++) {
         const int f = (int)(rnd(x) % (uint64_t)n_files);
-        const int is_shard = strstr(path[f], ".safetensors") && !strstr(path[f], "index");
+        const int is_shard = f < n_shards; /* the file list starts with the shards */
         size_t n = len[f];
         unsigned char *b = malloc(n);
         memcpy(b, orig[f], n);
         size_t span = n; /* the part worth corrupting: a shard's length field and JSON header */
         if (is_shard) {
-            uint64_t hl = 0;
-            for (int i = 7; i >= 0; i--) hl = hl << 8 | b[i];
+            const uint64_t hl = tm_get_le64(b);
             span = 8 + (size_t)hl < n ? 8 + (size_t)hl : n;
         }
         const int kind = (int)(rnd(x) % 4);
@@ -496,7 +492,7 @@ static int corrupt_and_load(const char *d, int n_files, char (*path)[700], char 
             static const uint64_t lens[] = {0, 1, 7, 8, UINT64_MAX, (uint64_t)1 << 63, 1u << 30};
             const uint64_t v = rnd(x) % 2 ? lens[rnd(x) % (sizeof lens / sizeof lens[0])]
                                           : (uint64_t)(span - 8) + rnd(x) % 17 - 8;
-            for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
+            tm_put_le64(b, v);
         } else {
             const size_t a = (size_t)(rnd(x) % n), c = a + (size_t)(rnd(x) % 64);
             const size_t e = c < n ? c : n;
@@ -537,7 +533,7 @@ static void test_random_corruptions(void) {
         tm_spec s = tm_default_spec();
         s.shards = form == 0 ? 2 : 1;
         const char **names = form == 0 ? two : one;
-        const int n_files = form == 0 ? 4 : 2;
+        const int n_files = form == 0 ? 4 : 2, n_shards = form == 0 ? 2 : 1;
         char d[600], path[4][700];
         char *orig[4] = {0};
         size_t len[4] = {0};
@@ -550,7 +546,7 @@ static void test_random_corruptions(void) {
             if (!orig[f] || len[f] <= 8) ok = 0;
         }
         CHECK(ok);
-        if (ok) bad += corrupt_and_load(d, n_files, path, orig, len, &x, 200, &loaded);
+        if (ok) bad += corrupt_and_load(d, n_files, n_shards, path, orig, len, &x, 200, &loaded);
         for (int f = 0; f < n_files; f++) free(orig[f]);
         tm_rmdir(d);
     }
@@ -592,14 +588,13 @@ static void test_misaligned_data_and_generation_config(void) {
             size_t n;
             snprintf(p, sizeof p, "%s/model.safetensors", d);
             unsigned char *f = (unsigned char *)tm_read_bytes(p, &n);
-            uint64_t hl = 0;
-            for (int i = 7; i >= 0; i--) hl = (hl << 8) | f[i];
+            uint64_t hl = tm_get_le64(f);
             unsigned char *g = malloc(n + 1);
             memcpy(g, f, 8 + hl);
             g[8 + hl] = ' '; /* one more header byte: every tensor starts at an odd address */
             memcpy(g + 9 + hl, f + 8 + hl, n - 8 - hl);
             hl++;
-            for (int i = 0; i < 8; i++) g[i] = (unsigned char)(hl >> (8 * i));
+            tm_put_le64(g, hl);
             tm_write_bytes(p, g, n + 1);
             free(f);
             free(g);

@@ -57,7 +57,7 @@ static void raw_write(const char *path, const raw_list *l) {
     while (hl % 8) h[hl++] = ' ';
     FILE *f = fopen(path, "wb");
     unsigned char len8[8];
-    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hl >> (8 * i));
+    tm_put_le64(len8, hl);
     fwrite(len8, 1, 8, f);
     fwrite(h, 1, hl, f);
     for (int i = 0; i < l->n; i++) fwrite(l->t[i].data, 1, l->t[i].nbytes, f);

@@ -149,6 +149,18 @@ static inline void tm_build_tensors(const tm_spec *s, tm_list *l) {
 }
 
 /* ---- files ------------------------------------------------------------------------------- */
+/* A safetensors header-length field: 8 bytes, little-endian. */
+static inline uint64_t tm_get_le64(const void *p) {
+    const unsigned char *b = (const unsigned char *)p;
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | b[i];
+    return v;
+}
+static inline void tm_put_le64(void *p, uint64_t v) {
+    unsigned char *b = (unsigned char *)p;
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
+}
+
 static inline void tm_write_bytes(const char *path, const void *p, size_t n) {
     FILE *f = fopen(path, "wb");
     if (!f) {
@@ -193,9 +205,8 @@ static inline void tm_write_safetensors(const char *path, const tm_list *l, int 
     hl += (size_t)snprintf(h + hl, hcap - hl, "}");
     while (hl % 8) h[hl++] = ' ';
     FILE *f = fopen(path, "wb");
-    uint64_t n = hl;
     unsigned char len8[8];
-    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)(n >> (8 * i));
+    tm_put_le64(len8, hl);
     fwrite(len8, 1, 8, f);
     fwrite(h, 1, hl, f);
     for (int i = i0; i < i1; i++) {
