@@ -652,7 +652,62 @@ static void test_bad_inputs(void) {
     tm_rmdir(d);
 }
 
+/* kdt_weight_matvec / kdt_weight_matmul (8 output rows interleaved, 8 input rows per weight-row
+ * read, the input block transposed) against the plain definition: one accumulator per output,
+ * c ascending, product then sum. Bit for bit, for every plain dtype, row counts that are and are
+ * not multiples of 8, sub-ranges [r0, r1) and strided X / Y. */
+static float naive_dot(const kdt_weight *w, int64_t r, const float *x) {
+    float acc = 0.0f;
+    for (int64_t c = 0; c < w->cols; c++) {
+        float wc;
+        if (w->dtype == KDT_W_F32) wc = ((const float *)w->data)[r * w->cols + c];
+        else wc = kdt_bf16_to_f32(((const uint16_t *)w->data)[r * w->cols + c]); /* BF16 */
+        acc += wc * x[c];
+    }
+    return acc;
+}
+static void test_matmul_bitwise(void) {
+    uint64_t seed = 4242;
+    static const int64_t shapes[][2] = {{37, 200}, {8, 64}, {3, 513}, {64, 31}};
+    static const int32_t Rs[] = {1, 2, 7, 8, 9, 12, 17, 33};
+    for (int dt = 0; dt < 2; dt++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int64_t rows = shapes[si][0], cols = shapes[si][1], ldx = cols + 3, ldy = rows + 5;
+            void *data = malloc((size_t)(rows * cols) * (dt == 0 ? 4 : 2));
+            for (int64_t i = 0; i < rows * cols; i++) {
+                const float v = (float)t_rand_normal(&seed);
+                if (dt == 0) ((float *)data)[i] = v;
+                else ((uint16_t *)data)[i] = kdt_f32_to_bf16(v);
+            }
+            kdt_weight w;
+            memset(&w, 0, sizeof w);
+            w.format = KDT_WF_PLAIN, w.dtype = dt == 0 ? KDT_W_F32 : KDT_W_BF16, w.data = data;
+            w.rows = rows, w.cols = cols, w.name = "test";
+            for (size_t ri = 0; ri < sizeof Rs / sizeof Rs[0]; ri++) {
+                const int32_t R = Rs[ri];
+                float *X = malloc(sizeof(float) * (size_t)(R * ldx)), *Y = malloc(sizeof(float) * (size_t)(R * ldy));
+                for (int64_t i = 0; i < R * ldx; i++) X[i] = (float)t_rand_normal(&seed);
+                const int64_t r0 = rows > 4 ? 2 : 0, r1 = rows;
+                kdt_weight_matmul(&w, X, ldx, R, Y, ldy, r0, r1);
+                int bad = 0;
+                float one[64];
+                for (int32_t i = 0; i < R; i++) {
+                    kdt_weight_matvec(&w, X + i * ldx, one, r0, r1);
+                    for (int64_t r = r0; r < r1; r++) {
+                        const float want = naive_dot(&w, r, X + i * ldx);
+                        bad |= memcmp(&Y[i * ldy + (r - r0)], &want, 4) != 0 || memcmp(&one[r - r0], &want, 4) != 0;
+                    }
+                }
+                CHECK_MSG(!bad, "%s %lld x %lld, R %d: matmul / matvec differ from the plain sum", dt ? "bf16" : "f32",
+                          (long long)rows, (long long)cols, R);
+                free(X), free(Y);
+            }
+            free(data);
+        }
+}
+
 int main(void) {
+    T_RUN(test_matmul_bitwise);
     T_RUN(test_vs_reference);
     T_RUN(test_prefill_decode_bitwise);
     T_RUN(test_decode_batch_invariance);

@@ -464,23 +464,23 @@ kdt_status kdt_dflash_ctx_append(const kdt_dflash *d, kdt_dflash_ctx *c, const f
     KDT_TRY(ctx_grow(c, c->len + n));
     const kdt_dflash_config *cf = &d->cfg;
     const int32_t D = cf->hidden_size, hd = cf->head_dim, KV = cf->n_kv_heads;
-    float *proj = malloc(sizeof(float) * (size_t)D * 2 + sizeof(float) * (size_t)hd);
+    if (n == 0) return KDT_OK;
+    float *proj = malloc(sizeof(float) * ((size_t)n * D * 2 + (size_t)hd));
     if (!proj) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "drafter context append");
-    float *ctxv = proj + D, *tmp = ctxv + D;
-    for (int32_t r = 0; r < n; r++) {
-        const int64_t pos = (int64_t)c->len;
-        /* c = hidden_norm(fc(feat)) feeds every layer's K/V */
-        kdt_weight_matvec(&d->fc, feat + (int64_t)r * cf->n_taps * D, proj, 0, D);
-        rmsnorm(proj, &d->hidden_norm, D, cf->rms_eps, ctxv);
-        for (int32_t l = 0; l < cf->n_layers; l++) {
-            const dflash_layer *L = &d->layers[l];
-            float *k = c->k[l] + pos * c->kv_dim, *v = c->v[l] + pos * c->kv_dim;
-            kdt_weight_matvec(&L->k, ctxv, k, 0, (int64_t)KV * hd);
-            kdt_weight_matvec(&L->v, ctxv, v, 0, (int64_t)KV * hd);
-            norm_rope_heads(d, k, KV, &L->k_norm, pos, tmp);
-        }
-        c->len++;
+    float *ctxv = proj + (int64_t)n * D, *tmp = ctxv + (int64_t)n * D;
+    const int64_t pos0 = (int64_t)c->len;
+    /* c = hidden_norm(fc(feat)) feeds every layer's K/V; the n new rows go through each projection
+     * together (kdt_weight_matmul: every row's values exactly as alone) */
+    kdt_weight_matmul(&d->fc, feat, (int64_t)cf->n_taps * D, n, proj, D, 0, D);
+    for (int32_t r = 0; r < n; r++) rmsnorm(proj + (int64_t)r * D, &d->hidden_norm, D, cf->rms_eps, ctxv + (int64_t)r * D);
+    for (int32_t l = 0; l < cf->n_layers; l++) {
+        const dflash_layer *L = &d->layers[l];
+        float *k = c->k[l] + pos0 * c->kv_dim, *v = c->v[l] + pos0 * c->kv_dim;
+        kdt_weight_matmul(&L->k, ctxv, D, n, k, c->kv_dim, 0, (int64_t)KV * hd);
+        kdt_weight_matmul(&L->v, ctxv, D, n, v, c->kv_dim, 0, (int64_t)KV * hd);
+        for (int32_t r = 0; r < n; r++) norm_rope_heads(d, k + (int64_t)r * c->kv_dim, KV, &L->k_norm, pos0 + r, tmp);
     }
+    c->len += n;
     free(proj);
     return KDT_OK;
 }
@@ -500,10 +500,10 @@ static kdt_status draft_one(const kdt_dflash *d, const kdt_dflash_ctx *c, int32_
     float *kb = q + (int64_t)T * qd;         /* [T][KV*hd] block keys */
     float *vb = kb + (int64_t)T * kvd;       /* [T][KV*hd] block values */
     float *att = vb + (int64_t)T * kvd;      /* [T][H*hd] attention output */
-    float *mlp_a = att + (int64_t)T * qd;    /* [I] */
-    float *mlp_b = mlp_a + I;                /* [I] */
-    float *tmp = mlp_b + I;                  /* [max(D, hd)] */
-    float *scores = tmp + (D > hd ? D : hd); /* [n_keys] */
+    float *mlp_a = att + (int64_t)T * qd;    /* [T][I] */
+    float *mlp_b = mlp_a + (int64_t)T * I;   /* [T][I] */
+    float *tmp = mlp_b + (int64_t)T * I;     /* [T][max(D, hd)] */
+    float *scores = tmp + (int64_t)T * (D > hd ? D : hd); /* [n_keys] */
 
     int32_t ids[KDT_MAX_DEPTH + 1];
     ids[0] = anchor;
@@ -513,13 +513,14 @@ static kdt_status draft_one(const kdt_dflash *d, const kdt_dflash_ctx *c, int32_
 
     for (int32_t l = 0; l < cf->n_layers; l++) {
         const dflash_layer *L = &d->layers[l];
+        /* the block's rows go through each projection together (kdt_weight_matmul: every row's
+         * values exactly as alone, each weight row read once per block of rows) */
+        for (int32_t t = 0; t < T; t++) rmsnorm(x + (int64_t)t * D, &L->in_norm, D, cf->rms_eps, h + (int64_t)t * D);
+        kdt_weight_matmul(&L->q, h, D, T, q, qd, 0, qd);
+        kdt_weight_matmul(&L->k, h, D, T, kb, kvd, 0, kvd);
+        kdt_weight_matmul(&L->v, h, D, T, vb, kvd, 0, kvd);
         for (int32_t t = 0; t < T; t++) {
             const int64_t pos = (int64_t)P + t;
-            float *ht = h + (int64_t)t * D;
-            rmsnorm(x + (int64_t)t * D, &L->in_norm, D, cf->rms_eps, ht);
-            kdt_weight_matvec(&L->q, ht, q + (int64_t)t * qd, 0, qd);
-            kdt_weight_matvec(&L->k, ht, kb + (int64_t)t * kvd, 0, kvd);
-            kdt_weight_matvec(&L->v, ht, vb + (int64_t)t * kvd, 0, kvd);
             norm_rope_heads(d, q + (int64_t)t * qd, H, &L->q_norm, pos, tmp);
             norm_rope_heads(d, kb + (int64_t)t * kvd, KV, &L->k_norm, pos, tmp);
         }
@@ -553,17 +554,21 @@ static kdt_status draft_one(const kdt_dflash *d, const kdt_dflash_ctx *c, int32_
                 }
             }
         }
+        kdt_weight_matmul(&L->o, att, qd, T, tmp, D, 0, D);
         for (int32_t t = 0; t < T; t++) {
             float *xt = x + (int64_t)t * D;
-            kdt_weight_matvec(&L->o, att + (int64_t)t * qd, tmp, 0, D);
-            for (int32_t i = 0; i < D; i++) xt[i] += tmp[i];
-            float *ht = h + (int64_t)t * D;
-            rmsnorm(xt, &L->post_norm, D, cf->rms_eps, ht);
-            kdt_weight_matvec(&L->gate, ht, mlp_a, 0, I);
-            kdt_weight_matvec(&L->up, ht, mlp_b, 0, I);
-            for (int32_t i = 0; i < I; i++) mlp_a[i] = silu(mlp_a[i]) * mlp_b[i];
-            kdt_weight_matvec(&L->down, mlp_a, tmp, 0, D);
-            for (int32_t i = 0; i < D; i++) xt[i] += tmp[i];
+            const float *ot = tmp + (int64_t)t * D;
+            for (int32_t i = 0; i < D; i++) xt[i] += ot[i];
+            rmsnorm(xt, &L->post_norm, D, cf->rms_eps, h + (int64_t)t * D);
+        }
+        kdt_weight_matmul(&L->gate, h, D, T, mlp_a, I, 0, I);
+        kdt_weight_matmul(&L->up, h, D, T, mlp_b, I, 0, I);
+        for (int64_t i = 0; i < (int64_t)T * I; i++) mlp_a[i] = silu(mlp_a[i]) * mlp_b[i];
+        kdt_weight_matmul(&L->down, mlp_a, I, T, tmp, D, 0, D);
+        for (int32_t t = 0; t < T; t++) {
+            float *xt = x + (int64_t)t * D;
+            const float *dt = tmp + (int64_t)t * D;
+            for (int32_t i = 0; i < D; i++) xt[i] += dt[i];
         }
     }
     /* final norm on rows 1..L, then the target's lm_head */
@@ -589,8 +594,8 @@ kdt_status kdt_dflash_draft(const kdt_dflash *d, kdt_dflash_ctx *const *ctx, int
         if (ctx[s]->len > max_p) max_p = ctx[s]->len;
     }
     const int64_t qd = (int64_t)cf->n_heads * hd, kvd = (int64_t)cf->n_kv_heads * hd;
-    const int64_t n_ws = 2 * (int64_t)T * D + 2 * T * qd + 2 * T * kvd + 2 * (int64_t)cf->intermediate_size +
-                         (D > hd ? D : hd) + max_p + T;
+    const int64_t n_ws = 2 * (int64_t)T * D + 2 * T * qd + 2 * T * kvd + 2 * (int64_t)T * cf->intermediate_size +
+                         (int64_t)T * (D > hd ? D : hd) + max_p + T;
     float *ws = malloc(sizeof(float) * (size_t)n_ws);
     if (!ws) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "drafter workspace (%lld floats)", (long long)n_ws);
     kdt_status st = KDT_OK;

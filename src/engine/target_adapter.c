@@ -17,6 +17,5 @@ kdt_status kdt_target_embed_rows(const kdt_model *m, const int32_t *ids, int32_t
 
 void kdt_target_lm_head_rows(const kdt_model *m, const float *x, int32_t n, float *logits) {
     const int32_t V = m->cfg.vocab_size, D = m->cfg.hidden_size;
-    for (int32_t i = 0; i < n; i++)
-        kdt_weight_matvec(&m->lm_head, x + (int64_t)i * D, logits + (int64_t)i * V, 0, V);
+    kdt_weight_matmul(&m->lm_head, x, D, n, logits, V, 0, V); /* each row as kdt_weight_matvec alone */
 }

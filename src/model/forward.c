@@ -32,35 +32,42 @@ typedef struct row_desc {
     float *taps;                /* [n_taps][D] or NULL */
 } row_desc;
 
-/* Scratch for one chunk of rows; sized once per call. */
+/* Scratch for one chunk of rows; sized once per call. [R] marks one slot per row of the chunk:
+ * the projections, the MLPs and lm_head run over all rows at once (kdt_weight_matmul reads each
+ * weight row once per block of rows), with exactly the per-row arithmetic. */
 typedef struct run_state {
     int32_t max_rows, max_keys;
-    float *x;          /* [max_rows][D] residual stream */
-    float *q;          /* [max_rows][H][d_n + d_r] queries after RoPE */
-    float *rope_cos;   /* [max_rows][d_r/2] (times the YaRN attention factor) */
-    float *rope_sin;   /* [max_rows][d_r/2] */
-    float *xn;         /* [D] normed input */
-    float *qa;         /* [q_lora] */
-    float *kva;        /* [d_c + d_r] */
+    float *x;          /* [R][D] residual stream */
+    float *q;          /* [R][H][d_n + d_r] queries after RoPE */
+    float *rope_cos;   /* [R][d_r/2] (times the YaRN attention factor) */
+    float *rope_sin;   /* [R][d_r/2] */
+    float *xn;         /* [R][D] normed inputs */
+    float *qa;         /* [R][q_lora] */
+    float *kva;        /* [R][d_c + d_r] */
     float *qlat;       /* [d_c + d_r] one head's absorbed query */
     float *wrow;       /* [d_c] one converted weight row */
     float *scores;     /* [max_keys] */
     int32_t *keys;     /* [max_keys] visible slots */
     float *olat;       /* [d_c] */
-    float *heads;      /* [H * d_v] */
-    float *tmp;        /* [D] */
-    float *acc;        /* [D] */
-    float *gate;       /* [max_inter] */
-    float *up;         /* [max_inter] */
-    float *router;     /* [E] sigmoid scores */
-    float *choice;     /* [E] biased scores */
+    float *heads;      /* [R][H * d_v] */
+    float *tmp;        /* [R][D] */
+    float *acc;        /* [R][D] routed experts' sum */
+    float *xg;         /* [R][D] the rows one expert takes, gathered */
+    float *yg;         /* [R][D] that expert's outputs */
+    float *gate;       /* [R][max_inter] */
+    float *up;         /* [R][max_inter] */
+    float *router;     /* [R][E] router logits, then sigmoid scores */
+    float *choice;     /* [E] biased scores of one row */
     float *group;      /* [n_group] */
     uint8_t *allowed;  /* [E] expert may still be selected */
     uint8_t *group_open; /* [n_group] group not yet kept */
     uint8_t *group_kept; /* [n_group] */
-    int32_t *selected; /* [top_k] */
-    float *weights;    /* [top_k] */
-    float *logit_blk;  /* [256] fused lm_head -> argmax block */
+    int32_t *selected; /* [R][top_k] */
+    float *weights;    /* [R][top_k] */
+    int32_t *rowlist;  /* [R] rows taking one expert / needing lm_head */
+    int32_t *kslot;    /* [R] which of its top_k that expert is; lm_head: the row's best id */
+    float *best_v;     /* [R] lm_head: the row's best logit */
+    float *logit_blk;  /* [R][256] lm_head logits, one block of the vocabulary */
 } run_state;
 
 #define LOGIT_BLOCK 256
@@ -78,13 +85,14 @@ static kdt_status run_state_alloc(const kdt_model *m, int32_t max_rows, int32_t 
                  dc = (size_t)c->kv_lora_rank, dr = (size_t)c->qk_rope_head_dim, E = (size_t)c->n_routed_experts + 1;
     const size_t shared_inter = (size_t)c->moe_intermediate_size * (size_t)(c->n_shared_experts > 1 ? c->n_shared_experts : 1);
     const size_t max_inter = (size_t)c->intermediate_size > shared_inter ? (size_t)c->intermediate_size : shared_inter;
-    const size_t f = sizeof(float), R = (size_t)max_rows, K = (size_t)max_keys;
+    const size_t f = sizeof(float), R = (size_t)max_rows, K = (size_t)max_keys, TK = (size_t)c->n_experts_per_tok + 1;
     const size_t sizes[] = {
-        R * D * f, R * H * dqk * f, R * (dr / 2) * f, R * (dr / 2) * f, D * f,
-        (size_t)(c->q_lora_rank + 1) * f, (dc + dr) * f, (dc + dr) * f, (dc > D ? dc : D) * f, K * f,
-        K * sizeof(int32_t), dc * f, H * (size_t)c->v_head_dim * f, D * f, D * f, max_inter * f, max_inter * f,
-        E * f, E * f, (size_t)(c->n_group + 1) * f, E, (size_t)c->n_group + 1, (size_t)c->n_group + 1, (size_t)(c->n_experts_per_tok + 1) * sizeof(int32_t),
-        (size_t)(c->n_experts_per_tok + 1) * f, LOGIT_BLOCK * f,
+        R * D * f, R * H * dqk * f, R * (dr / 2) * f, R * (dr / 2) * f, R * D * f,
+        R * (size_t)(c->q_lora_rank + 1) * f, R * (dc + dr) * f, (dc + dr) * f, (dc > D ? dc : D) * f, K * f,
+        K * sizeof(int32_t), dc * f, R * H * (size_t)c->v_head_dim * f, R * D * f, R * D * f, R * D * f, R * D * f,
+        R * max_inter * f, R * max_inter * f, R * E * f, E * f, (size_t)(c->n_group + 1) * f, E,
+        (size_t)c->n_group + 1, (size_t)c->n_group + 1, R * TK * sizeof(int32_t), R * TK * f,
+        R * sizeof(int32_t), R * sizeof(int32_t), R * f, R * LOGIT_BLOCK * f,
     };
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] + 63) & ~(size_t)63;
@@ -109,6 +117,8 @@ static kdt_status run_state_alloc(const kdt_model *m, int32_t max_rows, int32_t 
     rs->heads = carve(&p, sizes[i++]);
     rs->tmp = carve(&p, sizes[i++]);
     rs->acc = carve(&p, sizes[i++]);
+    rs->xg = carve(&p, sizes[i++]);
+    rs->yg = carve(&p, sizes[i++]);
     rs->gate = carve(&p, sizes[i++]);
     rs->up = carve(&p, sizes[i++]);
     rs->router = carve(&p, sizes[i++]);
@@ -119,6 +129,9 @@ static kdt_status run_state_alloc(const kdt_model *m, int32_t max_rows, int32_t 
     rs->group_kept = carve(&p, sizes[i++]);
     rs->selected = carve(&p, sizes[i++]);
     rs->weights = carve(&p, sizes[i++]);
+    rs->rowlist = carve(&p, sizes[i++]);
+    rs->kslot = carve(&p, sizes[i++]);
+    rs->best_v = carve(&p, sizes[i++]);
     rs->logit_blk = carve(&p, sizes[i++]);
     return KDT_OK;
 }
@@ -144,13 +157,14 @@ static void rope_apply(float *v, const float *cs, const float *sn, int32_t dr, i
 
 static float silu(float x) { return x / (1.0f + expf(-x)); }
 
-/* out[D] = down(silu(gate xn) * up xn) */
-static void swiglu(const kdt_expert_weights *e, const float *xn, float *out, run_state *rs) {
+/* out[i][D] = down(silu(gate xn_i) * up xn_i) for R rows (xn rows ldx apart, out rows ldo apart) */
+static void swiglu_rows(const kdt_expert_weights *e, const float *xn, int64_t ldx, int32_t R, float *out, int64_t ldo,
+                        run_state *rs) {
     const int64_t inter = e->gate.rows;
-    kdt_weight_matvec(&e->gate, xn, rs->gate, 0, inter);
-    kdt_weight_matvec(&e->up, xn, rs->up, 0, inter);
-    for (int64_t i = 0; i < inter; i++) rs->gate[i] = silu(rs->gate[i]) * rs->up[i];
-    kdt_weight_matvec(&e->down, rs->gate, out, 0, e->down.rows);
+    kdt_weight_matmul(&e->gate, xn, ldx, R, rs->gate, inter, 0, inter);
+    kdt_weight_matmul(&e->up, xn, ldx, R, rs->up, inter, 0, inter);
+    for (int64_t i = 0; i < (int64_t)R * inter; i++) rs->gate[i] = silu(rs->gate[i]) * rs->up[i];
+    kdt_weight_matmul(&e->down, rs->gate, inter, R, out, ldo, 0, e->down.rows);
 }
 
 /* Index of the largest value among v[i] for i < n with ok[i] (ties -> lower index); -1 if none. */
@@ -161,15 +175,15 @@ static int32_t argmax_allowed(const float *v, const uint8_t *ok, int32_t n) {
     return best;
 }
 
-/* out[D] = routed experts (sigmoid noaux_tc routing) + shared experts, for one row. out may be
- * rs->tmp: it is written only after the last expert output has been read from there. */
-static void moe(const kdt_model *m, const kdt_layer_weights *L, const float *xn, float *out, run_state *rs) {
+/* The routing of one row (sigmoid noaux_tc): router[E] holds its logits and becomes the sigmoid
+ * scores; selected[K] / weights[K] get the chosen experts in increasing index and their weights. */
+static void route_row(const kdt_model *m, const kdt_layer_weights *L, float *router, int32_t *selected, float *weights,
+                      run_state *rs) {
     const kdt_model_config *c = &m->cfg;
-    const int32_t E = c->n_routed_experts, K = c->n_experts_per_tok, G = c->n_group, D = c->hidden_size;
-    kdt_weight_matvec(&L->router, xn, rs->router, 0, E);
+    const int32_t E = c->n_routed_experts, K = c->n_experts_per_tok, G = c->n_group;
     for (int32_t e = 0; e < E; e++) {
-        rs->router[e] = 1.0f / (1.0f + expf(-rs->router[e]));
-        rs->choice[e] = rs->router[e] + kdt_weight_at(&L->router_bias, e); /* bias: selection only */
+        router[e] = 1.0f / (1.0f + expf(-router[e]));
+        rs->choice[e] = router[e] + kdt_weight_at(&L->router_bias, e); /* bias: selection only */
         rs->allowed[e] = 1;
     }
     if (G > 1) {
@@ -197,66 +211,102 @@ static void moe(const kdt_model *m, const kdt_layer_weights *L, const float *xn,
     for (int32_t k = 0; k < K; k++) {
         int32_t e = argmax_allowed(rs->choice, rs->allowed, E);
         rs->allowed[e] = 0;
-        rs->selected[k] = e;
-        rs->weights[k] = rs->router[e]; /* the unbiased score weighs the expert */
+        selected[k] = e;
+        weights[k] = router[e]; /* the unbiased score weighs the expert */
     }
     if (c->norm_topk_prob) {
         float sum = 0.0f;
-        for (int32_t k = 0; k < K; k++) sum += rs->weights[k];
+        for (int32_t k = 0; k < K; k++) sum += weights[k];
         sum += 1e-20f;
-        for (int32_t k = 0; k < K; k++) rs->weights[k] /= sum;
+        for (int32_t k = 0; k < K; k++) weights[k] /= sum;
     }
-    for (int32_t k = 0; k < K; k++) rs->weights[k] *= c->routed_scaling_factor;
+    for (int32_t k = 0; k < K; k++) weights[k] *= c->routed_scaling_factor;
     /* accumulate in increasing expert index */
     for (int32_t i = 1; i < K; i++)
-        for (int32_t j = i; j > 0 && rs->selected[j] < rs->selected[j - 1]; j--) {
-            int32_t te = rs->selected[j];
-            rs->selected[j] = rs->selected[j - 1];
-            rs->selected[j - 1] = te;
-            float tw = rs->weights[j];
-            rs->weights[j] = rs->weights[j - 1];
-            rs->weights[j - 1] = tw;
+        for (int32_t j = i; j > 0 && selected[j] < selected[j - 1]; j--) {
+            int32_t te = selected[j];
+            selected[j] = selected[j - 1];
+            selected[j - 1] = te;
+            float tw = weights[j];
+            weights[j] = weights[j - 1];
+            weights[j - 1] = tw;
         }
-    for (int32_t d = 0; d < D; d++) rs->acc[d] = 0.0f;
-    for (int32_t k = 0; k < K; k++) {
-        swiglu(&L->experts[rs->selected[k]], xn, rs->tmp, rs);
-        for (int32_t d = 0; d < D; d++) rs->acc[d] += rs->tmp[d] * rs->weights[k];
+}
+
+/* out[R][D] = routed experts + shared experts for R rows of xn [R][D]. Each expert runs once over
+ * the rows that chose it (gathered), experts in increasing index, so every row sums its experts in
+ * that order as it did alone. out may be rs->tmp, not xg / yg / acc. */
+static void moe_rows(const kdt_model *m, const kdt_layer_weights *L, const float *xn, int32_t R, float *out,
+                     run_state *rs) {
+    const kdt_model_config *c = &m->cfg;
+    const int32_t E = c->n_routed_experts, K = c->n_experts_per_tok, D = c->hidden_size;
+    kdt_weight_matmul(&L->router, xn, D, R, rs->router, E, 0, E);
+    for (int32_t r = 0; r < R; r++)
+        route_row(m, L, rs->router + (int64_t)r * E, rs->selected + (int64_t)r * K, rs->weights + (int64_t)r * K, rs);
+    for (int64_t i = 0; i < (int64_t)R * D; i++) rs->acc[i] = 0.0f;
+    for (int32_t e = 0; e < E; e++) {
+        int32_t n = 0;
+        for (int32_t r = 0; r < R; r++)
+            for (int32_t k = 0; k < K; k++)
+                if (rs->selected[(int64_t)r * K + k] == e) {
+                    rs->rowlist[n] = r, rs->kslot[n] = k;
+                    memcpy(rs->xg + (int64_t)n * D, xn + (int64_t)r * D, (size_t)D * sizeof(float));
+                    n++;
+                }
+        if (n == 0) continue;
+        swiglu_rows(&L->experts[e], rs->xg, D, n, rs->yg, D, rs);
+        for (int32_t j = 0; j < n; j++) {
+            const int32_t r = rs->rowlist[j];
+            const float w = rs->weights[(int64_t)r * K + rs->kslot[j]];
+            float *acc = rs->acc + (int64_t)r * D;
+            const float *y = rs->yg + (int64_t)j * D;
+            for (int32_t d = 0; d < D; d++) acc[d] += y[d] * w;
+        }
     }
     if (c->n_shared_experts > 0) {
-        swiglu(&L->shared, xn, rs->tmp, rs);
-        for (int32_t d = 0; d < D; d++) out[d] = rs->acc[d] + rs->tmp[d];
+        swiglu_rows(&L->shared, xn, D, R, rs->yg, D, rs);
+        for (int64_t i = 0; i < (int64_t)R * D; i++) out[i] = rs->acc[i] + rs->yg[i];
     } else {
-        memcpy(out, rs->acc, (size_t)D * sizeof(float));
+        memcpy(out, rs->acc, (size_t)R * D * sizeof(float));
     }
 }
 
-/* Stage 1 of a layer for one row: queries (kept in q) and the latent KV row (into the cache). */
-static void attn_project(const kdt_model *m, kdt_kv_cache *kv, int32_t l, const row_desc *row, const float *x,
-                         float *q, const float *cs, const float *sn, run_state *rs) {
+/* Stage 1 of a layer for rows[0..R): queries (kept in q, [R][H * dqk]) and each row's latent KV
+ * row (into the cache). */
+static void attn_project_rows(const kdt_model *m, kdt_kv_cache *kv, int32_t l, const row_desc *rows, int32_t R,
+                              run_state *rs) {
     const kdt_model_config *c = &m->cfg;
     const kdt_layer_weights *L = &m->layers[l];
     const int32_t D = c->hidden_size, H = c->n_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
-                  dc = c->kv_lora_rank, dqk = dn + dr;
+                  dc = c->kv_lora_rank, dqk = dn + dr, ql = c->q_lora_rank, half = dr / 2;
+    const int64_t dq = (int64_t)H * dqk;
     const float latent_eps = 1e-6f; /* q_a_layernorm / kv_a_layernorm use the RMSNorm default */
-    rmsnorm(x, &L->input_norm, c->rms_norm_eps, D, rs->xn);
-    if (c->q_lora_rank > 0) {
-        kdt_weight_matvec(&L->q_a, rs->xn, rs->qa, 0, c->q_lora_rank);
-        rmsnorm(rs->qa, &L->q_a_norm, latent_eps, c->q_lora_rank, rs->qa);
-        kdt_weight_matvec(&L->q_b, rs->qa, q, 0, (int64_t)H * dqk);
+    for (int32_t r = 0; r < R; r++)
+        rmsnorm(rs->x + (int64_t)r * D, &L->input_norm, c->rms_norm_eps, D, rs->xn + (int64_t)r * D);
+    if (ql > 0) {
+        kdt_weight_matmul(&L->q_a, rs->xn, D, R, rs->qa, ql, 0, ql);
+        for (int32_t r = 0; r < R; r++) rmsnorm(rs->qa + (int64_t)r * ql, &L->q_a_norm, latent_eps, ql, rs->qa + (int64_t)r * ql);
+        kdt_weight_matmul(&L->q_b, rs->qa, ql, R, rs->q, dq, 0, dq);
     } else {
-        kdt_weight_matvec(&L->q_proj, rs->xn, q, 0, (int64_t)H * dqk);
+        kdt_weight_matmul(&L->q_proj, rs->xn, D, R, rs->q, dq, 0, dq);
     }
-    for (int32_t h = 0; h < H; h++) rope_apply(q + h * dqk + dn, cs, sn, dr, c->rope_interleave);
-    kdt_weight_matvec(&L->kv_a, rs->xn, rs->kva, 0, dc + dr);
-    float *dst = kdt_kv_row(kv, l, row->stream, row->slot);
-    rmsnorm(rs->kva, &L->kv_a_norm, latent_eps, dc, dst);
-    memcpy(dst + dc, rs->kva + dc, (size_t)dr * sizeof(float));
-    rope_apply(dst + dc, cs, sn, dr, c->rope_interleave);
+    for (int32_t r = 0; r < R; r++)
+        for (int32_t h = 0; h < H; h++)
+            rope_apply(rs->q + r * dq + h * dqk + dn, rs->rope_cos + (int64_t)r * half, rs->rope_sin + (int64_t)r * half,
+                       dr, c->rope_interleave);
+    kdt_weight_matmul(&L->kv_a, rs->xn, D, R, rs->kva, dc + dr, 0, dc + dr);
+    for (int32_t r = 0; r < R; r++) {
+        const float *kva = rs->kva + (int64_t)r * (dc + dr);
+        float *dst = kdt_kv_row(kv, l, rows[r].stream, rows[r].slot);
+        rmsnorm(kva, &L->kv_a_norm, latent_eps, dc, dst);
+        memcpy(dst + dc, kva + dc, (size_t)dr * sizeof(float));
+        rope_apply(dst + dc, rs->rope_cos + (int64_t)r * half, rs->rope_sin + (int64_t)r * half, dr, c->rope_interleave);
+    }
 }
 
 /* Stage 2: absorbed MLA attention of one row over its visible keys -> heads [H * d_v]. */
 static void attn_attend(const kdt_model *m, const kdt_kv_cache *kv, int32_t l, const row_desc *row,
-                        const float *q, run_state *rs) {
+                        const float *q, float *heads, run_state *rs) {
     const kdt_model_config *c = &m->cfg;
     const kdt_weight *kvb = &m->layers[l].kv_b;
     const int32_t H = c->n_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, dv = c->v_head_dim,
@@ -295,41 +345,46 @@ static void attn_attend(const kdt_model *m, const kdt_kv_cache *kv, int32_t l, c
         for (int32_t e = 0; e < dc; e++) rs->olat[e] /= sum;
         /* o_h = W_UV[h] o_lat */
         const int64_t r0 = (int64_t)h * (dn + dv) + dn;
-        kdt_weight_matvec(kvb, rs->olat, rs->heads + (int64_t)h * dv, r0, r0 + dv);
+        kdt_weight_matvec(kvb, rs->olat, heads + (int64_t)h * dv, r0, r0 + dv);
     }
 }
 
-/* Final norm + lm_head for one row: the logits row and/or the fused argmax (ties -> lower id). */
-static void lm_head_row(const kdt_model *m, const float *x, const row_desc *row, run_state *rs) {
+/* Final norm + lm_head for the rows that want outputs: the logits row and/or the fused argmax
+ * (ties -> lower id), one block of LOGIT_BLOCK ids at a time for all of them. */
+static void lm_head_rows(const kdt_model *m, const row_desc *rows, int32_t R, run_state *rs) {
     const kdt_model_config *c = &m->cfg;
-    const int32_t V = c->vocab_size;
-    rmsnorm(x, &m->final_norm, c->rms_norm_eps, c->hidden_size, rs->xn);
-    if (row->logits) {
-        kdt_weight_matvec(&m->lm_head, rs->xn, row->logits, 0, V);
-    }
-    if (row->argmax) {
-        int32_t best = 0;
-        float best_v = -INFINITY;
-        for (int32_t v0 = 0; v0 < V; v0 += LOGIT_BLOCK) {
-            const int32_t v1 = v0 + LOGIT_BLOCK < V ? v0 + LOGIT_BLOCK : V;
-            const float *vals = row->logits ? row->logits + v0 : rs->logit_blk;
-            if (!row->logits) kdt_weight_matvec(&m->lm_head, rs->xn, rs->logit_blk, v0, v1);
-            for (int32_t v = v0; v < v1; v++)
-                if (vals[v - v0] > best_v) {
-                    best_v = vals[v - v0];
-                    best = v;
-                }
+    const int32_t V = c->vocab_size, D = c->hidden_size;
+    int32_t n = 0;
+    for (int32_t r = 0; r < R; r++)
+        if (rows[r].logits || rows[r].argmax) {
+            rmsnorm(rs->x + (int64_t)r * D, &m->final_norm, c->rms_norm_eps, D, rs->xg + (int64_t)n * D);
+            rs->rowlist[n] = r, rs->kslot[n] = 0, rs->best_v[n] = -INFINITY;
+            n++;
         }
-        *row->argmax = best;
+    if (n == 0) return;
+    for (int32_t v0 = 0; v0 < V; v0 += LOGIT_BLOCK) {
+        const int32_t v1 = v0 + LOGIT_BLOCK < V ? v0 + LOGIT_BLOCK : V;
+        kdt_weight_matmul(&m->lm_head, rs->xg, D, n, rs->logit_blk, LOGIT_BLOCK, v0, v1);
+        for (int32_t j = 0; j < n; j++) {
+            const row_desc *row = &rows[rs->rowlist[j]];
+            const float *vals = rs->logit_blk + (int64_t)j * LOGIT_BLOCK;
+            if (row->logits) memcpy(row->logits + v0, vals, (size_t)(v1 - v0) * sizeof(float));
+            for (int32_t v = v0; v < v1; v++)
+                if (vals[v - v0] > rs->best_v[j]) rs->best_v[j] = vals[v - v0], rs->kslot[j] = v;
+        }
     }
+    for (int32_t j = 0; j < n; j++)
+        if (rows[rs->rowlist[j]].argmax) *rows[rs->rowlist[j]].argmax = rs->kslot[j];
 }
 
-/* Runs rows[0..R) through the whole model. */
+/* Runs rows[0..R) through the whole model: per layer, every row's projections and KV row, then
+ * every row's attention, then o_proj and the MLP over all rows. */
 static void forward_chunk(const kdt_model *m, kdt_kv_cache *kv, const row_desc *rows, int32_t R,
                           const kdt_model_outputs *out, run_state *rs) {
     const kdt_model_config *c = &m->cfg;
     const int32_t D = c->hidden_size, half = c->qk_rope_head_dim / 2;
-    const int64_t dq = (int64_t)c->n_heads * (c->qk_nope_head_dim + c->qk_rope_head_dim);
+    const int64_t dq = (int64_t)c->n_heads * (c->qk_nope_head_dim + c->qk_rope_head_dim),
+                  dh = (int64_t)c->n_heads * c->v_head_dim;
     for (int32_t r = 0; r < R; r++) {
         kdt_weight_row_f32(&m->embed, rows[r].token, rs->x + (int64_t)r * D);
         for (int32_t i = 0; i < half; i++) {
@@ -340,26 +395,27 @@ static void forward_chunk(const kdt_model *m, kdt_kv_cache *kv, const row_desc *
     }
     for (int32_t l = 0; l < c->n_layers; l++) {
         const kdt_layer_weights *L = &m->layers[l];
-        for (int32_t r = 0; r < R; r++)
-            attn_project(m, kv, l, &rows[r], rs->x + (int64_t)r * D, rs->q + r * dq,
-                         rs->rope_cos + (int64_t)r * half, rs->rope_sin + (int64_t)r * half, rs);
+        attn_project_rows(m, kv, l, rows, R, rs);
+        for (int32_t r = 0; r < R; r++) attn_attend(m, kv, l, &rows[r], rs->q + r * dq, rs->heads + r * dh, rs);
+        kdt_weight_matmul(&L->o_proj, rs->heads, dh, R, rs->tmp, D, 0, D);
         for (int32_t r = 0; r < R; r++) {
             float *x = rs->x + (int64_t)r * D;
-            attn_attend(m, kv, l, &rows[r], rs->q + r * dq, rs);
-            kdt_weight_matvec(&L->o_proj, rs->heads, rs->tmp, 0, D);
-            for (int32_t d = 0; d < D; d++) x[d] += rs->tmp[d];
-            rmsnorm(x, &L->post_norm, c->rms_norm_eps, D, rs->xn);
-            if (L->is_moe) moe(m, L, rs->xn, rs->tmp, rs);
-            else swiglu(&L->dense, rs->xn, rs->tmp, rs);
-            for (int32_t d = 0; d < D; d++) x[d] += rs->tmp[d];
+            const float *t = rs->tmp + (int64_t)r * D;
+            for (int32_t d = 0; d < D; d++) x[d] += t[d];
+            rmsnorm(x, &L->post_norm, c->rms_norm_eps, D, rs->xn + (int64_t)r * D);
+        }
+        if (L->is_moe) moe_rows(m, L, rs->xn, R, rs->tmp, rs);
+        else swiglu_rows(&L->dense, rs->xn, D, R, rs->tmp, D, rs);
+        for (int32_t r = 0; r < R; r++) {
+            float *x = rs->x + (int64_t)r * D;
+            const float *t = rs->tmp + (int64_t)r * D;
+            for (int32_t d = 0; d < D; d++) x[d] += t[d];
             if (rows[r].taps)
-                for (int32_t t = 0; t < out->n_taps; t++)
-                    if (out->tap_layers[t] == l)
-                        memcpy(rows[r].taps + (int64_t)t * D, x, (size_t)D * sizeof(float));
+                for (int32_t t2 = 0; t2 < out->n_taps; t2++)
+                    if (out->tap_layers[t2] == l) memcpy(rows[r].taps + (int64_t)t2 * D, x, (size_t)D * sizeof(float));
         }
     }
-    for (int32_t r = 0; r < R; r++)
-        if (rows[r].logits || rows[r].argmax) lm_head_row(m, rs->x + (int64_t)r * D, &rows[r], rs);
+    lm_head_rows(m, rows, R, rs);
 }
 
 /* ---- argument checks shared by the three entry points -------------------------------------- */

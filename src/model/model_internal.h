@@ -98,6 +98,10 @@ typedef struct kdt_weight {
 
 /* y[r] = sum_c W[r][c] * x[c] for r in [r0, r1), sequential over c in fp32. */
 void kdt_weight_matvec(const kdt_weight *w, const float *x, float *y, int64_t r0, int64_t r1);
+/* The same for R input rows: Y[i][r - r0] (rows ldy apart) = kdt_weight_matvec of X[i] (rows ldx
+ * apart), bit for bit; each weight row is read once per block of rows. */
+void kdt_weight_matmul(const kdt_weight *w, const float *X, int64_t ldx, int32_t R, float *Y, int64_t ldy,
+                       int64_t r0, int64_t r1);
 /* dst[0..cols-1] = row r of W as fp32. */
 void kdt_weight_row_f32(const kdt_weight *w, int64_t r, float *dst);
 /* element i of a 1-D weight (or of row 0) as fp32 */

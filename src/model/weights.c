@@ -9,6 +9,7 @@
 #include "fp.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 static inline float f16_to_f32(uint16_t h) {
@@ -100,8 +101,61 @@ float kdt_weight_at(const kdt_weight *w, int64_t i) {
     return scalar_f32(w->dtype, w->data, i);
 }
 
-/* One fixed summation order (c ascending, one fp32 accumulator) for every caller: this is what
- * makes a row's result independent of batch composition. */
+/* Plain rows r0..r1-1 of an [rows][n] matrix of element type T (converted by CVT) times x, MV_ROWS
+ * rows at a time: each row keeps its own accumulator and sums over c ascending exactly as a row
+ * alone would (the same products, the same additions, in the same order), but the rows' chains
+ * are independent, so the CPU overlaps them instead of waiting on one add after another. */
+#define MV_ROWS 8
+#define DEFINE_MATVEC(name, T, CVT)                                                                  \
+    static void name(const T *w, int64_t n, const float *x, float *y, int64_t r0, int64_t r1) {      \
+        int64_t r = r0;                                                                              \
+        for (; r + MV_ROWS <= r1; r += MV_ROWS) {                                                    \
+            const T *p = w + r * n;                                                                  \
+            float acc[MV_ROWS] = {0};                                                                \
+            for (int64_t c = 0; c < n; c++) {                                                        \
+                const float xc = x[c];                                                               \
+                for (int j = 0; j < MV_ROWS; j++) acc[j] += CVT(p[j * n + c]) * xc;                  \
+            }                                                                                        \
+            for (int j = 0; j < MV_ROWS; j++) y[r - r0 + j] = acc[j];                                \
+        }                                                                                            \
+        for (; r < r1; r++) {                                                                        \
+            const T *p = w + r * n;                                                                  \
+            float acc = 0.0f;                                                                        \
+            for (int64_t c = 0; c < n; c++) acc += CVT(p[c]) * x[c];                                 \
+            y[r - r0] = acc;                                                                         \
+        }                                                                                            \
+    }
+static inline float f32_id(float v) { return v; }
+DEFINE_MATVEC(matvec_f32, float, f32_id)
+DEFINE_MATVEC(matvec_bf16, uint16_t, kdt_bf16_to_f32)
+DEFINE_MATVEC(matvec_f16, uint16_t, f16_to_f32)
+
+/* MM_ROWS input rows against one weight row at a time: the weight row is read once for all of them,
+ * and each (input row, weight row) pair sums over c ascending in its own accumulator, exactly as
+ * kdt_weight_matvec does for that input row alone. XT is the block of input rows transposed
+ * ([n][MM_ROWS]), so the MM_ROWS accumulators update as one vector per column (lane j = row j: the
+ * same multiply and add per lane as the scalar code, nothing reassociated). */
+#define MM_ROWS 8
+#define DEFINE_MATMUL8(name, T, CVT)                                                                 \
+    static void name(const T *w, int64_t n, const float *XT, int nb, float *Y, int64_t ldy,         \
+                     int64_t r0, int64_t r1) {                                                       \
+        for (int64_t r = r0; r < r1; r++) {                                                          \
+            const T *p = w + r * n;                                                                  \
+            float acc[MM_ROWS] = {0};                                                                \
+            for (int64_t c = 0; c < n; c++) {                                                        \
+                const float wc = CVT(p[c]);                                                          \
+                const float *xt = XT + c * MM_ROWS;                                                  \
+                for (int j = 0; j < MM_ROWS; j++) acc[j] += wc * xt[j];                              \
+            }                                                                                        \
+            for (int j = 0; j < nb; j++) Y[j * ldy + (r - r0)] = acc[j];                             \
+        }                                                                                            \
+    }
+DEFINE_MATMUL8(matmul8_f32, float, f32_id)
+DEFINE_MATMUL8(matmul8_bf16, uint16_t, kdt_bf16_to_f32)
+DEFINE_MATMUL8(matmul8_f16, uint16_t, f16_to_f32)
+
+/* One fixed summation order (c ascending, one fp32 accumulator per row) for every caller: this is
+ * what makes a row's result independent of batch composition. */
 void kdt_weight_matvec(const kdt_weight *w, const float *x, float *y, int64_t r0, int64_t r1) {
     const int64_t n = w->cols;
     if (w->format != KDT_WF_PLAIN) {
@@ -119,32 +173,62 @@ void kdt_weight_matvec(const kdt_weight *w, const float *x, float *y, int64_t r0
         return;
     }
     switch (w->dtype) {
-    case KDT_W_F32:
-        for (int64_t r = r0; r < r1; r++) {
-            const float *p = (const float *)w->data + r * n;
-            float acc = 0.0f;
-            for (int64_t c = 0; c < n; c++) acc += p[c] * x[c];
-            y[r - r0] = acc;
-        }
-        break;
-    case KDT_W_BF16:
-        for (int64_t r = r0; r < r1; r++) {
-            const uint16_t *p = (const uint16_t *)w->data + r * n;
-            float acc = 0.0f;
-            for (int64_t c = 0; c < n; c++) acc += kdt_bf16_to_f32(p[c]) * x[c];
-            y[r - r0] = acc;
-        }
-        break;
-    case KDT_W_F16:
-        for (int64_t r = r0; r < r1; r++) {
-            const uint16_t *p = (const uint16_t *)w->data + r * n;
-            float acc = 0.0f;
-            for (int64_t c = 0; c < n; c++) acc += f16_to_f32(p[c]) * x[c];
-            y[r - r0] = acc;
-        }
-        break;
+    case KDT_W_F32: matvec_f32((const float *)w->data, n, x, y, r0, r1); break;
+    case KDT_W_BF16: matvec_bf16((const uint16_t *)w->data, n, x, y, r0, r1); break;
+    case KDT_W_F16: matvec_f16((const uint16_t *)w->data, n, x, y, r0, r1); break;
     default:
         for (int64_t r = r0; r < r1; r++) y[r - r0] = 0.0f;
         break;
     }
+}
+
+/* Y[i][r - r0] = kdt_weight_matvec's value for input row X[i], bit for bit, for i < R: blocks of
+ * MM_ROWS rows share each weight row's read (the CPU verify and prefill pay for the weights once
+ * per block instead of once per row); the rest go through kdt_weight_matvec. */
+void kdt_weight_matmul(const kdt_weight *w, const float *X, int64_t ldx, int32_t R, float *Y, int64_t ldy,
+                       int64_t r0, int64_t r1) {
+    const int64_t n = w->cols;
+    int32_t i = 0;
+    /* blocks of up to MM_ROWS rows (a last block of 2..7 fills its spare lanes with zeros, whose
+     * results are dropped); a lone row goes through kdt_weight_matvec */
+    float *XT = R >= 2 && w->format == KDT_WF_PLAIN ? malloc((size_t)n * MM_ROWS * sizeof(float)) : NULL;
+    for (; XT && R - i >= 2; i += MM_ROWS) {
+        const int nb = R - i < MM_ROWS ? R - i : MM_ROWS;
+        const float *Xb = X + (int64_t)i * ldx;
+        float *Yb = Y + (int64_t)i * ldy;
+        for (int64_t c = 0; c < n; c++)
+            for (int j = 0; j < MM_ROWS; j++) XT[c * MM_ROWS + j] = j < nb ? Xb[j * ldx + c] : 0.0f;
+        switch (w->dtype) {
+        case KDT_W_F32: matmul8_f32((const float *)w->data, n, XT, nb, Yb, ldy, r0, r1); break;
+        case KDT_W_BF16: matmul8_bf16((const uint16_t *)w->data, n, XT, nb, Yb, ldy, r0, r1); break;
+        case KDT_W_F16: matmul8_f16((const uint16_t *)w->data, n, XT, nb, Yb, ldy, r0, r1); break;
+        default:
+            for (int j = 0; j < nb; j++)
+                for (int64_t r = r0; r < r1; r++) Yb[j * ldy + (r - r0)] = 0.0f;
+            break;
+        }
+    }
+    if (i > R) i = R;
+    free(XT);
+    /* quantized weights (or no memory for the transposed block): rows read in place */
+    for (; i + MM_ROWS <= R; i += MM_ROWS) {
+        const float *Xb = X + (int64_t)i * ldx;
+        float *Yb = Y + (int64_t)i * ldy;
+        if (w->format != KDT_WF_PLAIN) {
+            float blk[512];
+            for (int64_t r = r0; r < r1; r++) {
+                float acc[MM_ROWS] = {0};
+                for (int64_t c0 = 0; c0 < n; c0 += 512) {
+                    const int64_t c1 = c0 + 512 < n ? c0 + 512 : n;
+                    quant_range(w, r, c0, c1, blk);
+                    for (int64_t c = c0; c < c1; c++)
+                        for (int j = 0; j < MM_ROWS; j++) acc[j] += blk[c - c0] * Xb[j * ldx + c];
+                }
+                for (int j = 0; j < MM_ROWS; j++) Yb[j * ldy + (r - r0)] = acc[j];
+            }
+            continue;
+        }
+        for (int j = 0; j < MM_ROWS; j++) kdt_weight_matvec(w, Xb + j * ldx, Yb + j * ldy, r0, r1);
+    }
+    for (; i < R; i++) kdt_weight_matvec(w, X + (int64_t)i * ldx, Y + (int64_t)i * ldy, r0, r1);
 }
