@@ -11,7 +11,9 @@
  *             o_lat = softmax-weighted sum of c_kv_t ; o_h = W_UV[h] o_lat (d_v)
  *   x += o_proj concat(o_h); x += MLP or MoE (RMSNorm(x))
  * Every reduction runs in one fixed order (see kdt_weight_matvec), keys in increasing slot
- * order, so a row's results never depend on the other rows (batch invariance). */
+ * order, so a row's results never depend on the other rows (batch invariance). The matrix
+ * products of a chunk's rows run together (kdt_weight_matmul: each weight row read once per block
+ * of rows, every row's sum still its own, in that order); only the attention runs row by row. */
 #include "model_internal.h"
 
 #include <math.h>
