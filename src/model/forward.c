@@ -329,7 +329,21 @@ static void attn_attend(const kdt_model *m, const kdt_kv_cache *kv, int32_t l, c
         }
         memcpy(rs->qlat + dc, q_pe, (size_t)dr * sizeof(float));
         float max_score = -INFINITY;
-        for (int32_t k = 0; k < n_keys; k++) {
+        int32_t k = 0;
+        for (; k + 8 <= n_keys; k += 8) { /* 8 keys' dots side by side: each its own sum, e ascending */
+            const float *kr[8];
+            for (int j = 0; j < 8; j++) kr[j] = kdt_kv_row(kv, l, row->stream, rs->keys[k + j]);
+            float dot[8] = {0};
+            for (int32_t e = 0; e < drow; e++) {
+                const float qe = rs->qlat[e];
+                for (int j = 0; j < 8; j++) dot[j] += qe * kr[j][e];
+            }
+            for (int j = 0; j < 8; j++) {
+                rs->scores[k + j] = dot[j] * c->softmax_scale;
+                if (rs->scores[k + j] > max_score) max_score = rs->scores[k + j];
+            }
+        }
+        for (; k < n_keys; k++) {
             const float *r = kdt_kv_row(kv, l, row->stream, rs->keys[k]);
             float dot = 0.0f;
             for (int32_t e = 0; e < drow; e++) dot += rs->qlat[e] * r[e];
@@ -338,9 +352,9 @@ static void attn_attend(const kdt_model *m, const kdt_kv_cache *kv, int32_t l, c
         }
         float sum = 0.0f;
         for (int32_t e = 0; e < dc; e++) rs->olat[e] = 0.0f;
-        for (int32_t k = 0; k < n_keys; k++) {
-            const float p = expf(rs->scores[k] - max_score);
-            const float *r = kdt_kv_row(kv, l, row->stream, rs->keys[k]);
+        for (int32_t t = 0; t < n_keys; t++) {
+            const float p = expf(rs->scores[t] - max_score);
+            const float *r = kdt_kv_row(kv, l, row->stream, rs->keys[t]);
             sum += p;
             for (int32_t e = 0; e < dc; e++) rs->olat[e] += p * r[e];
         }

@@ -128,6 +128,56 @@ float kdt_weight_at(const kdt_weight *w, int64_t i) {
 static inline float f32_id(float v) { return v; }
 DEFINE_MATVEC(matvec_f32, float, f32_id)
 DEFINE_MATVEC(matvec_bf16, uint16_t, kdt_bf16_to_f32)
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+/* y[0..8) for 8 bf16 rows p (n apart) on x86-64: tiles of 8 rows x 8 columns are transposed in
+ * registers, so that one vector pair holds column c of the 8 rows and the 8 accumulators (lane j =
+ * row j) take W[j][c] * x[c] as two vector multiplies and adds: per lane the same product and sum,
+ * in the same c order, as matvec_bf16 (a bf16 becomes fp32 by moving its bits to the high half,
+ * exactly kdt_bf16_to_f32). */
+static void matvec8_bf16_sse2(const uint16_t *p, int64_t n, const float *x, float *y) {
+    __m128 a_lo = _mm_setzero_ps(), a_hi = _mm_setzero_ps(); /* rows 0-3, rows 4-7 */
+    const __m128i z = _mm_setzero_si128();
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+        __m128i r[8];
+        for (int j = 0; j < 8; j++) r[j] = _mm_loadu_si128((const __m128i *)(p + j * n + c));
+        /* 8 x 8 transpose of 16-bit elements: col[k] = (r0[k], r1[k], ..., r7[k]) */
+        const __m128i t0 = _mm_unpacklo_epi16(r[0], r[1]), t1 = _mm_unpacklo_epi16(r[2], r[3]);
+        const __m128i t2 = _mm_unpacklo_epi16(r[4], r[5]), t3 = _mm_unpacklo_epi16(r[6], r[7]);
+        const __m128i t4 = _mm_unpackhi_epi16(r[0], r[1]), t5 = _mm_unpackhi_epi16(r[2], r[3]);
+        const __m128i t6 = _mm_unpackhi_epi16(r[4], r[5]), t7 = _mm_unpackhi_epi16(r[6], r[7]);
+        const __m128i u0 = _mm_unpacklo_epi32(t0, t1), u1 = _mm_unpacklo_epi32(t2, t3);
+        const __m128i u2 = _mm_unpackhi_epi32(t0, t1), u3 = _mm_unpackhi_epi32(t2, t3);
+        const __m128i u4 = _mm_unpacklo_epi32(t4, t5), u5 = _mm_unpacklo_epi32(t6, t7);
+        const __m128i u6 = _mm_unpackhi_epi32(t4, t5), u7 = _mm_unpackhi_epi32(t6, t7);
+        const __m128i col[8] = {_mm_unpacklo_epi64(u0, u1), _mm_unpackhi_epi64(u0, u1), _mm_unpacklo_epi64(u2, u3),
+                                _mm_unpackhi_epi64(u2, u3), _mm_unpacklo_epi64(u4, u5), _mm_unpackhi_epi64(u4, u5),
+                                _mm_unpacklo_epi64(u6, u7), _mm_unpackhi_epi64(u6, u7)};
+        for (int k = 0; k < 8; k++) {
+            const __m128 xc = _mm_set1_ps(x[c + k]);
+            a_lo = _mm_add_ps(a_lo, _mm_mul_ps(_mm_castsi128_ps(_mm_unpacklo_epi16(z, col[k])), xc));
+            a_hi = _mm_add_ps(a_hi, _mm_mul_ps(_mm_castsi128_ps(_mm_unpackhi_epi16(z, col[k])), xc));
+        }
+    }
+    float acc[8];
+    _mm_storeu_ps(acc, a_lo);
+    _mm_storeu_ps(acc + 4, a_hi);
+    for (; c < n; c++)
+        for (int j = 0; j < 8; j++) acc[j] += kdt_bf16_to_f32(p[j * n + c]) * x[c];
+    for (int j = 0; j < 8; j++) y[j] = acc[j];
+}
+#endif
+
+/* bf16 rows: the SSE2 tiles where the CPU has them (every x86-64), matvec_bf16 for the rest */
+static void matvec_bf16_fast(const uint16_t *w, int64_t n, const float *x, float *y, int64_t r0, int64_t r1) {
+    int64_t r = r0;
+#if defined(__SSE2__)
+    for (; r + 8 <= r1; r += 8) matvec8_bf16_sse2(w + r * n, n, x, y + (r - r0));
+#endif
+    matvec_bf16(w, n, x, y + (r - r0), r, r1);
+}
 DEFINE_MATVEC(matvec_f16, uint16_t, f16_to_f32)
 
 /* MM_ROWS input rows against one weight row at a time: the weight row is read once for all of them,
@@ -139,7 +189,27 @@ DEFINE_MATVEC(matvec_f16, uint16_t, f16_to_f32)
 #define DEFINE_MATMUL8(name, T, CVT)                                                                 \
     static void name(const T *w, int64_t n, const float *XT, int nb, float *Y, int64_t ldy,         \
                      int64_t r0, int64_t r1) {                                                       \
-        for (int64_t r = r0; r < r1; r++) {                                                          \
+        int64_t r = r0;                                                                              \
+        for (; r + 4 <= r1; r += 4) { /* 4 weight rows: 4 x MM_ROWS independent sums in flight */   \
+            const T *p = w + r * n;                                                                  \
+            float a0[MM_ROWS] = {0}, a1[MM_ROWS] = {0}, a2[MM_ROWS] = {0}, a3[MM_ROWS] = {0};        \
+            for (int64_t c = 0; c < n; c++) {                                                        \
+                const float w0 = CVT(p[c]), w1 = CVT(p[n + c]), w2 = CVT(p[2 * n + c]),              \
+                            w3 = CVT(p[3 * n + c]);                                                  \
+                const float *xt = XT + c * MM_ROWS;                                                  \
+                for (int j = 0; j < MM_ROWS; j++) {                                                  \
+                    a0[j] += w0 * xt[j];                                                             \
+                    a1[j] += w1 * xt[j];                                                             \
+                    a2[j] += w2 * xt[j];                                                             \
+                    a3[j] += w3 * xt[j];                                                             \
+                }                                                                                    \
+            }                                                                                        \
+            for (int j = 0; j < nb; j++) {                                                           \
+                float *yj = Y + j * ldy + (r - r0);                                                  \
+                yj[0] = a0[j], yj[1] = a1[j], yj[2] = a2[j], yj[3] = a3[j];                          \
+            }                                                                                        \
+        }                                                                                            \
+        for (; r < r1; r++) {                                                                        \
             const T *p = w + r * n;                                                                  \
             float acc[MM_ROWS] = {0};                                                                \
             for (int64_t c = 0; c < n; c++) {                                                        \
@@ -174,7 +244,7 @@ void kdt_weight_matvec(const kdt_weight *w, const float *x, float *y, int64_t r0
     }
     switch (w->dtype) {
     case KDT_W_F32: matvec_f32((const float *)w->data, n, x, y, r0, r1); break;
-    case KDT_W_BF16: matvec_bf16((const uint16_t *)w->data, n, x, y, r0, r1); break;
+    case KDT_W_BF16: matvec_bf16_fast((const uint16_t *)w->data, n, x, y, r0, r1); break;
     case KDT_W_F16: matvec_f16((const uint16_t *)w->data, n, x, y, r0, r1); break;
     default:
         for (int64_t r = r0; r < r1; r++) y[r - r0] = 0.0f;
