@@ -1589,8 +1589,11 @@ extern "C" const char *kdt_verify_attn_cuda_path(void) {
     int use_wgmma = 0;
     if (choose_path("kdt_verify_attn_cuda_path", &use_wgmma) != KDT_OK) return "error: see kdt_last_error()";
     if (!use_wgmma) return "portable (mma.sync)";
-    const char *cl = getenv("KDT_VA_CLUSTER"), *seesaw = getenv("KDT_VA_SEESAW");
-    if (cl && !strcmp(cl, "1") && !(seesaw && !strcmp(seesaw, "1")) && sm90_clusters() > 0)
+    /* the launcher's rule: clusters unless v5, the fused softmax or the profile build is asked for */
+    const char *cl = getenv("KDT_VA_CLUSTER"), *seesaw = getenv("KDT_VA_SEESAW"), *fused = getenv("KDT_VA_FUSED"),
+               *prof = getenv("KDT_VA_PROFILE");
+    if (cl && !strcmp(cl, "1") && !(seesaw && !strcmp(seesaw, "1")) && !(fused && !strcmp(fused, "1")) &&
+        !(prof && prof[0] == '1') && sm90_clusters() > 0)
         return "sm_90a (wgmma, clusters of 4)";
     return "sm_90a (wgmma)";
 }
