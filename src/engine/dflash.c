@@ -453,8 +453,6 @@ static void norm_rope_heads(const kdt_dflash *d, float *x, int32_t n_heads, cons
     }
 }
 
-static float silu(float x) { return x / (1.0f + expf(-x)); }
-
 kdt_status kdt_dflash_ctx_append(const kdt_dflash *d, kdt_dflash_ctx *c, const float *feat,
                                  int32_t n) {
     KDT_CHECK_ARG(d && c && (feat || n == 0) && n >= 0, "kdt_dflash_ctx_append: bad arguments");
@@ -561,10 +559,7 @@ static kdt_status draft_one(const kdt_dflash *d, const kdt_dflash_ctx *c, int32_
             for (int32_t i = 0; i < D; i++) xt[i] += ot[i];
             rmsnorm(xt, &L->post_norm, D, cf->rms_eps, h + (int64_t)t * D);
         }
-        kdt_weight_matmul(&L->gate, h, D, T, mlp_a, I, 0, I);
-        kdt_weight_matmul(&L->up, h, D, T, mlp_b, I, 0, I);
-        for (int64_t i = 0; i < (int64_t)T * I; i++) mlp_a[i] = silu(mlp_a[i]) * mlp_b[i];
-        kdt_weight_matmul(&L->down, mlp_a, I, T, tmp, D, 0, D);
+        kdt_weight_swiglu_rows(&L->gate, &L->up, &L->down, h, D, T, mlp_a, mlp_b, tmp, D);
         for (int32_t t = 0; t < T; t++) {
             float *xt = x + (int64_t)t * D;
             const float *dt = tmp + (int64_t)t * D;

@@ -67,8 +67,9 @@ typedef struct run_state {
     int32_t *selected; /* [R][top_k] */
     float *weights;    /* [R][top_k] */
     int32_t *rowlist;  /* [R] rows taking one expert / needing lm_head */
-    int32_t *kslot;    /* [R] which of its top_k that expert is; lm_head: the row's best id */
-    float *best_v;     /* [R] lm_head: the row's best logit */
+    int32_t *kslot;    /* [R] which of its top_k that expert is */
+    int32_t *best_id;  /* [R] lm_head: the row's best id so far */
+    float *best_v;     /* [R] lm_head: its logit */
     float *logit_blk;  /* [R][256] lm_head logits, one block of the vocabulary */
 } run_state;
 
@@ -94,7 +95,7 @@ static kdt_status run_state_alloc(const kdt_model *m, int32_t max_rows, int32_t 
         K * sizeof(int32_t), dc * f, R * H * (size_t)c->v_head_dim * f, R * D * f, R * D * f, R * D * f, R * D * f,
         R * max_inter * f, R * max_inter * f, R * E * f, E * f, (size_t)(c->n_group + 1) * f, E,
         (size_t)c->n_group + 1, (size_t)c->n_group + 1, R * TK * sizeof(int32_t), R * TK * f,
-        R * sizeof(int32_t), R * sizeof(int32_t), R * f, R * LOGIT_BLOCK * f,
+        R * sizeof(int32_t), R * sizeof(int32_t), R * sizeof(int32_t), R * f, R * LOGIT_BLOCK * f,
     };
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] + 63) & ~(size_t)63;
@@ -133,6 +134,7 @@ static kdt_status run_state_alloc(const kdt_model *m, int32_t max_rows, int32_t 
     rs->weights = carve(&p, sizes[i++]);
     rs->rowlist = carve(&p, sizes[i++]);
     rs->kslot = carve(&p, sizes[i++]);
+    rs->best_id = carve(&p, sizes[i++]);
     rs->best_v = carve(&p, sizes[i++]);
     rs->logit_blk = carve(&p, sizes[i++]);
     return KDT_OK;
@@ -157,16 +159,10 @@ static void rope_apply(float *v, const float *cs, const float *sn, int32_t dr, i
     }
 }
 
-static float silu(float x) { return x / (1.0f + expf(-x)); }
-
 /* out[i][D] = down(silu(gate xn_i) * up xn_i) for R rows (xn rows ldx apart, out rows ldo apart) */
 static void swiglu_rows(const kdt_expert_weights *e, const float *xn, int64_t ldx, int32_t R, float *out, int64_t ldo,
                         run_state *rs) {
-    const int64_t inter = e->gate.rows;
-    kdt_weight_matmul(&e->gate, xn, ldx, R, rs->gate, inter, 0, inter);
-    kdt_weight_matmul(&e->up, xn, ldx, R, rs->up, inter, 0, inter);
-    for (int64_t i = 0; i < (int64_t)R * inter; i++) rs->gate[i] = silu(rs->gate[i]) * rs->up[i];
-    kdt_weight_matmul(&e->down, rs->gate, inter, R, out, ldo, 0, e->down.rows);
+    kdt_weight_swiglu_rows(&e->gate, &e->up, &e->down, xn, ldx, R, rs->gate, rs->up, out, ldo);
 }
 
 /* Index of the largest value among v[i] for i < n with ok[i] (ties -> lower index); -1 if none. */
@@ -374,7 +370,7 @@ static void lm_head_rows(const kdt_model *m, const row_desc *rows, int32_t R, ru
     for (int32_t r = 0; r < R; r++)
         if (rows[r].logits || rows[r].argmax) {
             rmsnorm(rs->x + (int64_t)r * D, &m->final_norm, c->rms_norm_eps, D, rs->xg + (int64_t)n * D);
-            rs->rowlist[n] = r, rs->kslot[n] = 0, rs->best_v[n] = -INFINITY;
+            rs->rowlist[n] = r, rs->best_id[n] = 0, rs->best_v[n] = -INFINITY;
             n++;
         }
     if (n == 0) return;
@@ -386,11 +382,11 @@ static void lm_head_rows(const kdt_model *m, const row_desc *rows, int32_t R, ru
             const float *vals = rs->logit_blk + (int64_t)j * LOGIT_BLOCK;
             if (row->logits) memcpy(row->logits + v0, vals, (size_t)(v1 - v0) * sizeof(float));
             for (int32_t v = v0; v < v1; v++)
-                if (vals[v - v0] > rs->best_v[j]) rs->best_v[j] = vals[v - v0], rs->kslot[j] = v;
+                if (vals[v - v0] > rs->best_v[j]) rs->best_v[j] = vals[v - v0], rs->best_id[j] = v;
         }
     }
     for (int32_t j = 0; j < n; j++)
-        if (rows[rs->rowlist[j]].argmax) *rows[rs->rowlist[j]].argmax = rs->kslot[j];
+        if (rows[rs->rowlist[j]].argmax) *rows[rs->rowlist[j]].argmax = rs->best_id[j];
 }
 
 /* Runs rows[0..R) through the whole model: per layer, every row's projections and KV row, then
@@ -478,7 +474,7 @@ static kdt_status run_rows(const kdt_model *m, kdt_kv_cache *kv, const row_desc 
     for (int64_t i = 0; i < n; i++)
         if (rows[i].n_prefix + rows[i].tail_n > max_keys) max_keys = rows[i].n_prefix + rows[i].tail_n;
     const int32_t chunk = (int32_t)(n < m->opt.prefill_chunk ? n : m->opt.prefill_chunk);
-    run_state rs;
+    run_state rs = {0}; /* every field is set by run_state_alloc; zeroed so that gcc can see it */
     void *block = NULL;
     kdt_status st = run_state_alloc(m, chunk, max_keys, &rs, &block);
     if (st != KDT_OK) return st;

@@ -102,6 +102,10 @@ void kdt_weight_matvec(const kdt_weight *w, const float *x, float *y, int64_t r0
  * apart), bit for bit; each weight row is read once per block of rows. */
 void kdt_weight_matmul(const kdt_weight *w, const float *X, int64_t ldx, int32_t R, float *Y, int64_t ldy,
                        int64_t r0, int64_t r1);
+/* out[i] (rows ldo apart) = down(silu(gate x_i) * up x_i) for R rows x (ldx apart), every value as a
+ * row alone computes it; g and u: R x gate->rows floats of scratch. */
+void kdt_weight_swiglu_rows(const kdt_weight *gate, const kdt_weight *up, const kdt_weight *down, const float *x,
+                            int64_t ldx, int32_t R, float *g, float *u, float *out, int64_t ldo);
 /* dst[0..cols-1] = row r of W as fp32. */
 void kdt_weight_row_f32(const kdt_weight *w, int64_t r, float *dst);
 /* element i of a 1-D weight (or of row 0) as fp32 */

@@ -128,6 +128,7 @@ float kdt_weight_at(const kdt_weight *w, int64_t i) {
 static inline float f32_id(float v) { return v; }
 DEFINE_MATVEC(matvec_f32, float, f32_id)
 DEFINE_MATVEC(matvec_bf16, uint16_t, kdt_bf16_to_f32)
+DEFINE_MATVEC(matvec_f16, uint16_t, f16_to_f32)
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -178,7 +179,6 @@ static void matvec_bf16_fast(const uint16_t *w, int64_t n, const float *x, float
 #endif
     matvec_bf16(w, n, x, y + (r - r0), r, r1);
 }
-DEFINE_MATVEC(matvec_f16, uint16_t, f16_to_f32)
 
 /* MM_ROWS input rows against one weight row at a time: the weight row is read once for all of them,
  * and each (input row, weight row) pair sums over c ascending in its own accumulator, exactly as
@@ -262,7 +262,7 @@ void kdt_weight_matmul(const kdt_weight *w, const float *X, int64_t ldx, int32_t
     /* blocks of up to MM_ROWS rows (a last block of 2..7 fills its spare lanes with zeros, whose
      * results are dropped); a lone row goes through kdt_weight_matvec */
     float *XT = R >= 2 && w->format == KDT_WF_PLAIN ? malloc((size_t)n * MM_ROWS * sizeof(float)) : NULL;
-    for (; XT && R - i >= 2; i += MM_ROWS) {
+    while (XT && R - i >= 2) {
         const int nb = R - i < MM_ROWS ? R - i : MM_ROWS;
         const float *Xb = X + (int64_t)i * ldx;
         float *Yb = Y + (int64_t)i * ldy;
@@ -277,28 +277,36 @@ void kdt_weight_matmul(const kdt_weight *w, const float *X, int64_t ldx, int32_t
                 for (int64_t r = r0; r < r1; r++) Yb[j * ldy + (r - r0)] = 0.0f;
             break;
         }
+        i += nb;
     }
-    if (i > R) i = R;
     free(XT);
-    /* quantized weights (or no memory for the transposed block): rows read in place */
-    for (; i + MM_ROWS <= R; i += MM_ROWS) {
+    /* quantized weights: blocks of rows dequantize each weight row once, 512 columns at a time */
+    for (; w->format != KDT_WF_PLAIN && i + MM_ROWS <= R; i += MM_ROWS) {
         const float *Xb = X + (int64_t)i * ldx;
         float *Yb = Y + (int64_t)i * ldy;
-        if (w->format != KDT_WF_PLAIN) {
-            float blk[512];
-            for (int64_t r = r0; r < r1; r++) {
-                float acc[MM_ROWS] = {0};
-                for (int64_t c0 = 0; c0 < n; c0 += 512) {
-                    const int64_t c1 = c0 + 512 < n ? c0 + 512 : n;
-                    quant_range(w, r, c0, c1, blk);
-                    for (int64_t c = c0; c < c1; c++)
-                        for (int j = 0; j < MM_ROWS; j++) acc[j] += blk[c - c0] * Xb[j * ldx + c];
-                }
-                for (int j = 0; j < MM_ROWS; j++) Yb[j * ldy + (r - r0)] = acc[j];
+        float blk[512];
+        for (int64_t r = r0; r < r1; r++) {
+            float acc[MM_ROWS] = {0};
+            for (int64_t c0 = 0; c0 < n; c0 += 512) {
+                const int64_t c1 = c0 + 512 < n ? c0 + 512 : n;
+                quant_range(w, r, c0, c1, blk);
+                for (int64_t c = c0; c < c1; c++)
+                    for (int j = 0; j < MM_ROWS; j++) acc[j] += blk[c - c0] * Xb[j * ldx + c];
             }
-            continue;
+            for (int j = 0; j < MM_ROWS; j++) Yb[j * ldy + (r - r0)] = acc[j];
         }
-        for (int j = 0; j < MM_ROWS; j++) kdt_weight_matvec(w, Xb + j * ldx, Yb + j * ldy, r0, r1);
     }
+    /* the rest (a lone row, a quantized tail, or no memory for the transposed block) */
     for (; i < R; i++) kdt_weight_matvec(w, X + (int64_t)i * ldx, Y + (int64_t)i * ldy, r0, r1);
+}
+
+/* out[i] = down(silu(gate x_i) * up x_i) for R rows, through kdt_weight_matmul; g and u hold
+ * R x gate->rows floats each (g ends up as the SwiGLU input of down). */
+void kdt_weight_swiglu_rows(const kdt_weight *gate, const kdt_weight *up, const kdt_weight *down, const float *x,
+                            int64_t ldx, int32_t R, float *g, float *u, float *out, int64_t ldo) {
+    const int64_t inter = gate->rows;
+    kdt_weight_matmul(gate, x, ldx, R, g, inter, 0, inter);
+    kdt_weight_matmul(up, x, ldx, R, u, inter, 0, inter);
+    for (int64_t i = 0; i < (int64_t)R * inter; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i]; /* silu(g) * u */
+    kdt_weight_matmul(down, g, inter, R, out, ldo, 0, down->rows);
 }

@@ -242,15 +242,20 @@ struct WalkState {
     long long items = 0, slots = 0;
 };
 
-/* Moves the CTA to item i: a barrier (every thread is done with the previous item's shared
- * memory), warp 0 walks, a barrier, then the item's coordinates. 0: the walk is over; -1: the item
- * has nothing to compute (its rows got NaN); 1: compute it. */
-__device__ __forceinline__ int va_next_item(const VaArgs &a, long long i, WalkState &ws, WalkShared *sw, int *sNode,
-                                            VaItem *it) {
+/* A barrier (every thread is done with the previous item's shared memory), warp 0 walks to item
+ * i (a cluster item in cluster mode), a barrier. false: the walk is over. */
+__device__ __forceinline__ bool va_walk(const VaArgs &a, long long i, WalkState &ws, WalkShared *sw) {
     __syncthreads();
     if ((threadIdx.x >> 5) == 0) walk_to<false>(a, i, ws.s, ws.items, ws.slots, sw);
     __syncthreads();
-    if (!sw->found) return 0;
+    return sw->found != 0;
+}
+
+/* Moves the CTA to item i (va_walk), then the item's coordinates. 0: the walk is over; -1: the
+ * item has nothing to compute (its rows got NaN); 1: compute it. */
+__device__ __forceinline__ int va_next_item(const VaArgs &a, long long i, WalkState &ws, WalkShared *sw, int *sNode,
+                                            VaItem *it) {
+    if (!va_walk(a, i, ws, sw)) return 0;
     return va_item(a, i - sw->item_base, sw, sNode, it) ? 1 : -1;
 }
 
@@ -261,11 +266,8 @@ __device__ __forceinline__ int va_next_item(const VaArgs &a, long long i, WalkSt
  * even one with nothing to compute (-1). */
 __device__ __forceinline__ int va_next_cluster_item(const VaArgs &a, long long ci, int rank, WalkState &ws,
                                                     WalkShared *sw, int *sNode, VaItem *it, bool *sync) {
-    __syncthreads();
-    if ((threadIdx.x >> 5) == 0) walk_to<false>(a, ci, ws.s, ws.items, ws.slots, sw);
-    __syncthreads();
     *sync = false;
-    if (!sw->found) return 0;
+    if (!va_walk(a, ci, ws, sw)) return 0;
     const VaPlan pl = sw->plan;
     const int G = pl.valid ? va_cluster_group(pl.splits) : 1;
     *sync = G > 1 && sw->slot_base + pl.slots <= a.slot_capacity;
