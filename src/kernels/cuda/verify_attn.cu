@@ -1586,17 +1586,22 @@ extern "C" kdt_status kdt_verify_attn_cuda_profile(char *out, size_t cap) {
     return KDT_OK;
 }
 
+/* The one rule for clusters, read by the launcher and by kdt_verify_attn_cuda_path: asked for
+ * (KDT_VA_CLUSTER=1), and not v5, the fused softmax or the profile build (whether those then run
+ * or fall back to v4). */
+static bool cluster_asked(void) {
+    const char *cl = getenv("KDT_VA_CLUSTER"), *seesaw = getenv("KDT_VA_SEESAW"), *fused = getenv("KDT_VA_FUSED"),
+               *prof = getenv("KDT_VA_PROFILE");
+    return cl && !strcmp(cl, "1") && !(seesaw && !strcmp(seesaw, "1")) && !(fused && !strcmp(fused, "1")) &&
+           !(prof && prof[0] == '1');
+}
+
 static_assert(VA_CLUSTER == 4, "kdt_verify_attn_cuda_path names clusters of 4");
 extern "C" const char *kdt_verify_attn_cuda_path(void) {
     int use_wgmma = 0;
     if (choose_path("kdt_verify_attn_cuda_path", &use_wgmma) != KDT_OK) return "error: see kdt_last_error()";
     if (!use_wgmma) return "portable (mma.sync)";
-    /* the launcher's rule: clusters unless v5, the fused softmax or the profile build is asked for */
-    const char *cl = getenv("KDT_VA_CLUSTER"), *seesaw = getenv("KDT_VA_SEESAW"), *fused = getenv("KDT_VA_FUSED"),
-               *prof = getenv("KDT_VA_PROFILE");
-    if (cl && !strcmp(cl, "1") && !(seesaw && !strcmp(seesaw, "1")) && !(fused && !strcmp(fused, "1")) &&
-        !(prof && prof[0] == '1') && sm90_clusters() > 0)
-        return "sm_90a (wgmma, clusters of 4)";
+    if (cluster_asked() && sm90_clusters() > 0) return "sm_90a (wgmma, clusters of 4)";
     return "sm_90a (wgmma)";
 }
 
@@ -1678,36 +1683,38 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
          * measured no faster; its FFMA form needs a positive scale) */
         const char *fused_env = getenv("KDT_VA_FUSED");
         const int fused = fused_env && !strcmp(fused_env, "1") && a.scale_log2 > 0.f;
-        const char *cl = getenv("KDT_VA_CLUSTER");
-        const int cluster_env = cl && !strcmp(cl, "1") && !use_seesaw;
-        const int n_clusters = cluster_env ? sm90_clusters() : 0;
-        if (use_seesaw && fused) {
-            if (a.prof) verify_attn_seesaw_kernel<true, true><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
-            else verify_attn_seesaw_kernel<false, true><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
-        } else if (use_seesaw) {
-            if (a.prof) verify_attn_seesaw_kernel<true><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
+        const int n_clusters = cluster_asked() && !a.prof ? sm90_clusters() : 0;
+        if (use_seesaw) {
+            if (a.prof && fused) verify_attn_seesaw_kernel<true, true><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
+            else if (fused) verify_attn_seesaw_kernel<false, true><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
+            else if (a.prof) verify_attn_seesaw_kernel<true><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
             else verify_attn_seesaw_kernel<false><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
-        } else if (cluster_env && !a.prof && !fused && n_clusters > 0) {
-            /* KDT_VA_CLUSTER=1: v4 in clusters, the splits of a row tile merged on chip (opt-in
-             * until measured; the same bits as split + combine) */
-            a.cluster = 1;
-            cudaLaunchConfig_t cfg;
-            memset(&cfg, 0, sizeof cfg);
-            cudaLaunchAttribute attr[1];
-            attr[0].id = cudaLaunchAttributeClusterDimension;
-            attr[0].val.clusterDim.x = VA_CLUSTER, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-            cfg.gridDim = dim3((unsigned)(n_clusters * VA_CLUSTER)), cfg.blockDim = dim3(THREADS);
-            cfg.dynamicSmemBytes = W_SMEM, cfg.stream = cs, cfg.attrs = attr, cfg.numAttrs = 1;
-            const cudaError_t le = cudaLaunchKernelEx(&cfg, verify_attn_sm90_kernel<false, false, true>, a, kv_map);
-            if (le != cudaSuccess)
-                return kdt_fail(KDT_ERR_CUDA, "%s: cluster launch failed: %s", who, cudaGetErrorString(le));
-        } else if (fused) {
-            if (a.prof) verify_attn_sm90_kernel<true, true><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
-            else verify_attn_sm90_kernel<false, true><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
-        } else if (a.prof) {
-            verify_attn_sm90_kernel<true><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
         } else {
-            verify_attn_sm90_kernel<false><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
+            bool launched = false;
+            if (n_clusters > 0 && !fused) {
+                /* KDT_VA_CLUSTER=1: v4 in clusters, the splits of a row tile merged on chip
+                 * (opt-in until measured; the same bits as split + combine). If the cluster
+                 * launch is refused, plain v4 below computes the same values. */
+                a.cluster = 1;
+                cudaLaunchConfig_t lc;
+                memset(&lc, 0, sizeof lc);
+                cudaLaunchAttribute attr[1];
+                attr[0].id = cudaLaunchAttributeClusterDimension;
+                attr[0].val.clusterDim.x = VA_CLUSTER, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+                lc.gridDim = dim3((unsigned)(n_clusters * VA_CLUSTER)), lc.blockDim = dim3(THREADS);
+                lc.dynamicSmemBytes = W_SMEM, lc.stream = cs, lc.attrs = attr, lc.numAttrs = 1;
+                launched = cudaLaunchKernelEx(&lc, verify_attn_sm90_kernel<false, false, true>, a, kv_map) == cudaSuccess;
+                if (!launched) {
+                    (void)cudaGetLastError(); /* the refusal is not an error of what follows */
+                    a.cluster = 0;
+                }
+            }
+            if (!launched) {
+                if (a.prof && fused) verify_attn_sm90_kernel<true, true><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
+                else if (fused) verify_attn_sm90_kernel<false, true><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
+                else if (a.prof) verify_attn_sm90_kernel<true><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
+                else verify_attn_sm90_kernel<false><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
+            }
         }
     } else {
         switch (cfg) {
