@@ -281,6 +281,45 @@ static void test_context_lifecycle(void) {
     kdt_dflash_free(d);
 }
 
+/* The CPU threads (every loop split as far as it goes) and the plain C forms change no bit of a
+ * draft, for head dims that take each form of the AVX2 attention output (16: per column, 32 and
+ * 64: 32 columns in registers), with a context that is not a multiple of 8 keys. */
+static void test_draft_threads_simd(void) {
+    static const int dims[] = {16, 32, 64};
+    const int P = 37, L = 4, V = 320, width = 128;
+    float *feat = random_feat(P, width, 5);
+    float *ref = malloc(sizeof(float) * L * V), *got = malloc(sizeof(float) * L * V);
+    kdt_parallel_set_min_cost(1.0);
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+        et_dflash_spec s = et_dflash_default(64, 320);
+        s.head_dim = dims[di];
+        char dir[300];
+        snprintf(dir, sizeof dir, "%s/simd%d", g_tmp, dims[di]);
+        et_dflash_write(dir, &s, NULL);
+        kdt_dflash *d = NULL;
+        CHECK(kdt_dflash_load(dir, g_target, NULL, &d) == KDT_OK);
+        if (!d) continue;
+        kdt_dflash_ctx *c = NULL;
+        CHECK(kdt_dflash_ctx_create(d, 64, &c) == KDT_OK);
+        CHECK(kdt_dflash_ctx_append(d, c, feat, P) == KDT_OK);
+        for (int threads = 1; threads <= 3; threads++)
+            for (int plain = 1; plain >= 0; plain--) {
+                CHECK_EQ_INT(kdt_set_cpu_threads(threads), KDT_OK);
+                kdt_cpu_force_plain(plain);
+                float *out = threads == 1 && plain ? ref : got;
+                CHECK(kdt_dflash_draft(d, &c, 1, (const int32_t[]){7}, out) == KDT_OK);
+                CHECK_MSG(memcmp(ref, out, sizeof(float) * L * V) == 0, "head_dim %d: draft with %d threads%s differs",
+                          dims[di], threads, plain ? ", plain C" : "");
+            }
+        kdt_dflash_ctx_free(c);
+        kdt_dflash_free(d);
+    }
+    kdt_cpu_force_plain(0);
+    kdt_parallel_set_min_cost(0);
+    CHECK_EQ_INT(kdt_set_cpu_threads(0), KDT_OK);
+    free(feat), free(ref), free(got);
+}
+
 static void expect_load_error(const et_dflash_spec *s, const char *name, kdt_status want, const char *needle) {
     char dir[300];
     snprintf(dir, sizeof dir, "%s/bad_%s", g_tmp, name);
@@ -446,6 +485,7 @@ int main(void) {
     T_RUN(test_rope_table_matches_model);
     T_RUN(test_forward_vs_fp64);
     T_RUN(test_context_lifecycle);
+    T_RUN(test_draft_threads_simd);
     T_RUN(test_bad_drafters);
     T_RUN(test_engine_with_dflash);
     kdt_model_free(g_target);

@@ -652,10 +652,11 @@ static void test_bad_inputs(void) {
     tm_rmdir(d);
 }
 
-/* kdt_weight_matvec / kdt_weight_matmul (8 output rows interleaved, 8 input rows per weight-row
- * read, the input block transposed) against the plain definition: one accumulator per output,
- * c ascending, product then sum. Bit for bit, for every plain dtype, row counts that are and are
- * not multiples of 8, sub-ranges [r0, r1) and strided X / Y. */
+/* kdt_weight_matvec / kdt_weight_matmul (output rows interleaved in SSE2 / AVX2 tiles, 8 input
+ * rows per weight-row read, the input block transposed, columns in stretches of 512) against the
+ * plain definition: one accumulator per output, c ascending, product then sum. Bit for bit, for
+ * every plain dtype, row counts that are and are not multiples of 8 and 16, sub-ranges [r0, r1),
+ * strided X / Y, with the SIMD forms this CPU has and with plain C. */
 static float naive_dot(const kdt_weight *w, int64_t r, const float *x) {
     float acc = 0.0f;
     for (int64_t c = 0; c < w->cols; c++) {
@@ -666,9 +667,9 @@ static float naive_dot(const kdt_weight *w, int64_t r, const float *x) {
     }
     return acc;
 }
-static void test_matmul_bitwise(void) {
+static void matmul_bitwise(int plain) {
     uint64_t seed = 4242;
-    static const int64_t shapes[][2] = {{37, 200}, {8, 64}, {3, 513}, {64, 31}};
+    static const int64_t shapes[][2] = {{37, 200}, {8, 64}, {3, 513}, {64, 31}, {40, 1030}};
     static const int32_t Rs[] = {1, 2, 7, 8, 9, 12, 17, 33};
     for (int dt = 0; dt < 2; dt++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -698,12 +699,120 @@ static void test_matmul_bitwise(void) {
                         bad |= memcmp(&Y[i * ldy + (r - r0)], &want, 4) != 0 || memcmp(&one[r - r0], &want, 4) != 0;
                     }
                 }
-                CHECK_MSG(!bad, "%s %lld x %lld, R %d: matmul / matvec differ from the plain sum", dt ? "bf16" : "f32",
-                          (long long)rows, (long long)cols, R);
+                CHECK_MSG(!bad, "%s %lld x %lld, R %d%s: matmul / matvec differ from the plain sum", dt ? "bf16" : "f32",
+                          (long long)rows, (long long)cols, R, plain ? " (plain C)" : "");
                 free(X), free(Y);
             }
             free(data);
         }
+}
+static void test_matmul_bitwise(void) {
+    matmul_bitwise(0); /* the SIMD forms this CPU has */
+    kdt_cpu_force_plain(1);
+    matmul_bitwise(1); /* plain C */
+    kdt_cpu_force_plain(0);
+}
+
+
+/* The CPU threads change no bit: prefill (all rows' logits and taps), a 3-stream decode and a tree
+ * verify give the same logits, argmax, taps and KV rows with 1, 2, 3 and 5 threads, every parallel
+ * loop split as far as it goes (kdt_parallel_set_min_cost(1)), the model loaded with each count
+ * too (its scratch is sized per call), and kdt_weight_matmul over a wide weight likewise. */
+typedef struct fwd_run {
+    float *logits, *taps, *vlogits, *kv;
+    int32_t argmax[3], vargmax[3 * 40];
+} fwd_run;
+
+static void run_all_paths(const tm_spec *s, fwd_run *r) {
+    char d[600];
+    kdt_model *m = load_spec(s, 6, d, sizeof d);
+    CHECK(m != NULL);
+    if (!m) return;
+    const int n = 29, V = s->vocab, S = 3;
+    int32_t toks[29], tap_layers[2] = {1, 2}, step[3] = {5, 6, 7}, ids[3] = {0, 1, 2};
+    uint64_t rng = 77;
+    for (int i = 0; i < n; i++) toks[i] = t_rand_int(&rng, V);
+    kdt_kv_cache *kv = new_cache(m, 12, 3);
+    kdt_model_outputs o = {r->logits, NULL, 0, 2, tap_layers, r->taps};
+    CHECK_EQ_INT(kdt_model_prefill(m, kv, 0, toks, n, &o), KDT_OK);
+    CHECK_EQ_INT(kdt_model_prefill(m, kv, 1, toks, 11, NULL), KDT_OK);
+    CHECK_EQ_INT(kdt_model_prefill(m, kv, 2, toks + 3, 17, NULL), KDT_OK);
+    kdt_model_outputs od = {r->logits + (size_t)n * V, r->argmax, 0, 0, NULL, NULL};
+    CHECK_EQ_INT(kdt_model_decode(m, kv, S, ids, step, &od), KDT_OK);
+    int n_nodes[3] = {31, 1, 17}, prefix[3] = {n + 1, 12, 18};
+    int32_t roots[3] = {1, 2, 3};
+    test_tree tt;
+    make_tree(&tt, S, n_nodes, prefix, roots, V, &rng);
+    kdt_model_outputs ov = {r->vlogits, r->vargmax, 0, 0, NULL, NULL};
+    CHECK_EQ_INT(kdt_model_verify(m, kv, &tt.t, ids, &ov), KDT_OK);
+    size_t at = 0;
+    for (int k = 0; k < S; k++)
+        for (int l = 0; l < s->layers; l++)
+            for (int t = 0; t < prefix[k] + n_nodes[k]; t++, at += (size_t)kv->row_elems)
+                memcpy(r->kv + at, kdt_kv_row(kv, l, k, t), (size_t)kv->row_elems * 4);
+    kdt_kv_cache_free(kv);
+    kdt_model_free(m);
+    tm_rmdir(d);
+}
+
+static void test_threads_bitwise(void) {
+    tm_spec s = tm_default_spec();
+    const size_t V = (size_t)s.vocab, D = (size_t)s.hidden, rows = 29 + 3;
+    const size_t kv_floats = (size_t)3 * s.layers * 72 * (size_t)(s.kv_lora + s.rope);
+    fwd_run ref, got;
+    fwd_run *runs[2] = {&ref, &got};
+    for (int i = 0; i < 2; i++) {
+        runs[i]->logits = calloc(rows * V, 4);
+        runs[i]->taps = calloc((size_t)29 * 2 * D, 4);
+        runs[i]->vlogits = calloc((size_t)3 * 40 * V, 4);
+        runs[i]->kv = calloc(kv_floats, 4);
+    }
+    kdt_parallel_set_min_cost(1.0);
+    CHECK_EQ_INT(kdt_set_cpu_threads(1), KDT_OK);
+    run_all_paths(&s, &ref);
+    static const int counts[] = {2, 3, 5};
+    for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+        CHECK_EQ_INT(kdt_set_cpu_threads(counts[ci]), KDT_OK);
+        memset(got.vargmax, 0, sizeof got.vargmax);
+        run_all_paths(&s, &got);
+        CHECK_MSG(memcmp(ref.logits, got.logits, rows * V * 4) == 0, "%d threads: prefill / decode logits", counts[ci]);
+        CHECK_MSG(memcmp(ref.taps, got.taps, (size_t)29 * 2 * D * 4) == 0, "%d threads: taps", counts[ci]);
+        CHECK_MSG(memcmp(ref.argmax, got.argmax, sizeof ref.argmax) == 0, "%d threads: decode argmax", counts[ci]);
+        CHECK_MSG(memcmp(ref.vlogits, got.vlogits, (size_t)3 * 40 * V * 4) == 0, "%d threads: verify logits", counts[ci]);
+        CHECK_MSG(memcmp(ref.vargmax, got.vargmax, sizeof ref.vargmax) == 0, "%d threads: verify argmax", counts[ci]);
+        CHECK_MSG(memcmp(ref.kv, got.kv, kv_floats * 4) == 0, "%d threads: KV rows", counts[ci]);
+    }
+    /* the plain C forms (no SSE2 / AVX2) give the same values too */
+    CHECK_EQ_INT(kdt_set_cpu_threads(2), KDT_OK);
+    kdt_cpu_force_plain(1);
+    run_all_paths(&s, &got);
+    kdt_cpu_force_plain(0);
+    CHECK_MSG(memcmp(ref.logits, got.logits, rows * V * 4) == 0 && memcmp(ref.vlogits, got.vlogits, (size_t)3 * 40 * V * 4) == 0 &&
+                  memcmp(ref.kv, got.kv, kv_floats * 4) == 0 && memcmp(ref.taps, got.taps, (size_t)29 * 2 * D * 4) == 0,
+              "plain C forms differ from the SIMD forms");
+    /* a weight wide enough to split under the default cost too */
+    uint64_t seed = 99;
+    const int64_t wr = 301, wc = 257;
+    uint16_t *data = malloc((size_t)(wr * wc) * 2);
+    for (int64_t i = 0; i < wr * wc; i++) data[i] = kdt_f32_to_bf16((float)t_rand_normal(&seed));
+    kdt_weight w;
+    memset(&w, 0, sizeof w);
+    w.format = KDT_WF_PLAIN, w.dtype = KDT_W_BF16, w.data = data, w.rows = wr, w.cols = wc, w.name = "wide";
+    float *X = malloc((size_t)33 * wc * 4), *Y1 = malloc((size_t)33 * wr * 4), *Y3 = malloc((size_t)33 * wr * 4);
+    for (int64_t i = 0; i < 33 * wc; i++) X[i] = (float)t_rand_normal(&seed);
+    kdt_parallel_set_min_cost(0);
+    for (int32_t R = 1; R <= 33; R += 8) {
+        CHECK_EQ_INT(kdt_set_cpu_threads(1), KDT_OK);
+        kdt_weight_matmul(&w, X, wc, R, Y1, wr, 0, wr);
+        CHECK_EQ_INT(kdt_set_cpu_threads(3), KDT_OK);
+        kdt_weight_matmul(&w, X, wc, R, Y3, wr, 0, wr);
+        CHECK_MSG(memcmp(Y1, Y3, (size_t)R * wr * 4) == 0, "matmul R %d: 1 vs 3 threads", R);
+    }
+    free(data), free(X), free(Y1), free(Y3);
+    CHECK_EQ_INT(kdt_set_cpu_threads(-1), KDT_ERR_INVALID_ARG);
+    CHECK_EQ_INT(kdt_set_cpu_threads(100000), KDT_ERR_INVALID_ARG);
+    CHECK_EQ_INT(kdt_set_cpu_threads(0), KDT_OK);
+    for (int i = 0; i < 2; i++) free(runs[i]->logits), free(runs[i]->taps), free(runs[i]->vlogits), free(runs[i]->kv);
 }
 
 int main(void) {
@@ -715,6 +824,7 @@ int main(void) {
     T_RUN(test_commit_then_decode);
     T_RUN(test_argmax_ties);
     T_RUN(test_bad_inputs);
+    T_RUN(test_threads_bitwise);
     return t_summary();
 }
 #else

@@ -111,7 +111,7 @@ static void write_pair(const tm_spec *s, int kind, int block, const char *qdir, 
         if (kind == QUANT_FP8 && (is_linear || ends_with(t->name, "kv_a_proj_with_mqa.weight"))) {
             const int64_t sr = (r + block - 1) / block, sc = (c + block - 1) / block;
             raw_tensor *w = raw_add(q, t->name, "F8_E4M3", 2, r, c, (size_t)(r * c));
-            char sn[200];
+            char sn[sizeof t->name + 16];
             snprintf(sn, sizeof sn, "%s_scale_inv", t->name);
             raw_tensor *st = raw_add(q, sn, "F32", 2, sr, sc, (size_t)(sr * sc) * 4);
             float *scales = st->data;

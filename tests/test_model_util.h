@@ -226,7 +226,7 @@ static inline void tm_write_safetensors(const char *path, const tm_list *l, int 
 }
 
 static inline void tm_write_config(const char *dir, const tm_spec *s) {
-    char path[512], rope[512], text[4096];
+    char path[700], rope[512], text[4096];
     if (!s->yarn) {
         if (s->old_form) snprintf(rope, sizeof rope, "\"rope_theta\": %.17g, \"rope_scaling\": null", s->theta);
         else snprintf(rope, sizeof rope, "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": %.17g}", s->theta);
@@ -289,7 +289,7 @@ static inline void tm_write_model(const char *dir, const tm_spec *s) {
     tm_list l = {0};
     tm_build_tensors(s, &l);
     tm_write_config(dir, s);
-    char path[600];
+    char path[700];
     if (s->shards <= 1) {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
         tm_write_safetensors(path, &l, 0, l.n, s->bf16);

@@ -59,6 +59,12 @@ const char *kdt_version_string(void);
 /* 1 if this library was built with CUDA kernels, else 0. */
 int kdt_has_cuda(void);
 
+/* CPU threads for the CPU forward and drafter (OpenMP): n = 0 restores the default (the
+ * OMP_NUM_THREADS environment variable, else every core), 1..1024 sets it for every later call
+ * in the process. Results are bitwise the same for every thread count. KDT_ERR_INVALID_ARG
+ * outside 0..1024. Without OpenMP in the build everything runs on the calling thread. */
+kdt_status kdt_set_cpu_threads(int n);
+
 #ifdef __cplusplus
 }
 #endif

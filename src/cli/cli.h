@@ -40,6 +40,7 @@ void cli_print_help(FILE *f, const char *prog, const char *usage, const cli_opt 
 typedef struct cli_engine_args {
     const char *model, *draft, *device, *tokenizer;
     int32_t max_streams, max_context, max_budget, kv_pages, yarn_legacy, verbose;
+    int32_t threads; /* CPU threads for the CPU forward, 0 = every core (or OMP_NUM_THREADS) */
 } cli_engine_args;
 
 /* Creates the engine; on failure prints "kdtree <cmd>: <message>" and returns NULL. */

@@ -34,8 +34,13 @@ kdt_engine *cli_engine_create(const char *cmd, const cli_engine_args *a) {
             return NULL;
         }
     }
+    kdt_status st = kdt_set_cpu_threads(a->threads);
+    if (st != KDT_OK) {
+        fprintf(stderr, "kdtree %s: --threads: %s\n", cmd, kdt_last_error());
+        return NULL;
+    }
     kdt_engine *e = NULL;
-    kdt_status st = kdt_engine_create(&o, &e);
+    st = kdt_engine_create(&o, &e);
     if (st != KDT_OK) {
         fprintf(stderr, "kdtree %s: %s (%s)\n", cmd, kdt_last_error(), kdt_status_name(st));
         return NULL;

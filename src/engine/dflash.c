@@ -483,10 +483,134 @@ kdt_status kdt_dflash_ctx_append(const kdt_dflash *d, kdt_dflash_ctx *c, const f
     return KDT_OK;
 }
 
+/* ---- draft attention -------------------------------------------------------------------------- */
+
+/* One query head over all T block rows (non-causal: every row sees the same keys), fixed
+ * arithmetic per (row, head): s_j = (sum over e ascending of q[e] * k_j[e]) * scale, m = max s_j,
+ * p_j = expf(s_j - m), l = sum of p_j (j ascending), o[e] = sum over j ascending of (p_j / l) *
+ * v_j[e]. Plain C (8 keys' dots side by side) and AVX2 (the rows are the lanes of the scores, 32
+ * columns of o in registers), the same bits. */
+typedef struct draft_attn_job {
+    const float *q;            /* [T][q_dim] */
+    float *att;                /* [T][q_dim] */
+    const float *const *kp;    /* [n_kv_heads][n_keys] key rows of each KV head */
+    const float *const *vp;    /* [n_kv_heads][n_keys] value rows */
+    int32_t T, n_keys, hd, q_dim, group;
+    float scale;
+    float *scratch;            /* per worker: [T][n_keys] scores, [hd][8] transposed queries */
+} draft_attn_job;
+
+static void draft_softmax_out(const draft_attn_job *j, const float *const *vp, float *s, float *o) {
+    float mx = -INFINITY, sum = 0.0f;
+    for (int32_t k = 0; k < j->n_keys; k++)
+        if (s[k] > mx) mx = s[k];
+    for (int32_t k = 0; k < j->n_keys; k++) {
+        s[k] = expf(s[k] - mx);
+        sum += s[k];
+    }
+    for (int32_t e = 0; e < j->hd; e++) o[e] = 0.0f;
+    for (int32_t k = 0; k < j->n_keys; k++) {
+        const float w = s[k] / sum;
+        for (int32_t e = 0; e < j->hd; e++) o[e] += w * vp[k][e];
+    }
+}
+
+static void draft_head_plain(const draft_attn_job *j, int32_t hh, float *sc) {
+    const float *const *kp = j->kp + (int64_t)(hh / j->group) * j->n_keys;
+    const float *const *vp = j->vp + (int64_t)(hh / j->group) * j->n_keys;
+    for (int32_t t = 0; t < j->T; t++) {
+        const float *q = j->q + (int64_t)t * j->q_dim + (int64_t)hh * j->hd;
+        float *s = sc + (int64_t)t * j->n_keys;
+        int32_t k = 0;
+        for (; k + 8 <= j->n_keys; k += 8) {
+            float dot[8] = {0};
+            for (int32_t e = 0; e < j->hd; e++)
+                for (int i = 0; i < 8; i++) dot[i] += q[e] * kp[k + i][e];
+            for (int i = 0; i < 8; i++) s[k + i] = dot[i] * j->scale;
+        }
+        for (; k < j->n_keys; k++) {
+            float dot = 0.0f;
+            for (int32_t e = 0; e < j->hd; e++) dot += q[e] * kp[k][e];
+            s[k] = dot * j->scale;
+        }
+        draft_softmax_out(j, vp, s, j->att + (int64_t)t * j->q_dim + (int64_t)hh * j->hd);
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+__attribute__((target("avx2"))) static void draft_head_avx2(const draft_attn_job *j, int32_t hh, float *sc, float *qt) {
+    const float *const *kp = j->kp + (int64_t)(hh / j->group) * j->n_keys;
+    const float *const *vp = j->vp + (int64_t)(hh / j->group) * j->n_keys;
+    for (int32_t t0 = 0; t0 < j->T; t0 += 8) {
+        const int nt = j->T - t0 < 8 ? j->T - t0 : 8;
+        for (int32_t e = 0; e < j->hd; e++)
+            for (int i = 0; i < 8; i++)
+                qt[(int64_t)e * 8 + i] = i < nt ? j->q[(int64_t)(t0 + i) * j->q_dim + (int64_t)hh * j->hd + e] : 0.0f;
+        float tile[8][8] __attribute__((aligned(32)));
+        for (int32_t k = 0; k < j->n_keys; k += 8) {
+            const int nk = j->n_keys - k < 8 ? j->n_keys - k : 8;
+            __m256 a[8];
+            for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+            for (int32_t e = 0; e < j->hd; e++) {
+                const __m256 q = _mm256_loadu_ps(qt + (int64_t)e * 8);
+                for (int i = 0; i < nk; i++) a[i] = _mm256_add_ps(a[i], _mm256_mul_ps(q, _mm256_broadcast_ss(kp[k + i] + e)));
+            }
+            for (int i = 0; i < nk; i++) _mm256_store_ps(tile[i], a[i]);
+            for (int r = 0; r < nt; r++)
+                for (int i = 0; i < nk; i++) sc[(int64_t)(t0 + r) * j->n_keys + k + i] = tile[i][r] * j->scale;
+        }
+    }
+    for (int32_t t = 0; t < j->T; t++) {
+        float *s = sc + (int64_t)t * j->n_keys, *o = j->att + (int64_t)t * j->q_dim + (int64_t)hh * j->hd;
+        if (j->hd % 32 != 0) {
+            draft_softmax_out(j, vp, s, o);
+            continue;
+        }
+        float mx = -INFINITY, sum = 0.0f;
+        for (int32_t k = 0; k < j->n_keys; k++)
+            if (s[k] > mx) mx = s[k];
+        for (int32_t k = 0; k < j->n_keys; k++) {
+            s[k] = expf(s[k] - mx);
+            sum += s[k];
+        }
+        for (int32_t k = 0; k < j->n_keys; k++) s[k] = s[k] / sum; /* the weight w_j */
+        for (int32_t e0 = 0; e0 < j->hd; e0 += 32) {
+            __m256 o0 = _mm256_setzero_ps(), o1 = _mm256_setzero_ps(), o2 = _mm256_setzero_ps(), o3 = _mm256_setzero_ps();
+            for (int32_t k = 0; k < j->n_keys; k++) {
+                const __m256 w = _mm256_broadcast_ss(s + k);
+                const float *v = vp[k] + e0;
+                o0 = _mm256_add_ps(o0, _mm256_mul_ps(w, _mm256_loadu_ps(v)));
+                o1 = _mm256_add_ps(o1, _mm256_mul_ps(w, _mm256_loadu_ps(v + 8)));
+                o2 = _mm256_add_ps(o2, _mm256_mul_ps(w, _mm256_loadu_ps(v + 16)));
+                o3 = _mm256_add_ps(o3, _mm256_mul_ps(w, _mm256_loadu_ps(v + 24)));
+            }
+            _mm256_storeu_ps(o + e0, o0), _mm256_storeu_ps(o + e0 + 8, o1);
+            _mm256_storeu_ps(o + e0 + 16, o2), _mm256_storeu_ps(o + e0 + 24, o3);
+        }
+    }
+}
+#endif
+
+/* heads [b, e) of the job, one worker's scratch */
+static void draft_attn_piece(void *ctx, int worker, int64_t b, int64_t e) {
+    const draft_attn_job *j = ctx;
+    float *sc = j->scratch + (int64_t)worker * ((int64_t)j->T * j->n_keys + (int64_t)j->hd * 8);
+    for (int64_t hh = b; hh < e; hh++) {
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (kdt_cpu_avx2()) {
+            draft_head_avx2(j, (int32_t)hh, sc, sc + (int64_t)j->T * j->n_keys);
+            continue;
+        }
+#endif
+        draft_head_plain(j, (int32_t)hh, sc);
+    }
+}
+
 /* ---- draft forward -------------------------------------------------------------------------- */
 
 static kdt_status draft_one(const kdt_dflash *d, const kdt_dflash_ctx *c, int32_t anchor,
-                            float *logits /* [L][V] */, float *ws) {
+                            float *logits /* [L][V] */, float *ws, const float **kp, const float **vp, int workers) {
     const kdt_dflash_config *cf = &d->cfg;
     const int32_t T = cf->block_size, D = cf->hidden_size, H = cf->n_heads, KV = cf->n_kv_heads,
                   hd = cf->head_dim, I = cf->intermediate_size, group = H / KV;
@@ -501,7 +625,7 @@ static kdt_status draft_one(const kdt_dflash *d, const kdt_dflash_ctx *c, int32_
     float *mlp_a = att + (int64_t)T * qd;    /* [T][I] */
     float *mlp_b = mlp_a + (int64_t)T * I;   /* [T][I] */
     float *tmp = mlp_b + (int64_t)T * I;     /* [T][max(D, hd)] */
-    float *scores = tmp + (int64_t)T * (D > hd ? D : hd); /* [n_keys] */
+    float *scores = tmp + (int64_t)T * (D > hd ? D : hd); /* per worker: [T][n_keys] + [hd][8] */
 
     int32_t ids[KDT_MAX_DEPTH + 1];
     ids[0] = anchor;
@@ -522,36 +646,17 @@ static kdt_status draft_one(const kdt_dflash *d, const kdt_dflash_ctx *c, int32_
             norm_rope_heads(d, q + (int64_t)t * qd, H, &L->q_norm, pos, tmp);
             norm_rope_heads(d, kb + (int64_t)t * kvd, KV, &L->k_norm, pos, tmp);
         }
-        /* non-causal attention: every block row sees context keys 0..P-1 and all T block keys */
-        for (int32_t t = 0; t < T; t++) {
-            for (int32_t hh = 0; hh < H; hh++) {
-                const int32_t g = hh / group;
-                const float *qh = q + (int64_t)t * qd + (int64_t)hh * hd;
-                float mx = -INFINITY;
-                for (int32_t j = 0; j < n_keys; j++) {
-                    const float *kj = j < P ? c->k[l] + (int64_t)j * kvd + (int64_t)g * hd
-                                            : kb + (int64_t)(j - P) * kvd + (int64_t)g * hd;
-                    float s = 0.0f;
-                    for (int32_t e = 0; e < hd; e++) s += qh[e] * kj[e];
-                    s *= scale;
-                    scores[j] = s;
-                    if (s > mx) mx = s;
-                }
-                float sum = 0.0f;
-                for (int32_t j = 0; j < n_keys; j++) {
-                    scores[j] = expf(scores[j] - mx);
-                    sum += scores[j];
-                }
-                float *oh = att + (int64_t)t * qd + (int64_t)hh * hd;
-                for (int32_t e = 0; e < hd; e++) oh[e] = 0.0f;
-                for (int32_t j = 0; j < n_keys; j++) {
-                    const float *vj = j < P ? c->v[l] + (int64_t)j * kvd + (int64_t)g * hd
-                                            : vb + (int64_t)(j - P) * kvd + (int64_t)g * hd;
-                    const float w = scores[j] / sum;
-                    for (int32_t e = 0; e < hd; e++) oh[e] += w * vj[e];
-                }
+        /* non-causal attention: every block row sees context keys 0..P-1 and all T block keys;
+         * the query heads spread over the CPU workers */
+        for (int32_t g = 0; g < KV; g++)
+            for (int32_t jk = 0; jk < n_keys; jk++) {
+                kp[(int64_t)g * n_keys + jk] = jk < P ? c->k[l] + (int64_t)jk * kvd + (int64_t)g * hd
+                                                      : kb + (int64_t)(jk - P) * kvd + (int64_t)g * hd;
+                vp[(int64_t)g * n_keys + jk] = jk < P ? c->v[l] + (int64_t)jk * kvd + (int64_t)g * hd
+                                                      : vb + (int64_t)(jk - P) * kvd + (int64_t)g * hd;
             }
-        }
+        draft_attn_job aj = {q, att, kp, vp, T, n_keys, hd, qd, group, scale, scores};
+        kdt_parallel_for(H, 1, 2.0 * T * n_keys * hd, workers, draft_attn_piece, &aj);
         kdt_weight_matmul(&L->o, att, qd, T, tmp, D, 0, D);
         for (int32_t t = 0; t < T; t++) {
             float *xt = x + (int64_t)t * D;
@@ -589,14 +694,21 @@ kdt_status kdt_dflash_draft(const kdt_dflash *d, kdt_dflash_ctx *const *ctx, int
         if (ctx[s]->len > max_p) max_p = ctx[s]->len;
     }
     const int64_t qd = (int64_t)cf->n_heads * hd, kvd = (int64_t)cf->n_kv_heads * hd;
+    const int workers = kdt_cpu_threads() < cf->n_heads ? kdt_cpu_threads() : cf->n_heads;
+    const int64_t max_keys = (int64_t)max_p + T;
     const int64_t n_ws = 2 * (int64_t)T * D + 2 * T * qd + 2 * T * kvd + 2 * (int64_t)T * cf->intermediate_size +
-                         (int64_t)T * (D > hd ? D : hd) + max_p + T;
+                         (int64_t)T * (D > hd ? D : hd) + workers * ((int64_t)T * max_keys + (int64_t)hd * 8);
     float *ws = malloc(sizeof(float) * (size_t)n_ws);
-    if (!ws) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "drafter workspace (%lld floats)", (long long)n_ws);
+    const float **kv_rows = malloc(sizeof(float *) * 2 * (size_t)cf->n_kv_heads * (size_t)max_keys);
+    if (!ws || !kv_rows) {
+        free(ws), free(kv_rows);
+        return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "drafter workspace (%lld floats)", (long long)n_ws);
+    }
     kdt_status st = KDT_OK;
     for (int32_t s = 0; s < n_streams && st == KDT_OK; s++)
-        st = draft_one(d, ctx[s], anchor[s], logits + (int64_t)s * L * d->vocab, ws);
-    free(ws);
+        st = draft_one(d, ctx[s], anchor[s], logits + (int64_t)s * L * d->vocab, ws, kv_rows,
+                       kv_rows + (int64_t)cf->n_kv_heads * max_keys, workers);
+    free(ws), free(kv_rows);
     return st;
 }
 

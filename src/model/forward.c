@@ -36,44 +36,56 @@ typedef struct row_desc {
 
 /* Scratch for one chunk of rows; sized once per call. [R] marks one slot per row of the chunk:
  * the projections, the MLPs and lm_head run over all rows at once (kdt_weight_matmul reads each
- * weight row once per block of rows), with exactly the per-row arithmetic. */
+ * weight row once per block of rows), with exactly the per-row arithmetic. [W] marks one slot per
+ * CPU worker: the attention's (row, head) items, the MoE's experts and lm_head's vocabulary
+ * blocks are cut among the workers, each with its own scratch. */
 typedef struct run_state {
     int32_t max_rows, max_keys;
-    float *x;          /* [R][D] residual stream */
-    float *q;          /* [R][H][d_n + d_r] queries after RoPE */
-    float *rope_cos;   /* [R][d_r/2] (times the YaRN attention factor) */
-    float *rope_sin;   /* [R][d_r/2] */
-    float *xn;         /* [R][D] normed inputs */
-    float *qa;         /* [R][q_lora] */
-    float *kva;        /* [R][d_c + d_r] */
-    float *qlat;       /* [d_c + d_r] one head's absorbed query */
-    float *wrow;       /* [d_c] one converted weight row */
-    float *scores;     /* [max_keys] */
-    int32_t *keys;     /* [max_keys] visible slots */
-    float *olat;       /* [d_c] */
-    float *heads;      /* [R][H * d_v] */
-    float *tmp;        /* [R][D] */
-    float *acc;        /* [R][D] routed experts' sum */
-    float *xg;         /* [R][D] the rows one expert takes, gathered */
-    float *yg;         /* [R][D] that expert's outputs */
-    float *gate;       /* [R][max_inter] */
-    float *up;         /* [R][max_inter] */
-    float *router;     /* [R][E] router logits, then sigmoid scores */
-    float *choice;     /* [E] biased scores of one row */
-    float *group;      /* [n_group] */
-    uint8_t *allowed;  /* [E] expert may still be selected */
+    int32_t n_workers;  /* W */
+    float *x;           /* [R][D] residual stream */
+    float *q;           /* [R][H][d_n + d_r] queries after RoPE */
+    float *rope_cos;    /* [R][d_r/2] (times the YaRN attention factor) */
+    float *rope_sin;    /* [R][d_r/2] */
+    float *xn;          /* [R][D] normed inputs */
+    float *qa;          /* [R][q_lora] */
+    float *kva;         /* [R][d_c + d_r] */
+    float *heads;       /* [R][H * d_v] */
+    float *tmp;         /* [R][D] */
+    float *gate;        /* [R][intermediate] dense MLP */
+    float *up;          /* [R][intermediate] */
+    float *router;      /* [R][E] router logits, then sigmoid scores */
+    float *choice;      /* [E] biased scores of one row */
+    float *group;       /* [n_group] */
+    uint8_t *allowed;   /* [E] expert may still be selected */
     uint8_t *group_open; /* [n_group] group not yet kept */
     uint8_t *group_kept; /* [n_group] */
-    int32_t *selected; /* [R][top_k] */
-    float *weights;    /* [R][top_k] */
-    int32_t *rowlist;  /* [R] rows taking one expert / needing lm_head */
-    int32_t *kslot;    /* [R] which of its top_k that expert is */
-    int32_t *best_id;  /* [R] lm_head: the row's best id so far */
-    float *best_v;     /* [R] lm_head: its logit */
-    float *logit_blk;  /* [R][256] lm_head logits, one block of the vocabulary */
+    int32_t *selected;  /* [R][top_k] */
+    float *weights;     /* [R][top_k] */
+    float *pair_out;    /* [R][top_k][D] each (row, chosen expert)'s output */
+    float *shared_out;  /* [R][D] the shared experts' output */
+    int32_t *jobs;      /* [E + 1] MoE jobs: experts some row chose, in increasing index; -1 = shared */
+    int32_t *rowlist;   /* [R] rows needing lm_head */
+    /* per worker */
+    float *qlat_w;      /* [W][ATTN_GROUP][d_c + d_r] a head group's absorbed queries */
+    float *qt_w;        /* [W][d_c + d_r][8] the same, transposed (attn_cpu.c's AVX2 form) */
+    float *wrow_w;      /* [W][d_c] one converted weight row */
+    float *p_w;         /* [W][ATTN_GROUP][max_keys] scores, then softmax weights */
+    const float **key_rows_w; /* [W][max_keys] the visible keys' cache rows */
+    float *olat_w;      /* [W][ATTN_GROUP][d_c] */
+    float *xg_w;        /* [W][R][D] the rows one expert takes, gathered */
+    float *yg_w;        /* [W][R][D] that expert's outputs */
+    float *gate_w;      /* [W][R][expert intermediate] */
+    float *up_w;        /* [W][R][expert intermediate] */
+    int32_t *rows_w;    /* [W][R] rows taking one expert */
+    int32_t *kslot_w;   /* [W][R] which of its top_k that expert is */
+    float *logit_w;     /* [W][R][LOGIT_BLOCK] lm_head logits, one block of the vocabulary */
+    int32_t *best_id_w; /* [W][R] lm_head: the row's best id in the worker's blocks */
+    float *best_v_w;    /* [W][R] its logit */
 } run_state;
 
 #define LOGIT_BLOCK 256
+#define ATTN_GROUP 8  /* heads per attention item (attn_cpu.c's AVX2 lanes) */
+#define MAX_WORKERS 64 /* scratch grows with the workers; more rarely pays at these sizes */
 
 static void *carve(char **p, size_t bytes) {
     void *r = *p;
@@ -87,15 +99,20 @@ static kdt_status run_state_alloc(const kdt_model *m, int32_t max_rows, int32_t 
     const size_t D = (size_t)c->hidden_size, H = (size_t)c->n_heads, dqk = (size_t)(c->qk_nope_head_dim + c->qk_rope_head_dim),
                  dc = (size_t)c->kv_lora_rank, dr = (size_t)c->qk_rope_head_dim, E = (size_t)c->n_routed_experts + 1;
     const size_t shared_inter = (size_t)c->moe_intermediate_size * (size_t)(c->n_shared_experts > 1 ? c->n_shared_experts : 1);
-    const size_t max_inter = (size_t)c->intermediate_size > shared_inter ? (size_t)c->intermediate_size : shared_inter;
+    const size_t expert_inter = shared_inter > (size_t)c->moe_intermediate_size ? shared_inter : (size_t)c->moe_intermediate_size;
     const size_t f = sizeof(float), R = (size_t)max_rows, K = (size_t)max_keys, TK = (size_t)c->n_experts_per_tok + 1;
-    const size_t sizes[] = {
+    const int32_t workers = kdt_cpu_threads() < MAX_WORKERS ? kdt_cpu_threads() : MAX_WORKERS;
+    const size_t W = (size_t)workers, i32 = sizeof(int32_t);
+    size_t sizes[] = {
         R * D * f, R * H * dqk * f, R * (dr / 2) * f, R * (dr / 2) * f, R * D * f,
-        R * (size_t)(c->q_lora_rank + 1) * f, R * (dc + dr) * f, (dc + dr) * f, (dc > D ? dc : D) * f, K * f,
-        K * sizeof(int32_t), dc * f, R * H * (size_t)c->v_head_dim * f, R * D * f, R * D * f, R * D * f, R * D * f,
-        R * max_inter * f, R * max_inter * f, R * E * f, E * f, (size_t)(c->n_group + 1) * f, E,
-        (size_t)c->n_group + 1, (size_t)c->n_group + 1, R * TK * sizeof(int32_t), R * TK * f,
-        R * sizeof(int32_t), R * sizeof(int32_t), R * sizeof(int32_t), R * f, R * LOGIT_BLOCK * f,
+        R * (size_t)(c->q_lora_rank + 1) * f, R * (dc + dr) * f, R * H * (size_t)c->v_head_dim * f, R * D * f,
+        R * (size_t)c->intermediate_size * f, R * (size_t)c->intermediate_size * f, R * E * f, E * f,
+        (size_t)(c->n_group + 1) * f, E, (size_t)c->n_group + 1, (size_t)c->n_group + 1, R * TK * i32, R * TK * f,
+        R * TK * D * f, R * D * f, E * i32, R * i32,
+        W * ATTN_GROUP * (dc + dr) * f, W * (dc + dr) * 8 * f, W * dc * f, W * ATTN_GROUP * K * f,
+        W * K * sizeof(float *), W * ATTN_GROUP * dc * f, W * R * D * f, W * R * D * f,
+        W * R * expert_inter * f, W * R * expert_inter * f, W * R * i32, W * R * i32, W * R * LOGIT_BLOCK * f,
+        W * R * i32, W * R * f,
     };
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] + 63) & ~(size_t)63;
@@ -104,6 +121,7 @@ static kdt_status run_state_alloc(const kdt_model *m, int32_t max_rows, int32_t 
     *block = p;
     rs->max_rows = max_rows;
     rs->max_keys = max_keys;
+    rs->n_workers = workers;
     size_t i = 0;
     rs->x = carve(&p, sizes[i++]);
     rs->q = carve(&p, sizes[i++]);
@@ -112,16 +130,8 @@ static kdt_status run_state_alloc(const kdt_model *m, int32_t max_rows, int32_t 
     rs->xn = carve(&p, sizes[i++]);
     rs->qa = carve(&p, sizes[i++]);
     rs->kva = carve(&p, sizes[i++]);
-    rs->qlat = carve(&p, sizes[i++]);
-    rs->wrow = carve(&p, sizes[i++]);
-    rs->scores = carve(&p, sizes[i++]);
-    rs->keys = carve(&p, sizes[i++]);
-    rs->olat = carve(&p, sizes[i++]);
     rs->heads = carve(&p, sizes[i++]);
     rs->tmp = carve(&p, sizes[i++]);
-    rs->acc = carve(&p, sizes[i++]);
-    rs->xg = carve(&p, sizes[i++]);
-    rs->yg = carve(&p, sizes[i++]);
     rs->gate = carve(&p, sizes[i++]);
     rs->up = carve(&p, sizes[i++]);
     rs->router = carve(&p, sizes[i++]);
@@ -132,11 +142,25 @@ static kdt_status run_state_alloc(const kdt_model *m, int32_t max_rows, int32_t 
     rs->group_kept = carve(&p, sizes[i++]);
     rs->selected = carve(&p, sizes[i++]);
     rs->weights = carve(&p, sizes[i++]);
+    rs->pair_out = carve(&p, sizes[i++]);
+    rs->shared_out = carve(&p, sizes[i++]);
+    rs->jobs = carve(&p, sizes[i++]);
     rs->rowlist = carve(&p, sizes[i++]);
-    rs->kslot = carve(&p, sizes[i++]);
-    rs->best_id = carve(&p, sizes[i++]);
-    rs->best_v = carve(&p, sizes[i++]);
-    rs->logit_blk = carve(&p, sizes[i++]);
+    rs->qlat_w = carve(&p, sizes[i++]);
+    rs->qt_w = carve(&p, sizes[i++]);
+    rs->wrow_w = carve(&p, sizes[i++]);
+    rs->p_w = carve(&p, sizes[i++]);
+    rs->key_rows_w = carve(&p, sizes[i++]);
+    rs->olat_w = carve(&p, sizes[i++]);
+    rs->xg_w = carve(&p, sizes[i++]);
+    rs->yg_w = carve(&p, sizes[i++]);
+    rs->gate_w = carve(&p, sizes[i++]);
+    rs->up_w = carve(&p, sizes[i++]);
+    rs->rows_w = carve(&p, sizes[i++]);
+    rs->kslot_w = carve(&p, sizes[i++]);
+    rs->logit_w = carve(&p, sizes[i++]);
+    rs->best_id_w = carve(&p, sizes[i++]);
+    rs->best_v_w = carve(&p, sizes[i++]);
     return KDT_OK;
 }
 
@@ -159,10 +183,11 @@ static void rope_apply(float *v, const float *cs, const float *sn, int32_t dr, i
     }
 }
 
-/* out[i][D] = down(silu(gate xn_i) * up xn_i) for R rows (xn rows ldx apart, out rows ldo apart) */
+/* out[i][D] = down(silu(gate xn_i) * up xn_i) for R rows (xn rows ldx apart, out rows ldo apart);
+ * g, u: R x the MLP's intermediate floats of scratch */
 static void swiglu_rows(const kdt_expert_weights *e, const float *xn, int64_t ldx, int32_t R, float *out, int64_t ldo,
-                        run_state *rs) {
-    kdt_weight_swiglu_rows(&e->gate, &e->up, &e->down, xn, ldx, R, rs->gate, rs->up, out, ldo);
+                        float *g, float *u) {
+    kdt_weight_swiglu_rows(&e->gate, &e->up, &e->down, xn, ldx, R, g, u, out, ldo);
 }
 
 /* Index of the largest value among v[i] for i < n with ok[i] (ties -> lower index); -1 if none. */
@@ -231,9 +256,51 @@ static void route_row(const kdt_model *m, const kdt_layer_weights *L, float *rou
         }
 }
 
-/* out[R][D] = routed experts + shared experts for R rows of xn [R][D]. Each expert runs once over
- * the rows that chose it (gathered), experts in increasing index, so every row sums its experts in
- * that order as it did alone. out may be rs->tmp, not xg / yg / acc. */
+typedef struct moe_job {
+    const kdt_model *m;
+    const kdt_layer_weights *L;
+    const float *xn;
+    int32_t R;
+    run_state *rs;
+} moe_job;
+
+/* MoE jobs [b, e): an expert over the rows that chose it (gathered), or the shared experts over
+ * all rows; each writes only its own (row, expert) outputs */
+static void moe_piece(void *ctx, int worker, int64_t b, int64_t e) {
+    const moe_job *j = ctx;
+    run_state *rs = j->rs;
+    const kdt_model_config *c = &j->m->cfg;
+    const int32_t K = c->n_experts_per_tok, D = c->hidden_size, R = j->R;
+    const size_t inter = (size_t)c->moe_intermediate_size * (size_t)(c->n_shared_experts > 1 ? c->n_shared_experts : 1);
+    const size_t expert_inter = inter > (size_t)c->moe_intermediate_size ? inter : (size_t)c->moe_intermediate_size;
+    const int64_t wr = (int64_t)worker * rs->max_rows;
+    float *xg = rs->xg_w + wr * D, *yg = rs->yg_w + wr * D;
+    float *g = rs->gate_w + wr * (int64_t)expert_inter, *u = rs->up_w + wr * (int64_t)expert_inter;
+    int32_t *rowlist = rs->rows_w + wr, *kslot = rs->kslot_w + wr;
+    for (int64_t it = b; it < e; it++) {
+        const int32_t ex = rs->jobs[it];
+        if (ex < 0) {
+            swiglu_rows(&j->L->shared, j->xn, D, R, rs->shared_out, D, g, u);
+            continue;
+        }
+        int32_t n = 0;
+        for (int32_t r = 0; r < R; r++)
+            for (int32_t k = 0; k < K; k++)
+                if (rs->selected[(int64_t)r * K + k] == ex) {
+                    rowlist[n] = r, kslot[n] = k;
+                    memcpy(xg + (int64_t)n * D, j->xn + (int64_t)r * D, (size_t)D * sizeof(float));
+                    n++;
+                }
+        swiglu_rows(&j->L->experts[ex], xg, D, n, yg, D, g, u);
+        for (int32_t i = 0; i < n; i++)
+            memcpy(rs->pair_out + ((int64_t)rowlist[i] * K + kslot[i]) * D, yg + (int64_t)i * D, (size_t)D * sizeof(float));
+    }
+}
+
+/* out[R][D] = routed experts + shared experts for R rows of xn [R][D]. Each chosen expert runs
+ * once over the rows that chose it (gathered), the experts spread over the CPU workers; then
+ * every row sums its experts in increasing index (selected is sorted so), as it did alone. out
+ * may be rs->tmp. */
 static void moe_rows(const kdt_model *m, const kdt_layer_weights *L, const float *xn, int32_t R, float *out,
                      run_state *rs) {
     const kdt_model_config *c = &m->cfg;
@@ -241,31 +308,28 @@ static void moe_rows(const kdt_model *m, const kdt_layer_weights *L, const float
     kdt_weight_matmul(&L->router, xn, D, R, rs->router, E, 0, E);
     for (int32_t r = 0; r < R; r++)
         route_row(m, L, rs->router + (int64_t)r * E, rs->selected + (int64_t)r * K, rs->weights + (int64_t)r * K, rs);
-    for (int64_t i = 0; i < (int64_t)R * D; i++) rs->acc[i] = 0.0f;
-    for (int32_t e = 0; e < E; e++) {
-        int32_t n = 0;
-        for (int32_t r = 0; r < R; r++)
-            for (int32_t k = 0; k < K; k++)
-                if (rs->selected[(int64_t)r * K + k] == e) {
-                    rs->rowlist[n] = r, rs->kslot[n] = k;
-                    memcpy(rs->xg + (int64_t)n * D, xn + (int64_t)r * D, (size_t)D * sizeof(float));
-                    n++;
-                }
-        if (n == 0) continue;
-        swiglu_rows(&L->experts[e], rs->xg, D, n, rs->yg, D, rs);
-        for (int32_t j = 0; j < n; j++) {
-            const int32_t r = rs->rowlist[j];
-            const float w = rs->weights[(int64_t)r * K + rs->kslot[j]];
-            float *acc = rs->acc + (int64_t)r * D;
-            const float *y = rs->yg + (int64_t)j * D;
-            for (int32_t d = 0; d < D; d++) acc[d] += y[d] * w;
+    int32_t n_jobs = 0;
+    if (c->n_shared_experts > 0) rs->jobs[n_jobs++] = -1; /* the largest job first */
+    for (int32_t e = 0; e < E; e++)
+        for (int64_t i = 0; i < (int64_t)R * K; i++)
+            if (rs->selected[i] == e) {
+                rs->jobs[n_jobs++] = e;
+                break;
+            }
+    /* per job about (rows x top_k / experts chosen) rows through three inter x D products */
+    const double cost = 3.0 * c->moe_intermediate_size * D * ((double)R * K / (n_jobs > 0 ? n_jobs : 1) + 1);
+    moe_job j = {m, L, xn, R, rs};
+    kdt_parallel_for(n_jobs, 1, cost, rs->n_workers, moe_piece, &j);
+    for (int32_t r = 0; r < R; r++) {
+        float *o = out + (int64_t)r * D;
+        for (int32_t d = 0; d < D; d++) o[d] = 0.0f;
+        for (int32_t k = 0; k < K; k++) {
+            const float w = rs->weights[(int64_t)r * K + k];
+            const float *y = rs->pair_out + ((int64_t)r * K + k) * D;
+            for (int32_t d = 0; d < D; d++) o[d] += y[d] * w;
         }
-    }
-    if (c->n_shared_experts > 0) {
-        swiglu_rows(&L->shared, xn, D, R, rs->yg, D, rs);
-        for (int64_t i = 0; i < (int64_t)R * D; i++) out[i] = rs->acc[i] + rs->yg[i];
-    } else {
-        memcpy(out, rs->acc, (size_t)R * D * sizeof(float));
+        if (c->n_shared_experts > 0)
+            for (int32_t d = 0; d < D; d++) o[d] = o[d] + rs->shared_out[(int64_t)r * D + d];
     }
 }
 
@@ -302,91 +366,155 @@ static void attn_project_rows(const kdt_model *m, kdt_kv_cache *kv, int32_t l, c
     }
 }
 
-/* Stage 2: absorbed MLA attention of one row over its visible keys -> heads [H * d_v]. */
-static void attn_attend(const kdt_model *m, const kdt_kv_cache *kv, int32_t l, const row_desc *row,
-                        const float *q, float *heads, run_state *rs) {
+/* Stage 2: absorbed MLA attention of one row, heads [h0, h0 + n) (n <= ATTN_GROUP), over the
+ * row's visible keys (key_rows[n_keys], increasing slots) -> those heads' d_v outputs in heads.
+ * q_lat = W_UK[h]^T q_nope (i ascending) here, the scores / softmax / latent output in
+ * kdt_cpu_attend (attn_cpu.c), o_h = W_UV[h] o_lat here. w: one worker's scratch. */
+typedef struct attn_scratch {
+    float *qlat;              /* [ATTN_GROUP][d_c + d_r] */
+    float *qt;                /* [d_c + d_r][8] */
+    float *wrow;              /* [d_c] */
+    float *p;                 /* [ATTN_GROUP][max_keys] */
+    float *olat;              /* [ATTN_GROUP][d_c] */
+    const float **key_rows;   /* [max_keys] */
+} attn_scratch;
+
+static void attn_group(const kdt_model *m, int32_t l, const float *const *key_rows, int32_t n_keys, int32_t h0,
+                       int32_t n, const float *q, float *heads, const attn_scratch *w) {
     const kdt_model_config *c = &m->cfg;
     const kdt_weight *kvb = &m->layers[l].kv_b;
-    const int32_t H = c->n_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, dv = c->v_head_dim,
-                  dc = c->kv_lora_rank, dqk = dn + dr, drow = dc + dr;
-    int32_t n_keys = 0;
-    for (int32_t t = 0; t < row->n_prefix; t++) rs->keys[n_keys++] = t;
-    if (row->tail_mask)
-        for (int32_t j = 0; j < row->tail_n; j++)
-            if ((row->tail_mask[j / 64] >> (j % 64)) & 1u) rs->keys[n_keys++] = row->n_prefix + j;
-    for (int32_t h = 0; h < H; h++) {
+    const int32_t dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, dv = c->v_head_dim, dc = c->kv_lora_rank,
+                  dqk = dn + dr;
+    for (int32_t g = 0; g < n; g++) {
+        const int32_t h = h0 + g;
         const float *q_nope = q + h * dqk, *q_pe = q_nope + dn;
-        /* q_lat = W_UK[h]^T q_nope, accumulated over i ascending */
-        for (int32_t e = 0; e < dc; e++) rs->qlat[e] = 0.0f;
+        float *qlat = w->qlat + (int64_t)g * (dc + dr);
+        for (int32_t e = 0; e < dc; e++) qlat[e] = 0.0f;
         for (int32_t i = 0; i < dn; i++) {
-            kdt_weight_row_f32(kvb, (int64_t)h * (dn + dv) + i, rs->wrow);
+            kdt_weight_row_f32(kvb, (int64_t)h * (dn + dv) + i, w->wrow);
             const float qi = q_nope[i];
-            for (int32_t e = 0; e < dc; e++) rs->qlat[e] += rs->wrow[e] * qi;
+            for (int32_t e = 0; e < dc; e++) qlat[e] += w->wrow[e] * qi;
         }
-        memcpy(rs->qlat + dc, q_pe, (size_t)dr * sizeof(float));
-        float max_score = -INFINITY;
-        int32_t k = 0;
-        for (; k + 8 <= n_keys; k += 8) { /* 8 keys' dots side by side: each its own sum, e ascending */
-            const float *kr[8];
-            for (int j = 0; j < 8; j++) kr[j] = kdt_kv_row(kv, l, row->stream, rs->keys[k + j]);
-            float dot[8] = {0};
-            for (int32_t e = 0; e < drow; e++) {
-                const float qe = rs->qlat[e];
-                for (int j = 0; j < 8; j++) dot[j] += qe * kr[j][e];
-            }
-            for (int j = 0; j < 8; j++) {
-                rs->scores[k + j] = dot[j] * c->softmax_scale;
-                if (rs->scores[k + j] > max_score) max_score = rs->scores[k + j];
-            }
+        memcpy(qlat + dc, q_pe, (size_t)dr * sizeof(float));
+    }
+    kdt_cpu_attend(key_rows, n_keys, dc, dr, c->softmax_scale, n, w->qlat, w->p, w->olat, w->qt);
+    for (int32_t g = 0; g < n; g++) { /* inside a parallel piece this runs on the piece's thread */
+        const int64_t r0 = (int64_t)(h0 + g) * (dn + dv) + dn;
+        kdt_weight_matvec(kvb, w->olat + (int64_t)g * dc, heads + (int64_t)(h0 + g) * dv, r0, r0 + dv);
+    }
+}
+
+typedef struct attn_job {
+    const kdt_model *m;
+    const kdt_kv_cache *kv;
+    int32_t l;
+    const row_desc *rows;
+    run_state *rs;
+} attn_job;
+
+/* (row, group of ATTN_GROUP heads) items [b, e), row-major: each item's outputs are its own, so any
+ * cut of the items among threads gives the same values */
+static void attn_piece(void *ctx, int worker, int64_t b, int64_t e) {
+    const attn_job *j = ctx;
+    const kdt_model_config *c = &j->m->cfg;
+    run_state *rs = j->rs;
+    const int32_t H = c->n_heads, dc = c->kv_lora_rank, dr = c->qk_rope_head_dim, groups = (H + ATTN_GROUP - 1) / ATTN_GROUP;
+    const int64_t dq = (int64_t)H * (c->qk_nope_head_dim + dr), dh = (int64_t)H * c->v_head_dim, K = rs->max_keys;
+    const attn_scratch w = {rs->qlat_w + (int64_t)worker * ATTN_GROUP * (dc + dr), rs->qt_w + (int64_t)worker * (dc + dr) * 8,
+                            rs->wrow_w + (int64_t)worker * dc, rs->p_w + (int64_t)worker * ATTN_GROUP * K,
+                            rs->olat_w + (int64_t)worker * ATTN_GROUP * dc, rs->key_rows_w + (int64_t)worker * K};
+    int64_t keys_row = -1;
+    int32_t n_keys = 0;
+    for (int64_t it = b; it < e; it++) {
+        const int64_t r = it / groups;
+        const row_desc *row = &j->rows[r];
+        if (r != keys_row) { /* the row's visible slots, increasing */
+            n_keys = 0;
+            for (int32_t t = 0; t < row->n_prefix; t++) w.key_rows[n_keys++] = kdt_kv_row(j->kv, j->l, row->stream, t);
+            if (row->tail_mask)
+                for (int32_t i = 0; i < row->tail_n; i++)
+                    if ((row->tail_mask[i / 64] >> (i % 64)) & 1u)
+                        w.key_rows[n_keys++] = kdt_kv_row(j->kv, j->l, row->stream, row->n_prefix + i);
+            keys_row = r;
         }
-        for (; k < n_keys; k++) {
-            const float *r = kdt_kv_row(kv, l, row->stream, rs->keys[k]);
-            float dot = 0.0f;
-            for (int32_t e = 0; e < drow; e++) dot += rs->qlat[e] * r[e];
-            rs->scores[k] = dot * c->softmax_scale;
-            if (rs->scores[k] > max_score) max_score = rs->scores[k];
+        const int32_t h0 = (int32_t)(it % groups) * ATTN_GROUP, n = H - h0 < ATTN_GROUP ? H - h0 : ATTN_GROUP;
+        attn_group(j->m, j->l, w.key_rows, n_keys, h0, n, rs->q + r * dq, rs->heads + r * dh, &w);
+    }
+}
+
+/* Stage 2 for rows[0..R): every (row, head group) item, cut among the CPU threads */
+static void attn_rows(const kdt_model *m, const kdt_kv_cache *kv, int32_t l, const row_desc *rows, int32_t R,
+                      run_state *rs) {
+    const kdt_model_config *c = &m->cfg;
+    const int32_t groups = (c->n_heads + ATTN_GROUP - 1) / ATTN_GROUP;
+    int64_t keys = 0;
+    for (int32_t r = 0; r < R; r++) keys += rows[r].n_prefix + rows[r].tail_n;
+    /* per item: the keys' two passes over a cache row, q_lat and W_UV, for its heads */
+    const double cost = ((double)keys / R * (2 * c->kv_lora_rank + c->qk_rope_head_dim) +
+                         (double)c->kv_lora_rank * (c->qk_nope_head_dim + c->v_head_dim)) *
+                        (c->n_heads < ATTN_GROUP ? c->n_heads : ATTN_GROUP);
+    attn_job j = {m, kv, l, rows, rs};
+    kdt_parallel_for((int64_t)R * groups, 1, cost, rs->n_workers, attn_piece, &j);
+}
+
+typedef struct lm_head_job {
+    const kdt_model *m;
+    const row_desc *rows;
+    int32_t n;          /* rows in rs->rowlist, their normed inputs in rs->xn */
+    run_state *rs;
+} lm_head_job;
+
+/* vocabulary blocks [b, e) of LOGIT_BLOCK ids for every listed row: logits copied out, and the
+ * first id of the largest logit above -inf in these blocks kept (-1: none; NaN never wins) */
+static void lm_head_piece(void *ctx, int worker, int64_t b, int64_t e) {
+    const lm_head_job *j = ctx;
+    run_state *rs = j->rs;
+    const int32_t V = j->m->cfg.vocab_size, D = j->m->cfg.hidden_size;
+    float *blk = rs->logit_w + (int64_t)worker * rs->max_rows * LOGIT_BLOCK;
+    int32_t *best_id = rs->best_id_w + (int64_t)worker * rs->max_rows;
+    float *best_v = rs->best_v_w + (int64_t)worker * rs->max_rows;
+    for (int32_t i = 0; i < j->n; i++) best_id[i] = -1, best_v[i] = -INFINITY;
+    for (int64_t bi = b; bi < e; bi++) {
+        const int32_t v0 = (int32_t)bi * LOGIT_BLOCK, v1 = v0 + LOGIT_BLOCK < V ? v0 + LOGIT_BLOCK : V;
+        kdt_weight_matmul(&j->m->lm_head, rs->xn, D, j->n, blk, LOGIT_BLOCK, v0, v1);
+        for (int32_t i = 0; i < j->n; i++) {
+            const row_desc *row = &j->rows[rs->rowlist[i]];
+            const float *vals = blk + (int64_t)i * LOGIT_BLOCK;
+            if (row->logits) memcpy(row->logits + v0, vals, (size_t)(v1 - v0) * sizeof(float));
+            for (int32_t v = v0; v < v1; v++)
+                if (vals[v - v0] > best_v[i]) best_v[i] = vals[v - v0], best_id[i] = v;
         }
-        float sum = 0.0f;
-        for (int32_t e = 0; e < dc; e++) rs->olat[e] = 0.0f;
-        for (int32_t t = 0; t < n_keys; t++) {
-            const float p = expf(rs->scores[t] - max_score);
-            const float *r = kdt_kv_row(kv, l, row->stream, rs->keys[t]);
-            sum += p;
-            for (int32_t e = 0; e < dc; e++) rs->olat[e] += p * r[e];
-        }
-        for (int32_t e = 0; e < dc; e++) rs->olat[e] /= sum;
-        /* o_h = W_UV[h] o_lat */
-        const int64_t r0 = (int64_t)h * (dn + dv) + dn;
-        kdt_weight_matvec(kvb, rs->olat, heads + (int64_t)h * dv, r0, r0 + dv);
     }
 }
 
 /* Final norm + lm_head for the rows that want outputs: the logits row and/or the fused argmax
- * (ties -> lower id), one block of LOGIT_BLOCK ids at a time for all of them. */
+ * (the first id of the largest logit; 0 if none is above -inf), the vocabulary's blocks cut among
+ * the CPU workers. The workers' bests, compared in block order with the same strict >, give what
+ * one pass over all the ids gives. */
 static void lm_head_rows(const kdt_model *m, const row_desc *rows, int32_t R, run_state *rs) {
     const kdt_model_config *c = &m->cfg;
     const int32_t V = c->vocab_size, D = c->hidden_size;
     int32_t n = 0;
     for (int32_t r = 0; r < R; r++)
         if (rows[r].logits || rows[r].argmax) {
-            rmsnorm(rs->x + (int64_t)r * D, &m->final_norm, c->rms_norm_eps, D, rs->xg + (int64_t)n * D);
-            rs->rowlist[n] = r, rs->best_id[n] = 0, rs->best_v[n] = -INFINITY;
-            n++;
+            rmsnorm(rs->x + (int64_t)r * D, &m->final_norm, c->rms_norm_eps, D, rs->xn + (int64_t)n * D);
+            rs->rowlist[n++] = r;
         }
     if (n == 0) return;
-    for (int32_t v0 = 0; v0 < V; v0 += LOGIT_BLOCK) {
-        const int32_t v1 = v0 + LOGIT_BLOCK < V ? v0 + LOGIT_BLOCK : V;
-        kdt_weight_matmul(&m->lm_head, rs->xg, D, n, rs->logit_blk, LOGIT_BLOCK, v0, v1);
-        for (int32_t j = 0; j < n; j++) {
-            const row_desc *row = &rows[rs->rowlist[j]];
-            const float *vals = rs->logit_blk + (int64_t)j * LOGIT_BLOCK;
-            if (row->logits) memcpy(row->logits + v0, vals, (size_t)(v1 - v0) * sizeof(float));
-            for (int32_t v = v0; v < v1; v++)
-                if (vals[v - v0] > rs->best_v[j]) rs->best_v[j] = vals[v - v0], rs->best_id[j] = v;
+    const int64_t n_blocks = (V + LOGIT_BLOCK - 1) / LOGIT_BLOCK;
+    for (int32_t w = 0; w < rs->n_workers; w++) /* workers given no block keep "none" */
+        for (int32_t i = 0; i < n; i++) rs->best_id_w[(int64_t)w * rs->max_rows + i] = -1;
+    lm_head_job j = {m, rows, n, rs};
+    kdt_parallel_for(n_blocks, 1, (double)LOGIT_BLOCK * D * n, rs->n_workers, lm_head_piece, &j);
+    for (int32_t i = 0; i < n; i++) {
+        int32_t best = 0;
+        float best_v = -INFINITY;
+        for (int32_t w = 0; w < rs->n_workers; w++) {
+            const int64_t at = (int64_t)w * rs->max_rows + i;
+            if (rs->best_id_w[at] >= 0 && rs->best_v_w[at] > best_v) best = rs->best_id_w[at], best_v = rs->best_v_w[at];
         }
+        if (rows[rs->rowlist[i]].argmax) *rows[rs->rowlist[i]].argmax = best;
     }
-    for (int32_t j = 0; j < n; j++)
-        if (rows[rs->rowlist[j]].argmax) *rows[rs->rowlist[j]].argmax = rs->best_id[j];
 }
 
 /* Runs rows[0..R) through the whole model: per layer, every row's projections and KV row, then
@@ -395,8 +523,7 @@ static void forward_chunk(const kdt_model *m, kdt_kv_cache *kv, const row_desc *
                           const kdt_model_outputs *out, run_state *rs) {
     const kdt_model_config *c = &m->cfg;
     const int32_t D = c->hidden_size, half = c->qk_rope_head_dim / 2;
-    const int64_t dq = (int64_t)c->n_heads * (c->qk_nope_head_dim + c->qk_rope_head_dim),
-                  dh = (int64_t)c->n_heads * c->v_head_dim;
+    const int64_t dh = (int64_t)c->n_heads * c->v_head_dim;
     for (int32_t r = 0; r < R; r++) {
         kdt_weight_row_f32(&m->embed, rows[r].token, rs->x + (int64_t)r * D);
         for (int32_t i = 0; i < half; i++) {
@@ -408,7 +535,7 @@ static void forward_chunk(const kdt_model *m, kdt_kv_cache *kv, const row_desc *
     for (int32_t l = 0; l < c->n_layers; l++) {
         const kdt_layer_weights *L = &m->layers[l];
         attn_project_rows(m, kv, l, rows, R, rs);
-        for (int32_t r = 0; r < R; r++) attn_attend(m, kv, l, &rows[r], rs->q + r * dq, rs->heads + r * dh, rs);
+        attn_rows(m, kv, l, rows, R, rs);
         kdt_weight_matmul(&L->o_proj, rs->heads, dh, R, rs->tmp, D, 0, D);
         for (int32_t r = 0; r < R; r++) {
             float *x = rs->x + (int64_t)r * D;
@@ -417,7 +544,7 @@ static void forward_chunk(const kdt_model *m, kdt_kv_cache *kv, const row_desc *
             rmsnorm(x, &L->post_norm, c->rms_norm_eps, D, rs->xn + (int64_t)r * D);
         }
         if (L->is_moe) moe_rows(m, L, rs->xn, R, rs->tmp, rs);
-        else swiglu_rows(&L->dense, rs->xn, D, R, rs->tmp, D, rs);
+        else swiglu_rows(&L->dense, rs->xn, D, R, rs->tmp, D, rs->gate, rs->up);
         for (int32_t r = 0; r < R; r++) {
             float *x = rs->x + (int64_t)r * D;
             const float *t = rs->tmp + (int64_t)r * D;

@@ -96,7 +96,8 @@ typedef struct kdt_weight {
     const char *name;       /* the tensor's name in the checkpoint (owned by the st_set) */
 } kdt_weight;
 
-/* y[r] = sum_c W[r][c] * x[c] for r in [r0, r1), sequential over c in fp32. */
+/* y[r] = sum_c W[r][c] * x[c] for r in [r0, r1), sequential over c in fp32 (the rows spread over
+ * the CPU threads; inside a parallel piece, on the calling thread). */
 void kdt_weight_matvec(const kdt_weight *w, const float *x, float *y, int64_t r0, int64_t r1);
 /* The same for R input rows: Y[i][r - r0] (rows ldy apart) = kdt_weight_matvec of X[i] (rows ldx
  * apart), bit for bit; each weight row is read once per block of rows. */
@@ -207,6 +208,14 @@ static inline float *kdt_kv_row(const kdt_kv_cache *c, int32_t l, int32_t s, int
     return c->data + (((int64_t)l * c->n_pages + page) * c->page_size + t % c->page_size) *
                          (int64_t)c->row_elems;
 }
+
+/* ---- the CPU attention core (attn_cpu.c) ---- */
+/* One query row, n_heads <= 8 heads, over keys[n_keys] (cache rows [dc + dr], increasing slots):
+ * qlat [n_heads][dc + dr] absorbed queries in; p [n_heads][n_keys] scratch (the softmax weights
+ * after); olat [n_heads][dc] the normalised latent outputs; qt [dc + dr][8] scratch. Plain C or
+ * AVX2 (run-time choice), the same bits. */
+void kdt_cpu_attend(const float *const *keys, int32_t n_keys, int32_t dc, int32_t dr, float scale, int32_t n_heads,
+                    const float *qlat, float *p, float *olat, float *qt);
 
 /* Ensures every stream in streams[0..n) has pages for need[i] slots; all-or-nothing. */
 kdt_status kdt_kv_reserve_many(kdt_kv_cache *c, int32_t n, const int32_t *streams,

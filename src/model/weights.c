@@ -1,9 +1,11 @@
 /* weights.c - the one place where stored weights become fp32: row conversion and the
- * matrix-vector product the CPU forward uses, for plain F32 / BF16 / F16 weights, block-FP8
- * (e4m3 + per-block scale) and INT4 group-quantized (compressed-tensors pack-quantized) weights.
- * A quantized element is dequantized as one fp32 product (value * scale) and then used like a
- * plain weight, so a quantized checkpoint computes exactly what an F32 checkpoint holding those
- * dequantized values computes. */
+ * matrix-vector / matrix products the CPU forward uses, for plain F32 / BF16 / F16 weights,
+ * block-FP8 (e4m3 + per-block scale) and INT4 group-quantized (compressed-tensors pack-quantized)
+ * weights. A quantized element is dequantized as one fp32 product (value * scale) and then used
+ * like a plain weight, so a quantized checkpoint computes exactly what an F32 checkpoint holding
+ * those dequantized values computes. Every product sums over c ascending in one accumulator per
+ * output; the SSE2 / AVX2 forms only put independent outputs side by side in a register, and the
+ * weight rows are cut among the CPU threads, so neither changes a bit. */
 #include "model_internal.h"
 
 #include "fp.h"
@@ -171,11 +173,59 @@ static void matvec8_bf16_sse2(const uint16_t *p, int64_t n, const float *x, floa
 }
 #endif
 
-/* bf16 rows: the SSE2 tiles where the CPU has them (every x86-64), matvec_bf16 for the rest */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+/* 16 bf16 rows (two tiles of 8, two independent chains) with AVX2: each tile's 8 x 8 block is
+ * transposed as in matvec8_bf16_sse2, a column becomes 8 fp32 lanes (lane j = row j) in one
+ * widening move and shift, and takes W[j][c] * x[c] as a separate multiply and add: per lane the
+ * scalar product and sum in c order, the same bits. */
+__attribute__((target("avx2"))) static void matvec16_bf16_avx2(const uint16_t *p, int64_t n, const float *x, float *y) {
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+        __m256 xc[8];
+        for (int k = 0; k < 8; k++) xc[k] = _mm256_broadcast_ss(x + c + k);
+        for (int t = 0; t < 2; t++) {
+            const uint16_t *pt = p + (int64_t)t * 8 * n;
+            __m128i r[8];
+            for (int j = 0; j < 8; j++) r[j] = _mm_loadu_si128((const __m128i *)(pt + j * n + c));
+            const __m128i t0 = _mm_unpacklo_epi16(r[0], r[1]), t1 = _mm_unpacklo_epi16(r[2], r[3]);
+            const __m128i t2 = _mm_unpacklo_epi16(r[4], r[5]), t3 = _mm_unpacklo_epi16(r[6], r[7]);
+            const __m128i t4 = _mm_unpackhi_epi16(r[0], r[1]), t5 = _mm_unpackhi_epi16(r[2], r[3]);
+            const __m128i t6 = _mm_unpackhi_epi16(r[4], r[5]), t7 = _mm_unpackhi_epi16(r[6], r[7]);
+            const __m128i u0 = _mm_unpacklo_epi32(t0, t1), u1 = _mm_unpacklo_epi32(t2, t3);
+            const __m128i u2 = _mm_unpackhi_epi32(t0, t1), u3 = _mm_unpackhi_epi32(t2, t3);
+            const __m128i u4 = _mm_unpacklo_epi32(t4, t5), u5 = _mm_unpacklo_epi32(t6, t7);
+            const __m128i u6 = _mm_unpackhi_epi32(t4, t5), u7 = _mm_unpackhi_epi32(t6, t7);
+            const __m128i col[8] = {_mm_unpacklo_epi64(u0, u1), _mm_unpackhi_epi64(u0, u1), _mm_unpacklo_epi64(u2, u3),
+                                    _mm_unpackhi_epi64(u2, u3), _mm_unpacklo_epi64(u4, u5), _mm_unpackhi_epi64(u4, u5),
+                                    _mm_unpacklo_epi64(u6, u7), _mm_unpackhi_epi64(u6, u7)};
+            for (int k = 0; k < 8; k++) {
+                const __m256 wk = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(col[k]), 16));
+                acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(wk, xc[k]));
+            }
+        }
+    }
+    float a[16];
+    _mm256_storeu_ps(a, acc[0]);
+    _mm256_storeu_ps(a + 8, acc[1]);
+    for (; c < n; c++)
+        for (int j = 0; j < 16; j++) a[j] += kdt_bf16_to_f32(p[j * n + c]) * x[c];
+    for (int j = 0; j < 16; j++) y[j] = a[j];
+}
+#endif
+
+/* bf16 rows: 16-row AVX2 tiles where the CPU has AVX2, the SSE2 tiles of 8 (every x86-64),
+ * matvec_bf16 for the rest; all the same bits */
 static void matvec_bf16_fast(const uint16_t *w, int64_t n, const float *x, float *y, int64_t r0, int64_t r1) {
     int64_t r = r0;
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (kdt_cpu_avx2())
+        for (; r + 16 <= r1; r += 16) matvec16_bf16_avx2(w + r * n, n, x, y + (r - r0));
+#endif
 #if defined(__SSE2__)
-    for (; r + 8 <= r1; r += 8) matvec8_bf16_sse2(w + r * n, n, x, y + (r - r0));
+    if (kdt_cpu_sse2())
+        for (; r + 8 <= r1; r += 8) matvec8_bf16_sse2(w + r * n, n, x, y + (r - r0));
 #endif
     matvec_bf16(w, n, x, y + (r - r0), r, r1);
 }
@@ -224,9 +274,78 @@ DEFINE_MATMUL8(matmul8_f32, float, f32_id)
 DEFINE_MATMUL8(matmul8_bf16, uint16_t, kdt_bf16_to_f32)
 DEFINE_MATMUL8(matmul8_f16, uint16_t, f16_to_f32)
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#define KDT_HAVE_AVX2_PATH 1
+/* The block products with 8-lane vectors where the CPU has AVX2 (chosen at run time): lane j =
+ * input row j of a block, one vector of XT per column, each weight broadcast to all lanes, and a
+ * separate multiply and add (AVX2 without FMA, so nothing can be fused): per lane the scalar
+ * code's product and sum in the same c order, so the same bits. Four weight rows at a time are
+ * converted to fp32 once, AVX_COLS columns at a stretch, and serve every block of input rows
+ * from L1; each block's four accumulators live in acc between stretches. */
+#define AVX_COLS 512
+#define AVX_BLOCKS 16
+__attribute__((target("avx2"))) static void matmul_blocks_avx2(const void *wdata, int is_bf16, int64_t n,
+                                                                const float *XT, int32_t n_blocks, int32_t R, float *Y,
+                                                                int64_t ldy, int64_t r0, int64_t r1) {
+    float wbuf[4][AVX_COLS] __attribute__((aligned(32)));
+    float acc[AVX_BLOCKS][4][8] __attribute__((aligned(32)));
+    for (int64_t r = r0; r < r1; r += 4) {
+        const int rows = r1 - r < 4 ? (int)(r1 - r) : 4;
+        for (int32_t b0 = 0; b0 < n_blocks; b0 += AVX_BLOCKS) {
+            const int32_t nbk = n_blocks - b0 < AVX_BLOCKS ? n_blocks - b0 : AVX_BLOCKS;
+            for (int64_t c0 = 0; c0 < n; c0 += AVX_COLS) {
+                const int64_t cols = n - c0 < AVX_COLS ? n - c0 : AVX_COLS;
+                for (int k = 0; k < 4; k++) {
+                    if (k >= rows) { /* rows past r1: zeros, their sums dropped */
+                        memset(wbuf[k], 0, (size_t)cols * sizeof(float));
+                        continue;
+                    }
+                    int64_t q = 0;
+                    if (is_bf16) {
+                        const uint16_t *p = (const uint16_t *)wdata + (r + k) * n + c0;
+                        for (; q + 8 <= cols; q += 8) {
+                            const __m128i h = _mm_loadu_si128((const __m128i *)(p + q));
+                            _mm256_store_ps(wbuf[k] + q, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+                        }
+                        for (; q < cols; q++) wbuf[k][q] = kdt_bf16_to_f32(p[q]);
+                    } else {
+                        memcpy(wbuf[k], (const float *)wdata + (r + k) * n + c0, (size_t)cols * sizeof(float));
+                    }
+                }
+                for (int32_t bk = 0; bk < nbk; bk++) {
+                    __m256 a0, a1, a2, a3;
+                    if (c0 == 0) {
+                        a0 = a1 = a2 = a3 = _mm256_setzero_ps();
+                    } else {
+                        a0 = _mm256_load_ps(acc[bk][0]), a1 = _mm256_load_ps(acc[bk][1]);
+                        a2 = _mm256_load_ps(acc[bk][2]), a3 = _mm256_load_ps(acc[bk][3]);
+                    }
+                    const float *xt = XT + ((int64_t)(b0 + bk) * n + c0) * MM_ROWS;
+                    for (int64_t q = 0; q < cols; q++) {
+                        const __m256 x = _mm256_loadu_ps(xt + q * MM_ROWS);
+                        a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_broadcast_ss(&wbuf[0][q]), x));
+                        a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_broadcast_ss(&wbuf[1][q]), x));
+                        a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_broadcast_ss(&wbuf[2][q]), x));
+                        a3 = _mm256_add_ps(a3, _mm256_mul_ps(_mm256_broadcast_ss(&wbuf[3][q]), x));
+                    }
+                    _mm256_store_ps(acc[bk][0], a0), _mm256_store_ps(acc[bk][1], a1);
+                    _mm256_store_ps(acc[bk][2], a2), _mm256_store_ps(acc[bk][3], a3);
+                }
+            }
+            for (int32_t bk = 0; bk < nbk; bk++) {
+                const int32_t i0 = (b0 + bk) * MM_ROWS, nb = R - i0 < MM_ROWS ? R - i0 : MM_ROWS;
+                for (int j = 0; j < nb; j++)
+                    for (int k = 0; k < rows; k++) Y[(int64_t)(i0 + j) * ldy + (r + k - r0)] = acc[bk][k][j];
+            }
+        }
+    }
+}
+
+#endif
+
 /* One fixed summation order (c ascending, one fp32 accumulator per row) for every caller: this is
  * what makes a row's result independent of batch composition. */
-void kdt_weight_matvec(const kdt_weight *w, const float *x, float *y, int64_t r0, int64_t r1) {
+static void matvec_rows(const kdt_weight *w, const float *x, float *y, int64_t r0, int64_t r1) {
     const int64_t n = w->cols;
     if (w->format != KDT_WF_PLAIN) {
         /* dequantize a block of columns at a time; the sum runs over c ascending as for plain */
@@ -252,52 +371,127 @@ void kdt_weight_matvec(const kdt_weight *w, const float *x, float *y, int64_t r0
     }
 }
 
-/* Y[i][r - r0] = kdt_weight_matvec's value for input row X[i], bit for bit, for i < R: blocks of
- * MM_ROWS rows share each weight row's read (the CPU verify and prefill pay for the weights once
- * per block instead of once per row); the rest go through kdt_weight_matvec. */
-void kdt_weight_matmul(const kdt_weight *w, const float *X, int64_t ldx, int32_t R, float *Y, int64_t ldy,
-                       int64_t r0, int64_t r1) {
-    const int64_t n = w->cols;
-    int32_t i = 0;
-    /* blocks of up to MM_ROWS rows (a last block of 2..7 fills its spare lanes with zeros, whose
-     * results are dropped); a lone row goes through kdt_weight_matvec */
-    float *XT = R >= 2 && w->format == KDT_WF_PLAIN ? malloc((size_t)n * MM_ROWS * sizeof(float)) : NULL;
-    while (XT && R - i >= 2) {
-        const int nb = R - i < MM_ROWS ? R - i : MM_ROWS;
-        const float *Xb = X + (int64_t)i * ldx;
-        float *Yb = Y + (int64_t)i * ldy;
-        for (int64_t c = 0; c < n; c++)
-            for (int j = 0; j < MM_ROWS; j++) XT[c * MM_ROWS + j] = j < nb ? Xb[j * ldx + c] : 0.0f;
-        switch (w->dtype) {
-        case KDT_W_F32: matmul8_f32((const float *)w->data, n, XT, nb, Yb, ldy, r0, r1); break;
-        case KDT_W_BF16: matmul8_bf16((const uint16_t *)w->data, n, XT, nb, Yb, ldy, r0, r1); break;
-        case KDT_W_F16: matmul8_f16((const uint16_t *)w->data, n, XT, nb, Yb, ldy, r0, r1); break;
+typedef struct matvec_job {
+    const kdt_weight *w;
+    const float *x;
+    float *y;
+    int64_t r0;
+} matvec_job;
+
+static void matvec_piece(void *ctx, int worker, int64_t b, int64_t e) {
+    const matvec_job *j = ctx;
+    (void)worker;
+    matvec_rows(j->w, j->x, j->y + b, j->r0 + b, j->r0 + e);
+}
+
+/* Weight rows are cut among the CPU threads (pieces of 16 rows: the AVX2 tile); each row is one
+ * thread's, so the thread count changes no bit. */
+void kdt_weight_matvec(const kdt_weight *w, const float *x, float *y, int64_t r0, int64_t r1) {
+    matvec_job j = {w, x, y, r0};
+    kdt_parallel_for(r1 - r0, 16, (double)w->cols, 0, matvec_piece, &j);
+}
+
+typedef struct matmul_job {
+    const kdt_weight *w;
+    const float *XT;   /* [n_blocks][n][MM_ROWS] input rows transposed, a block after another */
+    int32_t n_blocks;
+    int32_t R;         /* rows in the blocks (the last block may be short) */
+    float *Y;
+    int64_t ldy, r0;
+} matmul_job;
+
+/* weight rows [r0 + b, r0 + e) against every block: the piece's weights stay in cache */
+static void matmul_piece(void *ctx, int worker, int64_t b, int64_t e) {
+    const matmul_job *j = ctx;
+    const int64_t n = j->w->cols;
+    (void)worker;
+#ifdef KDT_HAVE_AVX2_PATH
+    if ((j->w->dtype == KDT_W_BF16 || j->w->dtype == KDT_W_F32) && kdt_cpu_avx2()) {
+        matmul_blocks_avx2(j->w->data, j->w->dtype == KDT_W_BF16, n, j->XT, j->n_blocks, j->R, j->Y + b, j->ldy,
+                           j->r0 + b, j->r0 + e);
+        return;
+    }
+#endif
+    for (int32_t blk = 0; blk < j->n_blocks; blk++) {
+        const int nb = j->R - blk * MM_ROWS < MM_ROWS ? j->R - blk * MM_ROWS : MM_ROWS;
+        const float *XT = j->XT + (int64_t)blk * n * MM_ROWS;
+        float *Yb = j->Y + (int64_t)blk * MM_ROWS * j->ldy + b;
+        const int64_t r0 = j->r0 + b, r1 = j->r0 + e;
+        switch (j->w->dtype) {
+        case KDT_W_F32: matmul8_f32((const float *)j->w->data, n, XT, nb, Yb, j->ldy, r0, r1); break;
+        case KDT_W_BF16: matmul8_bf16((const uint16_t *)j->w->data, n, XT, nb, Yb, j->ldy, r0, r1); break;
+        case KDT_W_F16: matmul8_f16((const uint16_t *)j->w->data, n, XT, nb, Yb, j->ldy, r0, r1); break;
         default:
-            for (int j = 0; j < nb; j++)
-                for (int64_t r = r0; r < r1; r++) Yb[j * ldy + (r - r0)] = 0.0f;
+            for (int jj = 0; jj < nb; jj++)
+                for (int64_t r = r0; r < r1; r++) Yb[jj * j->ldy + (r - r0)] = 0.0f;
             break;
         }
-        i += nb;
     }
-    free(XT);
-    /* quantized weights: blocks of rows dequantize each weight row once, 512 columns at a time */
-    for (; w->format != KDT_WF_PLAIN && i + MM_ROWS <= R; i += MM_ROWS) {
-        const float *Xb = X + (int64_t)i * ldx;
-        float *Yb = Y + (int64_t)i * ldy;
-        float blk[512];
-        for (int64_t r = r0; r < r1; r++) {
+}
+
+typedef struct matmul_quant_job {
+    const kdt_weight *w;
+    const float *X;
+    int64_t ldx;
+    int32_t R;         /* a multiple of MM_ROWS */
+    float *Y;
+    int64_t ldy, r0;
+} matmul_quant_job;
+
+/* quantized weights: blocks of rows dequantize each weight row once, 512 columns at a time */
+static void matmul_quant_piece(void *ctx, int worker, int64_t b, int64_t e) {
+    const matmul_quant_job *j = ctx;
+    const int64_t n = j->w->cols;
+    float blk[512];
+    (void)worker;
+    for (int64_t r = j->r0 + b; r < j->r0 + e; r++) {
+        for (int32_t i = 0; i < j->R; i += MM_ROWS) {
+            const float *Xb = j->X + (int64_t)i * j->ldx;
             float acc[MM_ROWS] = {0};
             for (int64_t c0 = 0; c0 < n; c0 += 512) {
                 const int64_t c1 = c0 + 512 < n ? c0 + 512 : n;
-                quant_range(w, r, c0, c1, blk);
+                quant_range(j->w, r, c0, c1, blk);
                 for (int64_t c = c0; c < c1; c++)
-                    for (int j = 0; j < MM_ROWS; j++) acc[j] += blk[c - c0] * Xb[j * ldx + c];
+                    for (int jj = 0; jj < MM_ROWS; jj++) acc[jj] += blk[c - c0] * Xb[jj * j->ldx + c];
             }
-            for (int j = 0; j < MM_ROWS; j++) Yb[j * ldy + (r - r0)] = acc[j];
+            for (int jj = 0; jj < MM_ROWS; jj++) j->Y[(int64_t)(i + jj) * j->ldy + (r - j->r0)] = acc[jj];
         }
     }
-    /* the rest (a lone row, a quantized tail, or no memory for the transposed block) */
-    for (; i < R; i++) kdt_weight_matvec(w, X + (int64_t)i * ldx, Y + (int64_t)i * ldy, r0, r1);
+}
+
+/* Y[i][r - r0] = kdt_weight_matvec's value for input row X[i], bit for bit, for i < R: blocks of
+ * MM_ROWS rows share each weight row's read (the CPU verify and prefill pay for the weights once
+ * per block instead of once per row); the rest go through kdt_weight_matvec. The weight rows are
+ * cut among the CPU threads, each thread running every block over its rows. */
+void kdt_weight_matmul(const kdt_weight *w, const float *X, int64_t ldx, int32_t R, float *Y, int64_t ldy,
+                       int64_t r0, int64_t r1) {
+    const int64_t n = w->cols;
+    int32_t done = 0;
+    if (R >= 2 && w->format == KDT_WF_PLAIN) {
+        /* blocks of up to MM_ROWS rows (a last block of 2..7 fills its spare lanes with zeros, whose
+         * results are dropped); a last lone row goes through kdt_weight_matvec */
+        const int32_t rows = R % MM_ROWS == 1 ? R - 1 : R, n_blocks = (rows + MM_ROWS - 1) / MM_ROWS;
+        float *XT = malloc((size_t)n * MM_ROWS * (size_t)n_blocks * sizeof(float));
+        if (XT) {
+            for (int32_t blk = 0; blk < n_blocks; blk++) {
+                const int32_t i = blk * MM_ROWS, nb = rows - i < MM_ROWS ? rows - i : MM_ROWS;
+                const float *Xb = X + (int64_t)i * ldx;
+                float *T = XT + (int64_t)blk * n * MM_ROWS;
+                for (int64_t c = 0; c < n; c++)
+                    for (int jj = 0; jj < MM_ROWS; jj++) T[c * MM_ROWS + jj] = jj < nb ? Xb[jj * ldx + c] : 0.0f;
+            }
+            matmul_job j = {w, XT, n_blocks, rows, Y, ldy, r0};
+            kdt_parallel_for(r1 - r0, 4, (double)n * n_blocks * MM_ROWS, 0, matmul_piece, &j);
+            free(XT);
+            done = rows;
+        }
+    } else if (R >= MM_ROWS && w->format != KDT_WF_PLAIN) {
+        matmul_quant_job j = {w, X, ldx, R - R % MM_ROWS, Y, ldy, r0};
+        kdt_parallel_for(r1 - r0, 1, (double)n * j.R, 0, matmul_quant_piece, &j);
+        done = j.R;
+    }
+    /* the rest (a lone row, a quantized tail, or no memory for the transposed blocks) */
+    for (int32_t i = done; i < R; i++) kdt_weight_matvec(w, X + (int64_t)i * ldx, Y + (int64_t)i * ldy, r0, r1);
 }
 
 /* out[i] = down(silu(gate x_i) * up x_i) for R rows, through kdt_weight_matmul; g and u hold

@@ -52,6 +52,7 @@ static const char usage_text[] =
     "  --ctx N                  context per stream, prompt + output (default: the model's)\n"
     "  --kv-pages N             KV pool size in 64-token pages (default: max-streams x ctx)\n"
     "  --device auto|cpu|cuda   (default auto)\n"
+    "  --threads N              CPU threads of the CPU forward, 0 = every core or OMP_NUM_THREADS (default 0)\n"
     "  --static-dir DIR         serve the web page from DIR instead of the built-in copy\n"
     "  --shutdown-grace S       seconds running requests may finish after SIGINT/SIGTERM (10)\n"
     "  --idle-timeout S         close a connection idle this long (default 300; 0 = never)\n"
@@ -75,7 +76,7 @@ static int parse_int(const char *opt, const char *s, long long lo, long long hi,
 /* 0 ok, 1 help printed, -1 bad option. */
 static int parse_options(int argc, char **argv, serve_options *o) {
     enum { O_DRAFT = 256, O_TOK, O_NAME, O_HOST, O_PORT, O_STREAMS, O_QUEUE, O_BODY, O_SPEC,
-           O_BUDGET, O_MAXB, O_CTX, O_PAGES, O_DEVICE, O_STATIC, O_GRACE, O_MOCKMS, O_IDLE };
+           O_BUDGET, O_MAXB, O_CTX, O_PAGES, O_DEVICE, O_THREADS, O_STATIC, O_GRACE, O_MOCKMS, O_IDLE };
     static const struct option longopts[] = {
         {"model", required_argument, NULL, 'm'},
         {"draft", required_argument, NULL, O_DRAFT},
@@ -92,6 +93,7 @@ static int parse_options(int argc, char **argv, serve_options *o) {
         {"ctx", required_argument, NULL, O_CTX},
         {"kv-pages", required_argument, NULL, O_PAGES},
         {"device", required_argument, NULL, O_DEVICE},
+        {"threads", required_argument, NULL, O_THREADS},
         {"static-dir", required_argument, NULL, O_STATIC},
         {"shutdown-grace", required_argument, NULL, O_GRACE},
         {"mock-round-ms", required_argument, NULL, O_MOCKMS},
@@ -169,6 +171,10 @@ static int parse_options(int argc, char **argv, serve_options *o) {
         case O_GRACE:
             if (parse_int("--shutdown-grace", optarg, 0, 3600, &v)) return -1;
             o->grace = (double)v;
+            break;
+        case O_THREADS:
+            if (parse_int("--threads", optarg, 0, 1024, &v)) return -1;
+            kdt_set_cpu_threads((int)v);
             break;
         case O_DEVICE:
             if (!strcmp(optarg, "auto")) o->device = KDT_DEVICE_AUTO;

@@ -1,0 +1,135 @@
+/* attn_cpu.c - the CPU forward's attention core: one query row, up to 8 heads, over the row's
+ * visible keys (absorbed MLA: a key is a cache row [c_kv | k_pe], its value the c_kv part).
+ *
+ * The arithmetic is fixed (it is the reference every other path is checked against):
+ *   s_t   = (sum over e ascending of q_lat[e] * key_t[e]) * scale       for each key t
+ *   m     = max_t s_t;  p_t = expf(s_t - m);  l = sum over t ascending of p_t
+ *   o[e]  = (sum over t ascending of p_t * c_kv_t[e]) / l
+ * Two forms compute it with the same bits: plain C (any CPU), and AVX2 where the CPU has it (chosen
+ * at run time), whose lanes are independent sums: the 8 heads for the scores (each key's values
+ * broadcast, no transposes) and 8 columns of o. AVX2 without FMA: every product is rounded before
+ * its add, as in the plain form (the build also passes -ffp-contract=off). */
+#include "model_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+/* plain form: head by head, 8 keys' dots side by side (each its own sum) */
+static void attend_plain(const float *const *keys, int32_t n_keys, int32_t dc, int32_t dr, float scale, int32_t n_heads,
+                         const float *qlat, float *p, float *olat) {
+    const int32_t drow = dc + dr;
+    for (int32_t h = 0; h < n_heads; h++) {
+        const float *q = qlat + (int64_t)h * drow;
+        float *s = p + (int64_t)h * n_keys, *o = olat + (int64_t)h * dc;
+        int32_t k = 0;
+        for (; k + 8 <= n_keys; k += 8) {
+            float dot[8] = {0};
+            for (int32_t e = 0; e < drow; e++)
+                for (int j = 0; j < 8; j++) dot[j] += q[e] * keys[k + j][e];
+            for (int j = 0; j < 8; j++) s[k + j] = dot[j] * scale;
+        }
+        for (; k < n_keys; k++) {
+            float dot = 0.0f;
+            for (int32_t e = 0; e < drow; e++) dot += q[e] * keys[k][e];
+            s[k] = dot * scale;
+        }
+        float m = -INFINITY, l = 0.0f;
+        for (int32_t t = 0; t < n_keys; t++)
+            if (s[t] > m) m = s[t];
+        for (int32_t t = 0; t < n_keys; t++) {
+            s[t] = expf(s[t] - m);
+            l += s[t];
+        }
+        for (int32_t e = 0; e < dc; e++) o[e] = 0.0f;
+        for (int32_t t = 0; t < n_keys; t++)
+            for (int32_t e = 0; e < dc; e++) o[e] += s[t] * keys[t][e];
+        for (int32_t e = 0; e < dc; e++) o[e] /= l;
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+/* AVX2 form. Scores: q_lat transposed to [e][8 heads] (unused lanes zero), then per key block of 8
+ * one accumulator per key whose lane h is head h's dot. o: 32 columns in four registers over all
+ * keys, per head. Softmax as the plain form, head by head. */
+__attribute__((target("avx2"))) static void attend_avx2(const float *const *keys, int32_t n_keys, int32_t dc,
+                                                         int32_t dr, float scale, int32_t n_heads, const float *qlat,
+                                                         float *p, float *olat, float *qt) {
+    const int32_t drow = dc + dr;
+    for (int32_t e = 0; e < drow; e++)
+        for (int h = 0; h < 8; h++) qt[(int64_t)e * 8 + h] = h < n_heads ? qlat[(int64_t)h * drow + e] : 0.0f;
+    float tile[8][8] __attribute__((aligned(32)));
+    for (int32_t k = 0; k < n_keys; k += 8) {
+        const int nk = n_keys - k < 8 ? n_keys - k : 8;
+        __m256 a[8];
+        for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
+        if (nk == 8) {
+            const float *k0 = keys[k], *k1 = keys[k + 1], *k2 = keys[k + 2], *k3 = keys[k + 3], *k4 = keys[k + 4],
+                        *k5 = keys[k + 5], *k6 = keys[k + 6], *k7 = keys[k + 7];
+            for (int32_t e = 0; e < drow; e++) {
+                const __m256 q = _mm256_loadu_ps(qt + (int64_t)e * 8);
+                a[0] = _mm256_add_ps(a[0], _mm256_mul_ps(q, _mm256_broadcast_ss(k0 + e)));
+                a[1] = _mm256_add_ps(a[1], _mm256_mul_ps(q, _mm256_broadcast_ss(k1 + e)));
+                a[2] = _mm256_add_ps(a[2], _mm256_mul_ps(q, _mm256_broadcast_ss(k2 + e)));
+                a[3] = _mm256_add_ps(a[3], _mm256_mul_ps(q, _mm256_broadcast_ss(k3 + e)));
+                a[4] = _mm256_add_ps(a[4], _mm256_mul_ps(q, _mm256_broadcast_ss(k4 + e)));
+                a[5] = _mm256_add_ps(a[5], _mm256_mul_ps(q, _mm256_broadcast_ss(k5 + e)));
+                a[6] = _mm256_add_ps(a[6], _mm256_mul_ps(q, _mm256_broadcast_ss(k6 + e)));
+                a[7] = _mm256_add_ps(a[7], _mm256_mul_ps(q, _mm256_broadcast_ss(k7 + e)));
+            }
+        } else {
+            for (int j = 0; j < nk; j++)
+                for (int32_t e = 0; e < drow; e++)
+                    a[j] = _mm256_add_ps(a[j], _mm256_mul_ps(_mm256_loadu_ps(qt + (int64_t)e * 8),
+                                                             _mm256_broadcast_ss(keys[k + j] + e)));
+        }
+        for (int j = 0; j < nk; j++) _mm256_store_ps(tile[j], a[j]);
+        for (int32_t h = 0; h < n_heads; h++)
+            for (int j = 0; j < nk; j++) p[(int64_t)h * n_keys + k + j] = tile[j][h] * scale;
+    }
+    for (int32_t h = 0; h < n_heads; h++) {
+        float *s = p + (int64_t)h * n_keys, *o = olat + (int64_t)h * dc;
+        float m = -INFINITY, l = 0.0f;
+        for (int32_t t = 0; t < n_keys; t++)
+            if (s[t] > m) m = s[t];
+        for (int32_t t = 0; t < n_keys; t++) {
+            s[t] = expf(s[t] - m);
+            l += s[t];
+        }
+        int32_t e0 = 0;
+        for (; e0 + 32 <= dc; e0 += 32) {
+            __m256 o0 = _mm256_setzero_ps(), o1 = _mm256_setzero_ps(), o2 = _mm256_setzero_ps(), o3 = _mm256_setzero_ps();
+            for (int32_t t = 0; t < n_keys; t++) {
+                const __m256 w = _mm256_broadcast_ss(s + t);
+                const float *r = keys[t] + e0;
+                o0 = _mm256_add_ps(o0, _mm256_mul_ps(w, _mm256_loadu_ps(r)));
+                o1 = _mm256_add_ps(o1, _mm256_mul_ps(w, _mm256_loadu_ps(r + 8)));
+                o2 = _mm256_add_ps(o2, _mm256_mul_ps(w, _mm256_loadu_ps(r + 16)));
+                o3 = _mm256_add_ps(o3, _mm256_mul_ps(w, _mm256_loadu_ps(r + 24)));
+            }
+            _mm256_storeu_ps(o + e0, o0), _mm256_storeu_ps(o + e0 + 8, o1);
+            _mm256_storeu_ps(o + e0 + 16, o2), _mm256_storeu_ps(o + e0 + 24, o3);
+        }
+        for (int32_t e = e0; e < dc; e++) {
+            float v = 0.0f;
+            for (int32_t t = 0; t < n_keys; t++) v += s[t] * keys[t][e];
+            o[e] = v;
+        }
+        for (int32_t e = 0; e < dc; e++) o[e] /= l;
+    }
+}
+
+#endif
+
+void kdt_cpu_attend(const float *const *keys, int32_t n_keys, int32_t dc, int32_t dr, float scale, int32_t n_heads,
+                    const float *qlat, float *p, float *olat, float *qt) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (kdt_cpu_avx2()) {
+        attend_avx2(keys, n_keys, dc, dr, scale, n_heads, qlat, p, olat, qt);
+        return;
+    }
+#endif
+    (void)qt;
+    attend_plain(keys, n_keys, dc, dr, scale, n_heads, qlat, p, olat);
+}
