@@ -54,6 +54,11 @@ int64_t kdt_budget_cost_rows(const kdt_budget_ctl *c, int32_t S, int32_t stride,
 }
 
 void kdt_budget_verify_line(const kdt_budget_ctl *c, double *a, double *b) {
+    if (c->test_b > 0) {
+        *a = c->test_a;
+        *b = c->test_b;
+        return;
+    }
     /* data plus two prior points at N = 1 and N = 64; the prior fades like an old measurement
      * but keeps a small floor so the slope stays defined when every round verifies the same N */
     const double x1 = 1.0, x2 = 64.0;
@@ -280,6 +285,11 @@ void kdt_budget_test_kinds(kdt_budget_ctl *c, uint32_t kinds, int32_t len) {
     c->test_kinds = kinds;
     c->test_len = len > 0 && len <= 32 ? len : 0;
     c->test_round = 0;
+}
+
+void kdt_budget_test_verify_line(kdt_budget_ctl *c, double a, double b) {
+    c->test_a = a > 0 ? a : 0.0;
+    c->test_b = b > 0 ? b : 0.0;
 }
 
 int kdt_budget_next_round_drafts(kdt_budget_ctl *c, int32_t S) {

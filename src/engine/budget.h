@@ -64,6 +64,7 @@ typedef struct kdt_budget_ctl {
     kdt_budget_bucket bucket[KDT_BUDGET_BUCKETS];
     uint32_t test_kinds;              /* tests only: bit r % test_len = kind of round r */
     int32_t test_len, test_round;
+    double test_a, test_b;            /* tests only: test_b > 0 pins the verify line to these */
 } kdt_budget_ctl;
 
 /* base_s, per_node_s <= 0 pick the built-in prior (1 ms + 0.1 ms per node). */
@@ -127,6 +128,9 @@ int kdt_budget_next_round_drafts(kdt_budget_ctl *c, int32_t S);
 /* Tests only: replaces the draft-or-not choice by a fixed cycle (bit i of kinds: round i drafts;
  * len 1..32; len 0 restores the measured choice). */
 void kdt_budget_test_kinds(kdt_budget_ctl *c, uint32_t kinds, int32_t len);
+/* Tests: the verify line is t = a + b x whatever was measured (b <= 0: measured again), so that
+ * the budgets auto picks do not depend on the machine's timing. */
+void kdt_budget_test_verify_line(kdt_budget_ctl *c, double a, double b);
 /* The round over S streams emitted `tokens` in `seconds` (wall time), drafted or not. */
 void kdt_budget_observe_kind(kdt_budget_ctl *c, int32_t S, int drafted, double tokens, double seconds);
 /* A round over S streams that paid one-time setup (a CUDA graph captured, a new shape run

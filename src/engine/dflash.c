@@ -500,24 +500,15 @@ typedef struct draft_attn_job {
     float *scratch;            /* per worker: [T][n_keys] scores, [hd][8] transposed queries */
 } draft_attn_job;
 
+/* row t's softmax and output from its scores s: o = sum over keys of (p_k / l) * v_k */
 static void draft_softmax_out(const draft_attn_job *j, const float *const *vp, float *s, float *o) {
-    float mx = -INFINITY, sum = 0.0f;
-    for (int32_t k = 0; k < j->n_keys; k++)
-        if (s[k] > mx) mx = s[k];
-    for (int32_t k = 0; k < j->n_keys; k++) {
-        s[k] = expf(s[k] - mx);
-        sum += s[k];
-    }
-    for (int32_t e = 0; e < j->hd; e++) o[e] = 0.0f;
-    for (int32_t k = 0; k < j->n_keys; k++) {
-        const float w = s[k] / sum;
-        for (int32_t e = 0; e < j->hd; e++) o[e] += w * vp[k][e];
-    }
+    const float sum = kdt_cpu_softmax_weights(s, j->n_keys);
+    for (int32_t k = 0; k < j->n_keys; k++) s[k] = s[k] / sum; /* the weight of key k */
+    kdt_cpu_weighted_sum(s, vp, j->n_keys, j->hd, o);
 }
 
-static void draft_head_plain(const draft_attn_job *j, int32_t hh, float *sc) {
-    const float *const *kp = j->kp + (int64_t)(hh / j->group) * j->n_keys;
-    const float *const *vp = j->vp + (int64_t)(hh / j->group) * j->n_keys;
+/* plain scores of head hh for every row t: 8 keys' dots side by side (each its own sum) */
+static void draft_scores_plain(const draft_attn_job *j, int32_t hh, const float *const *kp, float *sc) {
     for (int32_t t = 0; t < j->T; t++) {
         const float *q = j->q + (int64_t)t * j->q_dim + (int64_t)hh * j->hd;
         float *s = sc + (int64_t)t * j->n_keys;
@@ -533,15 +524,14 @@ static void draft_head_plain(const draft_attn_job *j, int32_t hh, float *sc) {
             for (int32_t e = 0; e < j->hd; e++) dot += q[e] * kp[k][e];
             s[k] = dot * j->scale;
         }
-        draft_softmax_out(j, vp, s, j->att + (int64_t)t * j->q_dim + (int64_t)hh * j->hd);
     }
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-__attribute__((target("avx2"))) static void draft_head_avx2(const draft_attn_job *j, int32_t hh, float *sc, float *qt) {
-    const float *const *kp = j->kp + (int64_t)(hh / j->group) * j->n_keys;
-    const float *const *vp = j->vp + (int64_t)(hh / j->group) * j->n_keys;
+/* AVX2 scores of head hh: the block rows, 8 at a time, are the lanes (queries transposed into qt) */
+__attribute__((target("avx2"))) static void draft_scores_avx2(const draft_attn_job *j, int32_t hh,
+                                                               const float *const *kp, float *sc, float *qt) {
     for (int32_t t0 = 0; t0 < j->T; t0 += 8) {
         const int nt = j->T - t0 < 8 ? j->T - t0 : 8;
         for (int32_t e = 0; e < j->hd; e++)
@@ -561,34 +551,6 @@ __attribute__((target("avx2"))) static void draft_head_avx2(const draft_attn_job
                 for (int i = 0; i < nk; i++) sc[(int64_t)(t0 + r) * j->n_keys + k + i] = tile[i][r] * j->scale;
         }
     }
-    for (int32_t t = 0; t < j->T; t++) {
-        float *s = sc + (int64_t)t * j->n_keys, *o = j->att + (int64_t)t * j->q_dim + (int64_t)hh * j->hd;
-        if (j->hd % 32 != 0) {
-            draft_softmax_out(j, vp, s, o);
-            continue;
-        }
-        float mx = -INFINITY, sum = 0.0f;
-        for (int32_t k = 0; k < j->n_keys; k++)
-            if (s[k] > mx) mx = s[k];
-        for (int32_t k = 0; k < j->n_keys; k++) {
-            s[k] = expf(s[k] - mx);
-            sum += s[k];
-        }
-        for (int32_t k = 0; k < j->n_keys; k++) s[k] = s[k] / sum; /* the weight w_j */
-        for (int32_t e0 = 0; e0 < j->hd; e0 += 32) {
-            __m256 o0 = _mm256_setzero_ps(), o1 = _mm256_setzero_ps(), o2 = _mm256_setzero_ps(), o3 = _mm256_setzero_ps();
-            for (int32_t k = 0; k < j->n_keys; k++) {
-                const __m256 w = _mm256_broadcast_ss(s + k);
-                const float *v = vp[k] + e0;
-                o0 = _mm256_add_ps(o0, _mm256_mul_ps(w, _mm256_loadu_ps(v)));
-                o1 = _mm256_add_ps(o1, _mm256_mul_ps(w, _mm256_loadu_ps(v + 8)));
-                o2 = _mm256_add_ps(o2, _mm256_mul_ps(w, _mm256_loadu_ps(v + 16)));
-                o3 = _mm256_add_ps(o3, _mm256_mul_ps(w, _mm256_loadu_ps(v + 24)));
-            }
-            _mm256_storeu_ps(o + e0, o0), _mm256_storeu_ps(o + e0 + 8, o1);
-            _mm256_storeu_ps(o + e0 + 16, o2), _mm256_storeu_ps(o + e0 + 24, o3);
-        }
-    }
 }
 #endif
 
@@ -597,13 +559,15 @@ static void draft_attn_piece(void *ctx, int worker, int64_t b, int64_t e) {
     const draft_attn_job *j = ctx;
     float *sc = j->scratch + (int64_t)worker * ((int64_t)j->T * j->n_keys + (int64_t)j->hd * 8);
     for (int64_t hh = b; hh < e; hh++) {
+        const int64_t g = hh / j->group;
+        const float *const *kp = j->kp + g * j->n_keys, *const *vp = j->vp + g * j->n_keys;
 #if defined(__x86_64__) && defined(__GNUC__)
-        if (kdt_cpu_avx2()) {
-            draft_head_avx2(j, (int32_t)hh, sc, sc + (int64_t)j->T * j->n_keys);
-            continue;
-        }
+        if (kdt_cpu_avx2()) draft_scores_avx2(j, (int32_t)hh, kp, sc, sc + (int64_t)j->T * j->n_keys);
+        else
 #endif
-        draft_head_plain(j, (int32_t)hh, sc);
+            draft_scores_plain(j, (int32_t)hh, kp, sc);
+        for (int32_t t = 0; t < j->T; t++)
+            draft_softmax_out(j, vp, sc + (int64_t)t * j->n_keys, j->att + (int64_t)t * j->q_dim + hh * j->hd);
     }
 }
 

@@ -8,55 +8,54 @@
  * Two forms compute it with the same bits: plain C (any CPU), and AVX2 where the CPU has it (chosen
  * at run time), whose lanes are independent sums: the 8 heads for the scores (each key's values
  * broadcast, no transposes) and 8 columns of o. AVX2 without FMA: every product is rounded before
- * its add, as in the plain form (the build also passes -ffp-contract=off). */
+ * its add, as in the plain form (the build also passes -ffp-contract=off). The softmax weights and
+ * the weighted sum of rows serve the drafter's attention too (dflash.c). */
 #include "model_internal.h"
 
 #include <math.h>
 #include <string.h>
 
-/* plain form: head by head, 8 keys' dots side by side (each its own sum) */
-static void attend_plain(const float *const *keys, int32_t n_keys, int32_t dc, int32_t dr, float scale, int32_t n_heads,
-                         const float *qlat, float *p, float *olat) {
-    const int32_t drow = dc + dr;
-    for (int32_t h = 0; h < n_heads; h++) {
-        const float *q = qlat + (int64_t)h * drow;
-        float *s = p + (int64_t)h * n_keys, *o = olat + (int64_t)h * dc;
-        int32_t k = 0;
-        for (; k + 8 <= n_keys; k += 8) {
-            float dot[8] = {0};
-            for (int32_t e = 0; e < drow; e++)
-                for (int j = 0; j < 8; j++) dot[j] += q[e] * keys[k + j][e];
-            for (int j = 0; j < 8; j++) s[k + j] = dot[j] * scale;
-        }
-        for (; k < n_keys; k++) {
-            float dot = 0.0f;
-            for (int32_t e = 0; e < drow; e++) dot += q[e] * keys[k][e];
-            s[k] = dot * scale;
-        }
-        float m = -INFINITY, l = 0.0f;
-        for (int32_t t = 0; t < n_keys; t++)
-            if (s[t] > m) m = s[t];
-        for (int32_t t = 0; t < n_keys; t++) {
-            s[t] = expf(s[t] - m);
-            l += s[t];
-        }
-        for (int32_t e = 0; e < dc; e++) o[e] = 0.0f;
-        for (int32_t t = 0; t < n_keys; t++)
-            for (int32_t e = 0; e < dc; e++) o[e] += s[t] * keys[t][e];
-        for (int32_t e = 0; e < dc; e++) o[e] /= l;
+float kdt_cpu_softmax_weights(float *s, int32_t n) {
+    float m = -INFINITY, l = 0.0f;
+    for (int32_t t = 0; t < n; t++)
+        if (s[t] > m) m = s[t];
+    for (int32_t t = 0; t < n; t++) {
+        s[t] = expf(s[t] - m);
+        l += s[t];
     }
+    return l;
+}
+
+/* plain form of one head's scores: 8 keys' dots side by side (each its own sum) */
+static void scores_plain(const float *const *keys, int32_t n_keys, int32_t drow, float scale, const float *q, float *s) {
+    int32_t k = 0;
+    for (; k + 8 <= n_keys; k += 8) {
+        float dot[8] = {0};
+        for (int32_t e = 0; e < drow; e++)
+            for (int j = 0; j < 8; j++) dot[j] += q[e] * keys[k + j][e];
+        for (int j = 0; j < 8; j++) s[k + j] = dot[j] * scale;
+    }
+    for (; k < n_keys; k++) {
+        float dot = 0.0f;
+        for (int32_t e = 0; e < drow; e++) dot += q[e] * keys[k][e];
+        s[k] = dot * scale;
+    }
+}
+
+static void weighted_sum_plain(const float *w, const float *const *rows, int32_t n, int32_t cols, float *out) {
+    for (int32_t e = 0; e < cols; e++) out[e] = 0.0f;
+    for (int32_t t = 0; t < n; t++)
+        for (int32_t e = 0; e < cols; e++) out[e] += w[t] * rows[t][e];
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
-/* AVX2 form. Scores: q_lat transposed to [e][8 heads] (unused lanes zero), then per key block of 8
- * one accumulator per key whose lane h is head h's dot. o: 32 columns in four registers over all
- * keys, per head. Softmax as the plain form, head by head. */
-__attribute__((target("avx2"))) static void attend_avx2(const float *const *keys, int32_t n_keys, int32_t dc,
-                                                         int32_t dr, float scale, int32_t n_heads, const float *qlat,
-                                                         float *p, float *olat, float *qt) {
-    const int32_t drow = dc + dr;
+/* AVX2 scores of up to 8 heads: q_lat transposed to [e][8 heads] (unused lanes zero), then per
+ * block of 8 keys one accumulator per key whose lane h is head h's dot */
+__attribute__((target("avx2"))) static void scores_avx2(const float *const *keys, int32_t n_keys, int32_t drow,
+                                                         float scale, int32_t n_heads, const float *qlat, float *p,
+                                                         float *qt) {
     for (int32_t e = 0; e < drow; e++)
         for (int h = 0; h < 8; h++) qt[(int64_t)e * 8 + h] = h < n_heads ? qlat[(int64_t)h * drow + e] : 0.0f;
     float tile[8][8] __attribute__((aligned(32)));
@@ -88,48 +87,57 @@ __attribute__((target("avx2"))) static void attend_avx2(const float *const *keys
         for (int32_t h = 0; h < n_heads; h++)
             for (int j = 0; j < nk; j++) p[(int64_t)h * n_keys + k + j] = tile[j][h] * scale;
     }
-    for (int32_t h = 0; h < n_heads; h++) {
-        float *s = p + (int64_t)h * n_keys, *o = olat + (int64_t)h * dc;
-        float m = -INFINITY, l = 0.0f;
-        for (int32_t t = 0; t < n_keys; t++)
-            if (s[t] > m) m = s[t];
-        for (int32_t t = 0; t < n_keys; t++) {
-            s[t] = expf(s[t] - m);
-            l += s[t];
-        }
-        int32_t e0 = 0;
-        for (; e0 + 32 <= dc; e0 += 32) {
-            __m256 o0 = _mm256_setzero_ps(), o1 = _mm256_setzero_ps(), o2 = _mm256_setzero_ps(), o3 = _mm256_setzero_ps();
-            for (int32_t t = 0; t < n_keys; t++) {
-                const __m256 w = _mm256_broadcast_ss(s + t);
-                const float *r = keys[t] + e0;
-                o0 = _mm256_add_ps(o0, _mm256_mul_ps(w, _mm256_loadu_ps(r)));
-                o1 = _mm256_add_ps(o1, _mm256_mul_ps(w, _mm256_loadu_ps(r + 8)));
-                o2 = _mm256_add_ps(o2, _mm256_mul_ps(w, _mm256_loadu_ps(r + 16)));
-                o3 = _mm256_add_ps(o3, _mm256_mul_ps(w, _mm256_loadu_ps(r + 24)));
-            }
-            _mm256_storeu_ps(o + e0, o0), _mm256_storeu_ps(o + e0 + 8, o1);
-            _mm256_storeu_ps(o + e0 + 16, o2), _mm256_storeu_ps(o + e0 + 24, o3);
-        }
-        for (int32_t e = e0; e < dc; e++) {
-            float v = 0.0f;
-            for (int32_t t = 0; t < n_keys; t++) v += s[t] * keys[t][e];
-            o[e] = v;
-        }
-        for (int32_t e = 0; e < dc; e++) o[e] /= l;
-    }
 }
 
+/* AVX2 weighted sum: 32 columns in four registers over all rows, then the rest column by column */
+__attribute__((target("avx2"))) static void weighted_sum_avx2(const float *w, const float *const *rows, int32_t n,
+                                                               int32_t cols, float *out) {
+    int32_t e0 = 0;
+    for (; e0 + 32 <= cols; e0 += 32) {
+        __m256 o0 = _mm256_setzero_ps(), o1 = _mm256_setzero_ps(), o2 = _mm256_setzero_ps(), o3 = _mm256_setzero_ps();
+        for (int32_t t = 0; t < n; t++) {
+            const __m256 wt = _mm256_broadcast_ss(w + t);
+            const float *r = rows[t] + e0;
+            o0 = _mm256_add_ps(o0, _mm256_mul_ps(wt, _mm256_loadu_ps(r)));
+            o1 = _mm256_add_ps(o1, _mm256_mul_ps(wt, _mm256_loadu_ps(r + 8)));
+            o2 = _mm256_add_ps(o2, _mm256_mul_ps(wt, _mm256_loadu_ps(r + 16)));
+            o3 = _mm256_add_ps(o3, _mm256_mul_ps(wt, _mm256_loadu_ps(r + 24)));
+        }
+        _mm256_storeu_ps(out + e0, o0), _mm256_storeu_ps(out + e0 + 8, o1);
+        _mm256_storeu_ps(out + e0 + 16, o2), _mm256_storeu_ps(out + e0 + 24, o3);
+    }
+    for (int32_t e = e0; e < cols; e++) {
+        float v = 0.0f;
+        for (int32_t t = 0; t < n; t++) v += w[t] * rows[t][e];
+        out[e] = v;
+    }
+}
 #endif
 
-void kdt_cpu_attend(const float *const *keys, int32_t n_keys, int32_t dc, int32_t dr, float scale, int32_t n_heads,
-                    const float *qlat, float *p, float *olat, float *qt) {
+void kdt_cpu_weighted_sum(const float *w, const float *const *rows, int32_t n, int32_t cols, float *out) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (kdt_cpu_avx2()) {
-        attend_avx2(keys, n_keys, dc, dr, scale, n_heads, qlat, p, olat, qt);
+        weighted_sum_avx2(w, rows, n, cols, out);
         return;
     }
 #endif
+    weighted_sum_plain(w, rows, n, cols, out);
+}
+
+void kdt_cpu_attend(const float *const *keys, int32_t n_keys, int32_t dc, int32_t dr, float scale, int32_t n_heads,
+                    const float *qlat, float *p, float *olat, float *qt) {
+    const int32_t drow = dc + dr;
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (kdt_cpu_avx2()) scores_avx2(keys, n_keys, drow, scale, n_heads, qlat, p, qt);
+    else
+#endif
+        for (int32_t h = 0; h < n_heads; h++)
+            scores_plain(keys, n_keys, drow, scale, qlat + (int64_t)h * drow, p + (int64_t)h * n_keys);
     (void)qt;
-    attend_plain(keys, n_keys, dc, dr, scale, n_heads, qlat, p, olat);
+    for (int32_t h = 0; h < n_heads; h++) {
+        float *s = p + (int64_t)h * n_keys, *o = olat + (int64_t)h * dc;
+        const float l = kdt_cpu_softmax_weights(s, n_keys);
+        kdt_cpu_weighted_sum(s, keys, n_keys, dc, o);
+        for (int32_t e = 0; e < dc; e++) o[e] /= l;
+    }
 }

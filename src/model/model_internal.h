@@ -216,6 +216,10 @@ static inline float *kdt_kv_row(const kdt_kv_cache *c, int32_t l, int32_t s, int
  * AVX2 (run-time choice), the same bits. */
 void kdt_cpu_attend(const float *const *keys, int32_t n_keys, int32_t dc, int32_t dr, float scale, int32_t n_heads,
                     const float *qlat, float *p, float *olat, float *qt);
+/* s[t] = expf(s[t] - max s) for t < n; returns their sum (t ascending). */
+float kdt_cpu_softmax_weights(float *s, int32_t n);
+/* out[e] = sum over t ascending of w[t] * rows[t][e], e < cols (plain C or AVX2, the same bits). */
+void kdt_cpu_weighted_sum(const float *w, const float *const *rows, int32_t n, int32_t cols, float *out);
 
 /* Ensures every stream in streams[0..n) has pages for need[i] slots; all-or-nothing. */
 kdt_status kdt_kv_reserve_many(kdt_kv_cache *c, int32_t n, const int32_t *streams,

@@ -134,6 +134,25 @@ DEFINE_MATVEC(matvec_f16, uint16_t, f16_to_f32)
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
+/* col[k] = (W[0][c + k], ..., W[7][c + k]): an 8 x 8 block of bf16 rows p (n apart) transposed in
+ * registers (three rounds of 16-, 32- and 64-bit interleaves) */
+static inline void bf16_tile8_transpose(const uint16_t *p, int64_t n, int64_t c, __m128i col[8]) {
+    __m128i r[8];
+    for (int j = 0; j < 8; j++) r[j] = _mm_loadu_si128((const __m128i *)(p + j * n + c));
+    const __m128i t0 = _mm_unpacklo_epi16(r[0], r[1]), t1 = _mm_unpacklo_epi16(r[2], r[3]);
+    const __m128i t2 = _mm_unpacklo_epi16(r[4], r[5]), t3 = _mm_unpacklo_epi16(r[6], r[7]);
+    const __m128i t4 = _mm_unpackhi_epi16(r[0], r[1]), t5 = _mm_unpackhi_epi16(r[2], r[3]);
+    const __m128i t6 = _mm_unpackhi_epi16(r[4], r[5]), t7 = _mm_unpackhi_epi16(r[6], r[7]);
+    const __m128i u0 = _mm_unpacklo_epi32(t0, t1), u1 = _mm_unpacklo_epi32(t2, t3);
+    const __m128i u2 = _mm_unpackhi_epi32(t0, t1), u3 = _mm_unpackhi_epi32(t2, t3);
+    const __m128i u4 = _mm_unpacklo_epi32(t4, t5), u5 = _mm_unpacklo_epi32(t6, t7);
+    const __m128i u6 = _mm_unpackhi_epi32(t4, t5), u7 = _mm_unpackhi_epi32(t6, t7);
+    col[0] = _mm_unpacklo_epi64(u0, u1), col[1] = _mm_unpackhi_epi64(u0, u1);
+    col[2] = _mm_unpacklo_epi64(u2, u3), col[3] = _mm_unpackhi_epi64(u2, u3);
+    col[4] = _mm_unpacklo_epi64(u4, u5), col[5] = _mm_unpackhi_epi64(u4, u5);
+    col[6] = _mm_unpacklo_epi64(u6, u7), col[7] = _mm_unpackhi_epi64(u6, u7);
+}
+
 /* y[0..8) for 8 bf16 rows p (n apart) on x86-64: tiles of 8 rows x 8 columns are transposed in
  * registers, so that one vector pair holds column c of the 8 rows and the 8 accumulators (lane j =
  * row j) take W[j][c] * x[c] as two vector multiplies and adds: per lane the same product and sum,
@@ -144,20 +163,8 @@ static void matvec8_bf16_sse2(const uint16_t *p, int64_t n, const float *x, floa
     const __m128i z = _mm_setzero_si128();
     int64_t c = 0;
     for (; c + 8 <= n; c += 8) {
-        __m128i r[8];
-        for (int j = 0; j < 8; j++) r[j] = _mm_loadu_si128((const __m128i *)(p + j * n + c));
-        /* 8 x 8 transpose of 16-bit elements: col[k] = (r0[k], r1[k], ..., r7[k]) */
-        const __m128i t0 = _mm_unpacklo_epi16(r[0], r[1]), t1 = _mm_unpacklo_epi16(r[2], r[3]);
-        const __m128i t2 = _mm_unpacklo_epi16(r[4], r[5]), t3 = _mm_unpacklo_epi16(r[6], r[7]);
-        const __m128i t4 = _mm_unpackhi_epi16(r[0], r[1]), t5 = _mm_unpackhi_epi16(r[2], r[3]);
-        const __m128i t6 = _mm_unpackhi_epi16(r[4], r[5]), t7 = _mm_unpackhi_epi16(r[6], r[7]);
-        const __m128i u0 = _mm_unpacklo_epi32(t0, t1), u1 = _mm_unpacklo_epi32(t2, t3);
-        const __m128i u2 = _mm_unpackhi_epi32(t0, t1), u3 = _mm_unpackhi_epi32(t2, t3);
-        const __m128i u4 = _mm_unpacklo_epi32(t4, t5), u5 = _mm_unpacklo_epi32(t6, t7);
-        const __m128i u6 = _mm_unpackhi_epi32(t4, t5), u7 = _mm_unpackhi_epi32(t6, t7);
-        const __m128i col[8] = {_mm_unpacklo_epi64(u0, u1), _mm_unpackhi_epi64(u0, u1), _mm_unpacklo_epi64(u2, u3),
-                                _mm_unpackhi_epi64(u2, u3), _mm_unpacklo_epi64(u4, u5), _mm_unpackhi_epi64(u4, u5),
-                                _mm_unpacklo_epi64(u6, u7), _mm_unpackhi_epi64(u6, u7)};
+        __m128i col[8];
+        bf16_tile8_transpose(p, n, c, col);
         for (int k = 0; k < 8; k++) {
             const __m128 xc = _mm_set1_ps(x[c + k]);
             a_lo = _mm_add_ps(a_lo, _mm_mul_ps(_mm_castsi128_ps(_mm_unpacklo_epi16(z, col[k])), xc));
@@ -186,20 +193,8 @@ __attribute__((target("avx2"))) static void matvec16_bf16_avx2(const uint16_t *p
         __m256 xc[8];
         for (int k = 0; k < 8; k++) xc[k] = _mm256_broadcast_ss(x + c + k);
         for (int t = 0; t < 2; t++) {
-            const uint16_t *pt = p + (int64_t)t * 8 * n;
-            __m128i r[8];
-            for (int j = 0; j < 8; j++) r[j] = _mm_loadu_si128((const __m128i *)(pt + j * n + c));
-            const __m128i t0 = _mm_unpacklo_epi16(r[0], r[1]), t1 = _mm_unpacklo_epi16(r[2], r[3]);
-            const __m128i t2 = _mm_unpacklo_epi16(r[4], r[5]), t3 = _mm_unpacklo_epi16(r[6], r[7]);
-            const __m128i t4 = _mm_unpackhi_epi16(r[0], r[1]), t5 = _mm_unpackhi_epi16(r[2], r[3]);
-            const __m128i t6 = _mm_unpackhi_epi16(r[4], r[5]), t7 = _mm_unpackhi_epi16(r[6], r[7]);
-            const __m128i u0 = _mm_unpacklo_epi32(t0, t1), u1 = _mm_unpacklo_epi32(t2, t3);
-            const __m128i u2 = _mm_unpackhi_epi32(t0, t1), u3 = _mm_unpackhi_epi32(t2, t3);
-            const __m128i u4 = _mm_unpacklo_epi32(t4, t5), u5 = _mm_unpacklo_epi32(t6, t7);
-            const __m128i u6 = _mm_unpackhi_epi32(t4, t5), u7 = _mm_unpackhi_epi32(t6, t7);
-            const __m128i col[8] = {_mm_unpacklo_epi64(u0, u1), _mm_unpackhi_epi64(u0, u1), _mm_unpacklo_epi64(u2, u3),
-                                    _mm_unpackhi_epi64(u2, u3), _mm_unpacklo_epi64(u4, u5), _mm_unpackhi_epi64(u4, u5),
-                                    _mm_unpacklo_epi64(u6, u7), _mm_unpackhi_epi64(u6, u7)};
+            __m128i col[8];
+            bf16_tile8_transpose(p + (int64_t)t * 8 * n, n, c, col);
             for (int k = 0; k < 8; k++) {
                 const __m256 wk = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(col[k]), 16));
                 acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(wk, xc[k]));
