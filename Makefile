@@ -3,6 +3,7 @@
 #   make test       build, then run every CPU test (the README's test command; CI runs it)
 #   make gpu-test   run the GPU tests (needs a GPU; see scripts/gpu_check.sh for the full check)
 #   make asan       CPU-only build with AddressSanitizer + UBSan, then the CPU tests
+#   make tsan       CPU-only build with ThreadSanitizer (pthreads for the CPU threads), then the CPU tests
 #   make cpu        CPU-only build into build-cpu/
 #   make clean
 BUILD ?= build
@@ -28,7 +29,12 @@ asan:
 	cmake --build build-asan -j $(JOBS)
 	ctest --test-dir build-asan -LE gpu --output-on-failure -j $(JOBS)
 
-clean:
-	rm -rf $(BUILD) build-cpu build-asan build-nvcc
+tsan:
+	cmake -S . -B build-tsan -DKDT_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug -DKDT_SANITIZE=thread
+	cmake --build build-tsan -j $(JOBS)
+	ctest --test-dir build-tsan -LE gpu --output-on-failure -j $(JOBS)
 
-.PHONY: all test gpu-test cpu asan clean
+clean:
+	rm -rf $(BUILD) build-cpu build-asan build-tsan build-nvcc
+
+.PHONY: all test gpu-test cpu asan tsan clean

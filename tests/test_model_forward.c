@@ -761,6 +761,7 @@ static void test_threads_bitwise(void) {
     const size_t kv_floats = (size_t)3 * s.layers * 72 * (size_t)(s.kv_lora + s.rope);
     fwd_run ref, got;
     fwd_run *runs[2] = {&ref, &got};
+    memset(&ref, 0, sizeof ref), memset(&got, 0, sizeof got); /* padding rows' argmax stay 0 */
     for (int i = 0; i < 2; i++) {
         runs[i]->logits = calloc(rows * V, 4);
         runs[i]->taps = calloc((size_t)29 * 2 * D, 4);

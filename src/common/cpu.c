@@ -6,7 +6,13 @@
 #include "common.h"
 
 #include <stdatomic.h>
-#ifdef _OPENMP
+#if defined(KDT_PTHREAD_PARALLEL)
+/* ThreadSanitizer builds: plain pthreads, whose create / join TSan understands (it does not see
+ * libgomp's barriers, so an OpenMP build reports every shared read as a race) */
+#undef _OPENMP
+#include <pthread.h>
+#include <unistd.h>
+#elif defined(_OPENMP)
 #include <omp.h>
 #endif
 
@@ -50,7 +56,10 @@ kdt_status kdt_set_cpu_threads(int n) {
 
 int kdt_cpu_threads(void) {
     const int n = atomic_load(&cpu_threads);
-#ifdef _OPENMP
+#if defined(KDT_PTHREAD_PARALLEL)
+    const long t = n > 0 ? n : sysconf(_SC_NPROCESSORS_ONLN);
+    return t < 1 ? 1 : t > KDT_MAX_CPU_THREADS ? KDT_MAX_CPU_THREADS : (int)t;
+#elif defined(_OPENMP)
     const int t = n > 0 ? n : omp_get_max_threads();
     return t < 1 ? 1 : t > KDT_MAX_CPU_THREADS ? KDT_MAX_CPU_THREADS : t;
 #else
@@ -58,6 +67,24 @@ int kdt_cpu_threads(void) {
     return 1;
 #endif
 }
+
+#if defined(KDT_PTHREAD_PARALLEL)
+typedef struct piece_arg {
+    kdt_range_fn fn;
+    void *ctx;
+    int worker;
+    int64_t b, e;
+} piece_arg;
+
+static _Thread_local int in_piece; /* a call from inside a piece runs inline */
+
+static void *run_piece(void *p) {
+    const piece_arg *a = p;
+    in_piece = 1;
+    a->fn(a->ctx, a->worker, a->b, a->e);
+    return NULL;
+}
+#endif
 
 void kdt_parallel_for(int64_t n, int64_t grain, double cost_per_item, int max_workers, kdt_range_fn fn, void *ctx) {
     if (n <= 0) return;
@@ -69,7 +96,28 @@ void kdt_parallel_for(int64_t n, int64_t grain, double cost_per_item, int max_wo
     /* below ~KDT_PARALLEL_MIN_COST per thread, waking the others costs more than it saves */
     const double per_min = atomic_load(&min_cost);
     if ((double)n * cost_per_item < per_min * (double)t) t = (int64_t)((double)n * cost_per_item / per_min);
-#ifdef _OPENMP
+#if defined(KDT_PTHREAD_PARALLEL)
+    if (t >= 2 && !in_piece) {
+        piece_arg args[64];
+        pthread_t tid[64];
+        int started[64] = {0};
+        if (t > 64) t = 64;
+        for (int64_t w = 0; w < t; w++) {
+            const int64_t b = w * pieces / t * grain, e = (w + 1) * pieces / t * grain;
+            args[w] = (piece_arg){fn, ctx, (int)w, b < n ? b : n, e < n ? e : n};
+        }
+        for (int64_t w = 1; w < t; w++)
+            if (args[w].b < args[w].e) started[w] = pthread_create(&tid[w], NULL, run_piece, &args[w]) == 0;
+        in_piece = 1;
+        fn(ctx, 0, args[0].b, args[0].e);
+        for (int64_t w = 1; w < t; w++) {
+            if (started[w]) pthread_join(tid[w], NULL);
+            else if (args[w].b < args[w].e) fn(ctx, (int)w, args[w].b, args[w].e); /* could not start */
+        }
+        in_piece = 0;
+        return;
+    }
+#elif defined(_OPENMP)
     if (t >= 2 && !omp_in_parallel()) {
 #pragma omp parallel num_threads((int)t)
         {
