@@ -86,6 +86,11 @@ static void test_generate_and_bench(void) {
     CHECK_EQ_INT(run("%s generate -m %s --prompt-ids 5,6,7,100,200 -n 10 --ignore-eos", g_bin, ET_FIXTURE), 0);
     HAS(want);
     HAS("tau mean");
+    /* any CPU thread count gives the same tokens; a count outside 0..1024 is refused */
+    CHECK_EQ_INT(run("%s generate -m %s --prompt-ids 5,6,7,100,200 -n 10 --ignore-eos --threads 3", g_bin, ET_FIXTURE), 0);
+    HAS(want);
+    CHECK_EQ_INT(run("%s generate -m %s --prompt-ids 5 --threads 1025", g_bin, ET_FIXTURE), 2);
+    HAS("--threads");
     CHECK_EQ_INT(run("%s generate -m %s -d %s --prompt-ids 5,6,7,100,200 -n 10 --ignore-eos --spec ddtree "
                      "--budget 8 --compare-ar", g_bin, ET_FIXTURE, draft), 0);
     HAS(want);

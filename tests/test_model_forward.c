@@ -670,7 +670,7 @@ static float naive_dot(const kdt_weight *w, int64_t r, const float *x) {
 static void matmul_bitwise(int plain) {
     uint64_t seed = 4242;
     static const int64_t shapes[][2] = {{37, 200}, {8, 64}, {3, 513}, {64, 31}, {40, 1030}};
-    static const int32_t Rs[] = {1, 2, 7, 8, 9, 12, 17, 33};
+    static const int32_t Rs[] = {1, 2, 7, 8, 9, 12, 17, 33, 137}; /* 137: more blocks than one AVX2 pass holds */
     for (int dt = 0; dt < 2; dt++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             const int64_t rows = shapes[si][0], cols = shapes[si][1], ldx = cols + 3, ldy = rows + 5;
