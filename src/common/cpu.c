@@ -9,7 +9,6 @@
 #if defined(KDT_PTHREAD_PARALLEL)
 /* ThreadSanitizer builds: plain pthreads, whose create / join TSan understands (it does not see
  * libgomp's barriers, so an OpenMP build reports every shared read as a race) */
-#undef _OPENMP
 #include <pthread.h>
 #include <unistd.h>
 #elif defined(_OPENMP)
