@@ -1683,7 +1683,15 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
          * measured no faster; its FFMA form needs a positive scale) */
         const char *fused_env = getenv("KDT_VA_FUSED");
         const int fused = fused_env && !strcmp(fused_env, "1") && a.scale_log2 > 0.f;
-        const int n_clusters = cluster_asked() && !a.prof ? sm90_clusters() : 0;
+        /* KDT_VA_CLUSTER_MIN_STREAMS=n: clusters only for launches of >= n streams (the rule to
+         * measure: a lone stream's 33 cluster items may not fit one wave); a per-launch choice
+         * that changes no bit */
+        static const int min_streams = [] {
+            const char *v = getenv("KDT_VA_CLUSTER_MIN_STREAMS");
+            const int n = v ? atoi(v) : 1;
+            return n >= 1 && n <= KDT_MAX_STREAMS ? n : 1;
+        }();
+        const int n_clusters = cluster_asked() && !a.prof && p->n_streams >= min_streams ? sm90_clusters() : 0;
         if (use_seesaw) {
             if (a.prof && fused) verify_attn_seesaw_kernel<true, true><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
             else if (fused) verify_attn_seesaw_kernel<false, true><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
