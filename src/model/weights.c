@@ -386,11 +386,16 @@ void kdt_weight_matvec(const kdt_weight *w, const float *x, float *y, int64_t r0
     kdt_parallel_for(r1 - r0, 16, (double)w->cols, 0, matvec_piece, &j);
 }
 
+/* One kdt_weight_matmul call's pieces: plain weights read the transposed blocks XT, quantized
+ * ones the input rows X directly. */
 typedef struct matmul_job {
     const kdt_weight *w;
-    const float *XT;   /* [n_blocks][n][MM_ROWS] input rows transposed, a block after another */
+    const float *XT;   /* plain: [n_blocks][n][MM_ROWS] input rows transposed, block after block */
     int32_t n_blocks;
-    int32_t R;         /* rows in the blocks (the last block may be short) */
+    const float *X;    /* quantized: the input rows, ldx apart */
+    int64_t ldx;
+    int32_t R;         /* rows in the blocks (plain: the last block may be short; quantized: a
+                          multiple of MM_ROWS) */
     float *Y;
     int64_t ldy, r0;
 } matmul_job;
@@ -424,18 +429,9 @@ static void matmul_piece(void *ctx, int worker, int64_t b, int64_t e) {
     }
 }
 
-typedef struct matmul_quant_job {
-    const kdt_weight *w;
-    const float *X;
-    int64_t ldx;
-    int32_t R;         /* a multiple of MM_ROWS */
-    float *Y;
-    int64_t ldy, r0;
-} matmul_quant_job;
-
 /* quantized weights: blocks of rows dequantize each weight row once, 512 columns at a time */
 static void matmul_quant_piece(void *ctx, int worker, int64_t b, int64_t e) {
-    const matmul_quant_job *j = ctx;
+    const matmul_job *j = ctx;
     const int64_t n = j->w->cols;
     float blk[512];
     (void)worker;
@@ -475,13 +471,13 @@ void kdt_weight_matmul(const kdt_weight *w, const float *X, int64_t ldx, int32_t
                 for (int64_t c = 0; c < n; c++)
                     for (int jj = 0; jj < MM_ROWS; jj++) T[c * MM_ROWS + jj] = jj < nb ? Xb[jj * ldx + c] : 0.0f;
             }
-            matmul_job j = {w, XT, n_blocks, rows, Y, ldy, r0};
+            matmul_job j = {w, XT, n_blocks, NULL, 0, rows, Y, ldy, r0};
             kdt_parallel_for(r1 - r0, 4, (double)n * n_blocks * MM_ROWS, 0, matmul_piece, &j);
             free(XT);
             done = rows;
         }
     } else if (R >= MM_ROWS && w->format != KDT_WF_PLAIN) {
-        matmul_quant_job j = {w, X, ldx, R - R % MM_ROWS, Y, ldy, r0};
+        matmul_job j = {w, NULL, 0, X, ldx, R - R % MM_ROWS, Y, ldy, r0};
         kdt_parallel_for(r1 - r0, 1, (double)n * j.R, 0, matmul_quant_piece, &j);
         done = j.R;
     }
