@@ -488,8 +488,8 @@ kdt_status kdt_dflash_ctx_append(const kdt_dflash *d, kdt_dflash_ctx *c, const f
 /* One query head over all T block rows (non-causal: every row sees the same keys), fixed
  * arithmetic per (row, head): s_j = (sum over e ascending of q[e] * k_j[e]) * scale, m = max s_j,
  * p_j = expf(s_j - m), l = sum of p_j (j ascending), o[e] = sum over j ascending of (p_j / l) *
- * v_j[e]. Plain C (8 keys' dots side by side) and AVX2 (the rows are the lanes of the scores, 32
- * columns of o in registers), the same bits. */
+ * v_j[e]. The scores, softmax weights and weighted sum are attn_cpu.c's (plain C or AVX2, the
+ * same bits; the block rows are the AVX2 score lanes). */
 typedef struct draft_attn_job {
     const float *q;            /* [T][q_dim] */
     float *att;                /* [T][q_dim] */
@@ -507,53 +507,6 @@ static void draft_softmax_out(const draft_attn_job *j, const float *const *vp, f
     kdt_cpu_weighted_sum(s, vp, j->n_keys, j->hd, o);
 }
 
-/* plain scores of head hh for every row t: 8 keys' dots side by side (each its own sum) */
-static void draft_scores_plain(const draft_attn_job *j, int32_t hh, const float *const *kp, float *sc) {
-    for (int32_t t = 0; t < j->T; t++) {
-        const float *q = j->q + (int64_t)t * j->q_dim + (int64_t)hh * j->hd;
-        float *s = sc + (int64_t)t * j->n_keys;
-        int32_t k = 0;
-        for (; k + 8 <= j->n_keys; k += 8) {
-            float dot[8] = {0};
-            for (int32_t e = 0; e < j->hd; e++)
-                for (int i = 0; i < 8; i++) dot[i] += q[e] * kp[k + i][e];
-            for (int i = 0; i < 8; i++) s[k + i] = dot[i] * j->scale;
-        }
-        for (; k < j->n_keys; k++) {
-            float dot = 0.0f;
-            for (int32_t e = 0; e < j->hd; e++) dot += q[e] * kp[k][e];
-            s[k] = dot * j->scale;
-        }
-    }
-}
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-/* AVX2 scores of head hh: the block rows, 8 at a time, are the lanes (queries transposed into qt) */
-__attribute__((target("avx2"))) static void draft_scores_avx2(const draft_attn_job *j, int32_t hh,
-                                                               const float *const *kp, float *sc, float *qt) {
-    for (int32_t t0 = 0; t0 < j->T; t0 += 8) {
-        const int nt = j->T - t0 < 8 ? j->T - t0 : 8;
-        for (int32_t e = 0; e < j->hd; e++)
-            for (int i = 0; i < 8; i++)
-                qt[(int64_t)e * 8 + i] = i < nt ? j->q[(int64_t)(t0 + i) * j->q_dim + (int64_t)hh * j->hd + e] : 0.0f;
-        float tile[8][8] __attribute__((aligned(32)));
-        for (int32_t k = 0; k < j->n_keys; k += 8) {
-            const int nk = j->n_keys - k < 8 ? j->n_keys - k : 8;
-            __m256 a[8];
-            for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
-            for (int32_t e = 0; e < j->hd; e++) {
-                const __m256 q = _mm256_loadu_ps(qt + (int64_t)e * 8);
-                for (int i = 0; i < nk; i++) a[i] = _mm256_add_ps(a[i], _mm256_mul_ps(q, _mm256_broadcast_ss(kp[k + i] + e)));
-            }
-            for (int i = 0; i < nk; i++) _mm256_store_ps(tile[i], a[i]);
-            for (int r = 0; r < nt; r++)
-                for (int i = 0; i < nk; i++) sc[(int64_t)(t0 + r) * j->n_keys + k + i] = tile[i][r] * j->scale;
-        }
-    }
-}
-#endif
-
 /* heads [b, e) of the job, one worker's scratch */
 static void draft_attn_piece(void *ctx, int worker, int64_t b, int64_t e) {
     const draft_attn_job *j = ctx;
@@ -561,11 +514,10 @@ static void draft_attn_piece(void *ctx, int worker, int64_t b, int64_t e) {
     for (int64_t hh = b; hh < e; hh++) {
         const int64_t g = hh / j->group;
         const float *const *kp = j->kp + g * j->n_keys, *const *vp = j->vp + g * j->n_keys;
-#if defined(__x86_64__) && defined(__GNUC__)
-        if (kdt_cpu_avx2()) draft_scores_avx2(j, (int32_t)hh, kp, sc, sc + (int64_t)j->T * j->n_keys);
-        else
-#endif
-            draft_scores_plain(j, (int32_t)hh, kp, sc);
+        for (int32_t t0 = 0; t0 < j->T; t0 += 8) /* the scores of 8 rows at a time (attn_cpu.c) */
+            kdt_cpu_scores(kp, j->n_keys, j->hd, j->scale, j->T - t0 < 8 ? j->T - t0 : 8,
+                           j->q + (int64_t)t0 * j->q_dim + hh * j->hd, j->q_dim, sc + (int64_t)t0 * j->n_keys,
+                           sc + (int64_t)j->T * j->n_keys);
         for (int32_t t = 0; t < j->T; t++)
             draft_softmax_out(j, vp, sc + (int64_t)t * j->n_keys, j->att + (int64_t)t * j->q_dim + hh * j->hd);
     }

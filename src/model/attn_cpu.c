@@ -8,8 +8,8 @@
  * Two forms compute it with the same bits: plain C (any CPU), and AVX2 where the CPU has it (chosen
  * at run time), whose lanes are independent sums: the 8 heads for the scores (each key's values
  * broadcast, no transposes) and 8 columns of o. AVX2 without FMA: every product is rounded before
- * its add, as in the plain form (the build also passes -ffp-contract=off). The softmax weights and
- * the weighted sum of rows serve the drafter's attention too (dflash.c). */
+ * its add, as in the plain form (the build also passes -ffp-contract=off). The scores, the softmax
+ * weights and the weighted sum of rows serve the drafter's attention too (dflash.c). */
 #include "model_internal.h"
 
 #include <math.h>
@@ -51,13 +51,13 @@ static void weighted_sum_plain(const float *w, const float *const *rows, int32_t
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
-/* AVX2 scores of up to 8 heads: q_lat transposed to [e][8 heads] (unused lanes zero), then per
- * block of 8 keys one accumulator per key whose lane h is head h's dot */
+/* AVX2 scores of up to 8 queries: the queries transposed to [e][8] (unused lanes zero), then per
+ * block of 8 keys one accumulator per key whose lane h is query h's dot */
 __attribute__((target("avx2"))) static void scores_avx2(const float *const *keys, int32_t n_keys, int32_t drow,
-                                                         float scale, int32_t n_heads, const float *qlat, float *p,
-                                                         float *qt) {
+                                                         float scale, int32_t n_q, const float *q, int64_t q_stride,
+                                                         float *p, float *qt) {
     for (int32_t e = 0; e < drow; e++)
-        for (int h = 0; h < 8; h++) qt[(int64_t)e * 8 + h] = h < n_heads ? qlat[(int64_t)h * drow + e] : 0.0f;
+        for (int h = 0; h < 8; h++) qt[(int64_t)e * 8 + h] = h < n_q ? q[(int64_t)h * q_stride + e] : 0.0f;
     float tile[8][8] __attribute__((aligned(32)));
     for (int32_t k = 0; k < n_keys; k += 8) {
         const int nk = n_keys - k < 8 ? n_keys - k : 8;
@@ -67,15 +67,15 @@ __attribute__((target("avx2"))) static void scores_avx2(const float *const *keys
             const float *k0 = keys[k], *k1 = keys[k + 1], *k2 = keys[k + 2], *k3 = keys[k + 3], *k4 = keys[k + 4],
                         *k5 = keys[k + 5], *k6 = keys[k + 6], *k7 = keys[k + 7];
             for (int32_t e = 0; e < drow; e++) {
-                const __m256 q = _mm256_loadu_ps(qt + (int64_t)e * 8);
-                a[0] = _mm256_add_ps(a[0], _mm256_mul_ps(q, _mm256_broadcast_ss(k0 + e)));
-                a[1] = _mm256_add_ps(a[1], _mm256_mul_ps(q, _mm256_broadcast_ss(k1 + e)));
-                a[2] = _mm256_add_ps(a[2], _mm256_mul_ps(q, _mm256_broadcast_ss(k2 + e)));
-                a[3] = _mm256_add_ps(a[3], _mm256_mul_ps(q, _mm256_broadcast_ss(k3 + e)));
-                a[4] = _mm256_add_ps(a[4], _mm256_mul_ps(q, _mm256_broadcast_ss(k4 + e)));
-                a[5] = _mm256_add_ps(a[5], _mm256_mul_ps(q, _mm256_broadcast_ss(k5 + e)));
-                a[6] = _mm256_add_ps(a[6], _mm256_mul_ps(q, _mm256_broadcast_ss(k6 + e)));
-                a[7] = _mm256_add_ps(a[7], _mm256_mul_ps(q, _mm256_broadcast_ss(k7 + e)));
+                const __m256 qv = _mm256_loadu_ps(qt + (int64_t)e * 8);
+                a[0] = _mm256_add_ps(a[0], _mm256_mul_ps(qv, _mm256_broadcast_ss(k0 + e)));
+                a[1] = _mm256_add_ps(a[1], _mm256_mul_ps(qv, _mm256_broadcast_ss(k1 + e)));
+                a[2] = _mm256_add_ps(a[2], _mm256_mul_ps(qv, _mm256_broadcast_ss(k2 + e)));
+                a[3] = _mm256_add_ps(a[3], _mm256_mul_ps(qv, _mm256_broadcast_ss(k3 + e)));
+                a[4] = _mm256_add_ps(a[4], _mm256_mul_ps(qv, _mm256_broadcast_ss(k4 + e)));
+                a[5] = _mm256_add_ps(a[5], _mm256_mul_ps(qv, _mm256_broadcast_ss(k5 + e)));
+                a[6] = _mm256_add_ps(a[6], _mm256_mul_ps(qv, _mm256_broadcast_ss(k6 + e)));
+                a[7] = _mm256_add_ps(a[7], _mm256_mul_ps(qv, _mm256_broadcast_ss(k7 + e)));
             }
         } else {
             for (int j = 0; j < nk; j++)
@@ -84,7 +84,7 @@ __attribute__((target("avx2"))) static void scores_avx2(const float *const *keys
                                                              _mm256_broadcast_ss(keys[k + j] + e)));
         }
         for (int j = 0; j < nk; j++) _mm256_store_ps(tile[j], a[j]);
-        for (int32_t h = 0; h < n_heads; h++)
+        for (int32_t h = 0; h < n_q; h++)
             for (int j = 0; j < nk; j++) p[(int64_t)h * n_keys + k + j] = tile[j][h] * scale;
     }
 }
@@ -124,16 +124,21 @@ void kdt_cpu_weighted_sum(const float *w, const float *const *rows, int32_t n, i
     weighted_sum_plain(w, rows, n, cols, out);
 }
 
+void kdt_cpu_scores(const float *const *keys, int32_t n_keys, int32_t dim, float scale, int32_t n_q, const float *q,
+                    int64_t q_stride, float *p, float *qt) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (kdt_cpu_avx2()) {
+        scores_avx2(keys, n_keys, dim, scale, n_q, q, q_stride, p, qt);
+        return;
+    }
+#endif
+    (void)qt;
+    for (int32_t h = 0; h < n_q; h++) scores_plain(keys, n_keys, dim, scale, q + (int64_t)h * q_stride, p + (int64_t)h * n_keys);
+}
+
 void kdt_cpu_attend(const float *const *keys, int32_t n_keys, int32_t dc, int32_t dr, float scale, int32_t n_heads,
                     const float *qlat, float *p, float *olat, float *qt) {
-    const int32_t drow = dc + dr;
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (kdt_cpu_avx2()) scores_avx2(keys, n_keys, drow, scale, n_heads, qlat, p, qt);
-    else
-#endif
-        for (int32_t h = 0; h < n_heads; h++)
-            scores_plain(keys, n_keys, drow, scale, qlat + (int64_t)h * drow, p + (int64_t)h * n_keys);
-    (void)qt;
+    kdt_cpu_scores(keys, n_keys, dc + dr, scale, n_heads, qlat, dc + dr, p, qt);
     for (int32_t h = 0; h < n_heads; h++) {
         float *s = p + (int64_t)h * n_keys, *o = olat + (int64_t)h * dc;
         const float l = kdt_cpu_softmax_weights(s, n_keys);

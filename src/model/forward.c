@@ -37,11 +37,12 @@ typedef struct row_desc {
 /* Scratch for one chunk of rows; sized once per call. [R] marks one slot per row of the chunk:
  * the projections, the MLPs and lm_head run over all rows at once (kdt_weight_matmul reads each
  * weight row once per block of rows), with exactly the per-row arithmetic. [W] marks one slot per
- * CPU worker: the attention's (row, head) items, the MoE's experts and lm_head's vocabulary
+ * CPU worker: the attention's (row, head group) items, the MoE's experts and lm_head's vocabulary
  * blocks are cut among the workers, each with its own scratch. */
 typedef struct run_state {
     int32_t max_rows, max_keys;
     int32_t n_workers;  /* W */
+    int64_t expert_inter; /* the widest expert MLP (routed or the shared experts together) */
     float *x;           /* [R][D] residual stream */
     float *q;           /* [R][H][d_n + d_r] queries after RoPE */
     float *rope_cos;    /* [R][d_r/2] (times the YaRN attention factor) */
@@ -103,7 +104,7 @@ static kdt_status run_state_alloc(const kdt_model *m, int32_t max_rows, int32_t 
     const size_t f = sizeof(float), R = (size_t)max_rows, K = (size_t)max_keys, TK = (size_t)c->n_experts_per_tok + 1;
     const int32_t workers = kdt_cpu_threads() < MAX_WORKERS ? kdt_cpu_threads() : MAX_WORKERS;
     const size_t W = (size_t)workers, i32 = sizeof(int32_t);
-    size_t sizes[] = {
+    const size_t sizes[] = {
         R * D * f, R * H * dqk * f, R * (dr / 2) * f, R * (dr / 2) * f, R * D * f,
         R * (size_t)(c->q_lora_rank + 1) * f, R * (dc + dr) * f, R * H * (size_t)c->v_head_dim * f, R * D * f,
         R * (size_t)c->intermediate_size * f, R * (size_t)c->intermediate_size * f, R * E * f, E * f,
@@ -122,6 +123,7 @@ static kdt_status run_state_alloc(const kdt_model *m, int32_t max_rows, int32_t 
     rs->max_rows = max_rows;
     rs->max_keys = max_keys;
     rs->n_workers = workers;
+    rs->expert_inter = (int64_t)expert_inter;
     size_t i = 0;
     rs->x = carve(&p, sizes[i++]);
     rs->q = carve(&p, sizes[i++]);
@@ -271,11 +273,9 @@ static void moe_piece(void *ctx, int worker, int64_t b, int64_t e) {
     run_state *rs = j->rs;
     const kdt_model_config *c = &j->m->cfg;
     const int32_t K = c->n_experts_per_tok, D = c->hidden_size, R = j->R;
-    const size_t inter = (size_t)c->moe_intermediate_size * (size_t)(c->n_shared_experts > 1 ? c->n_shared_experts : 1);
-    const size_t expert_inter = inter > (size_t)c->moe_intermediate_size ? inter : (size_t)c->moe_intermediate_size;
     const int64_t wr = (int64_t)worker * rs->max_rows;
     float *xg = rs->xg_w + wr * D, *yg = rs->yg_w + wr * D;
-    float *g = rs->gate_w + wr * (int64_t)expert_inter, *u = rs->up_w + wr * (int64_t)expert_inter;
+    float *g = rs->gate_w + wr * rs->expert_inter, *u = rs->up_w + wr * rs->expert_inter;
     int32_t *rowlist = rs->rows_w + wr, *kslot = rs->kslot_w + wr;
     for (int64_t it = b; it < e; it++) {
         const int32_t ex = rs->jobs[it];

@@ -216,6 +216,10 @@ static inline float *kdt_kv_row(const kdt_kv_cache *c, int32_t l, int32_t s, int
  * AVX2 (run-time choice), the same bits. */
 void kdt_cpu_attend(const float *const *keys, int32_t n_keys, int32_t dc, int32_t dr, float scale, int32_t n_heads,
                     const float *qlat, float *p, float *olat, float *qt);
+/* p[h][t] = (sum over e ascending of q_h[e] * keys[t][e]) * scale for n_q <= 8 queries q_h = q +
+ * h q_stride (p rows n_keys apart); qt [dim][8] scratch. Plain C or AVX2, the same bits. */
+void kdt_cpu_scores(const float *const *keys, int32_t n_keys, int32_t dim, float scale, int32_t n_q, const float *q,
+                    int64_t q_stride, float *p, float *qt);
 /* s[t] = expf(s[t] - max s) for t < n; returns their sum (t ascending). */
 float kdt_cpu_softmax_weights(float *s, int32_t n);
 /* out[e] = sum over t ascending of w[t] * rows[t][e], e < cols (plain C or AVX2, the same bits). */
