@@ -94,10 +94,9 @@ if [ $EXPER = 1 ]; then
   exp_part probes && [ -x "$BUILD/gpu_test_gemm_ab" ] && KDT_TEST_QUICK=1 timeout 300 "$BUILD/gpu_test_gemm_ab" --wave 2>&1 |
     tee "$LOG/exp_wave.log" | grep -vE '^\s*$' | tail -40
   if exp_part va && [ -x "$BUILD/bench_kernels" ] && nvidia-smi --query-gpu=compute_cap --format=csv,noheader | grep -q '^9\.'; then
-    # verify_attn v4 and v5 (seesaw), each with and without the fused softmax (KDT_VA_FUSED=1),
-    # and v4 in clusters (KDT_VA_CLUSTER=1): the target shapes and the phase stamps of the
-    # headline one (none in cluster mode: its kernel has no profile build)
-    for v in "KDT_EXP=default" "KDT_VA_CLUSTER=1" "KDT_VA_FUSED=1" "KDT_VA_SEESAW=1" "KDT_VA_SEESAW=1 KDT_VA_FUSED=1"; do
+    # verify_attn v4 and v5 (seesaw), each with and without the fused softmax (KDT_VA_FUSED=1):
+    # the target shapes and the phase stamps of the headline one
+    for v in "KDT_EXP=default" "KDT_VA_FUSED=1" "KDT_VA_SEESAW=1" "KDT_VA_SEESAW=1 KDT_VA_FUSED=1"; do
       f="$LOG/exp_va_$(echo "$v" | tr ' =' '_-').log"
       env $v timeout "$BENCH_LIMIT" "$BUILD/bench_kernels" --quick --only verify_attn >"$f" 2>&1 || fail=1
       { echo "== bench_kernels --only verify_attn with $v"

@@ -3,7 +3,7 @@
 # variant's bench_kernels time (graph replay, median of its reps; L2 flushed), variants taken in
 # turn so that clock and machine drift hit them alike; prints one table. A variant is
 #   NAME=DIR[:ENV ...]    bench_kernels from DIR/bench_kernels, run with the environment ENV
-# e.g. scripts/va_ab.sh base=/tmp/r "clusters=/tmp/r:KDT_VA_CLUSTER=1" old=/tmp/old
+# e.g. scripts/va_ab.sh base=/tmp/r "seesaw=/tmp/r:KDT_VA_SEESAW=1" old=/tmp/old
 # Options: --reps N (rounds, default 3), --shapes "S,P,q ..." (default: the targets),
 # --limit S (seconds per bench call, default 60: a hung kernel costs one call, not the session).
 set -uo pipefail

@@ -862,37 +862,6 @@ static void test_split_schedule(void) {
         }
 }
 
-/* The cluster schedule (va_cluster_*): every flat item of a stream once, no cluster item empty,
- * and where a row tile's splits merge in the cluster, its ranks are consecutive and hold splits
- * 0 .. splits - 1 in rank order (the merge reads rank gb + k as split k). */
-static void test_cluster_schedule(void) {
-    unsigned char *seen = malloc((size_t)300 * VA_MAX_SPLITS);
-    for (int rt = 1; rt <= 300; rt += (rt < 40 ? 1 : 13))
-        for (int splits = 1; splits <= VA_MAX_SPLITS; splits++) {
-            const int flat = rt * splits, ci = va_cluster_items(rt, splits), G = va_cluster_group(splits);
-            CHECK(G == 1 || (G == splits && splits <= VA_CLUSTER));
-            memset(seen, 0, (size_t)flat);
-            int bad = 0;
-            for (int j = 0; j < ci; j++) {
-                int used = 0;
-                for (int c = 0; c < VA_CLUSTER; c++) {
-                    const int f = va_cluster_flat(rt, splits, j, c);
-                    if (f < 0) continue;
-                    used++;
-                    bad |= f >= flat || seen[f]++;
-                    if (G > 1) {
-                        const int gb = c / G * G, rtile = f % rt;
-                        for (int k = 0; k < G; k++) bad |= va_cluster_flat(rt, splits, j, gb + k) != k * rt + rtile;
-                    }
-                }
-                bad |= used == 0;
-            }
-            for (int f = 0; f < flat; f++) bad |= seen[f] != 1;
-            CHECK_MSG(!bad, "cluster schedule of rt %d, splits %d", rt, splits);
-        }
-    free(seen);
-}
-
 int main(void) {
     T_RUN(test_small_dims_random_trees);
     T_RUN(test_real_dims);
@@ -904,7 +873,6 @@ int main(void) {
     T_RUN(test_argument_errors);
     T_RUN(test_cuda_stub_or_args);
     T_RUN(test_split_schedule);
-    T_RUN(test_cluster_schedule);
     T_RUN(test_cuda_kernel_emulation);
     return t_summary();
 }

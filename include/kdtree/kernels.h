@@ -235,13 +235,10 @@ kdt_status kdt_verify_attn_cpu(const kdt_verify_attn_params *p);
  * mma.sync kernel (sm_80 / sm_90 / sm_120). KDT_VERIFY_ATTN=mma forces the portable kernel,
  * KDT_VERIFY_ATTN=wgmma demands the sm_90a one (KDT_ERR_UNSUPPORTED where it cannot run).
  * KDT_VA_SEESAW=1 runs the sm_90a kernel's v5 schedule instead of v4 (same results to rounding;
- * slower on the H200 so far, see docs/verify_attn_notes.md). KDT_VA_CLUSTER=1 runs v4 in
- * thread-block clusters of 4 that merge a row tile's 2-4 splits on chip instead of through the
- * workspace and the combine kernel (bitwise the same results; opt-in until measured). */
+ * slower on the H200 so far, see docs/verify_attn_notes.md). */
 kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void *stream);
 /* Which kernel kdt_verify_attn_cuda runs on the current device with the current environment:
- * "sm_90a (wgmma)", "sm_90a (wgmma, clusters of 4)", "portable (mma.sync)", or an error text
- * starting with "error:". */
+ * "sm_90a (wgmma)", "portable (mma.sync)", or an error text starting with "error:". */
 const char *kdt_verify_attn_cuda_path(void);
 /* Diagnostics: with KDT_VA_PROFILE=1 in the environment the sm_90a kernel stamps the clock at its
  * phase boundaries (CTA 0, first item); this formats the last call's mean cycles per phase into

@@ -20,7 +20,6 @@
 
 #include "fp.h"
 #include "kdtree/kernels.h"
-#include "kernels/cuda/verify_attn_tiles.cuh"
 #include "t.h"
 
 #include "gpu_test_util.h"
@@ -424,53 +423,6 @@ static void test_bad_device_data(void) {
     gcase_free(&c);
 }
 
-/* KDT_VA_CLUSTER=1 (the sm_90a kernel in clusters of 4 that merge a row tile's 2-4 splits through
- * distributed shared memory) against the default split + combine: bitwise equal out and lse, on
- * batches whose streams have 1, 2, 3, 4 splits (merged in the cluster, with idle ranks where a
- * cluster item is not full) and more (the combine's), plus a stream with bad data (NaN both ways). */
-static void test_cluster_bitwise(void) {
-    /* the first four (2, 3, 4 splits, idle ranks) alone under compute-sanitizer (KDT_TEST_QUICK) */
-    static const int prefix[8] = {3000, 2100, 4100, 2500, 9000, 20000, 100, 4096};
-    static const int n[8] = {9, 9, 9, 5, 9, 9, 33, 33};
-    const int S = g_quick ? 4 : 8;
-    for (int round = 0; round < (g_quick ? 1 : 2); round++) {
-        const int H = round ? 16 : 64;
-        int seen[VA_MAX_SPLITS + 1] = {0};
-        for (int s = 0; s < S; s++) {
-            int splits, chunk;
-            va_split(prefix[s] + n[s], (n[s] * H + 63) / 64, &splits, &chunk);
-            seen[splits] = 1;
-        }
-        if (!round) /* the H 64 batch covers every kind of cluster item */
-            CHECK(seen[2] && seen[3] && seen[4] && (g_quick || (seen[1] && seen[8] && seen[14])));
-        gcase c;
-        gcase_make(&c, 1200 + round, S, H, prefix, n, TREE_RANDOM);
-        if (round) c.table[3 * c.max_pages] = c.n_pages + 3; /* stream 3: bad block table */
-        gcase_upload(&c);
-        kdt_verify_attn_params p = dev_params(&c);
-        unsetenv("KDT_VA_CLUSTER");
-        CHECK(run_gpu(&c, &p) == KDT_OK);
-        uint16_t *out0 = malloc(2 * n_out(&c));
-        float *lse0 = malloc(4 * n_lse(&c));
-        memcpy(out0, c.out, 2 * n_out(&c));
-        memcpy(lse0, c.lse, 4 * n_lse(&c));
-        setenv("KDT_VA_CLUSTER", "1", 1);
-        CHECK(strcmp(kdt_verify_attn_cuda_path(), "sm_90a (wgmma, clusters of 4)") == 0);
-        CHECK(run_gpu(&c, &p) == KDT_OK);
-        unsetenv("KDT_VA_CLUSTER");
-        for (int s = 0; s < c.S; s++) {
-            const size_t row0 = (size_t)s * c.max_nodes * c.H, rows = (size_t)c.n_nodes[s] * c.H;
-            CHECK_MSG(!memcmp(out0 + row0 * 512, c.out + row0 * 512, 2 * rows * 512) &&
-                          !memcmp(lse0 + row0, c.lse + row0, 4 * rows),
-                      "H %d, stream %d (prefix %d, n %d): clusters differ from split + combine", H, s, c.prefix[s],
-                      c.n_nodes[s]);
-        }
-        if (round) CHECK(rows_all_nan(&c, 3, c.n_nodes[3] * c.H));
-        free(out0), free(lse0);
-        gcase_free(&c);
-    }
-}
-
 static void test_argument_errors(void) {
     const int prefix[1] = {10}, n[1] = {3};
     gcase c;
@@ -537,10 +489,6 @@ int main(void) {
         setenv("KDT_VA_TMA", "0", 1); /* v4's cp.async loads, used where pages are not 64-key tiles */
         run_suite("sm_90a path v4 (KV by cp.async)");
         unsetenv("KDT_VA_TMA");
-        setenv("KDT_VA_CLUSTER", "1", 1); /* v4 in clusters merging 2-4 splits on chip, opt-in */
-        run_suite("sm_90a path v4 in clusters of 4 (KDT_VA_CLUSTER=1)");
-        unsetenv("KDT_VA_CLUSTER");
-        T_RUN(test_cluster_bitwise);
         /* KDT_TEST_VA_VARIANTS=1 (gpu_check.sh --experiments): also the opt-in variants
          * (KDT_VA_FUSED), so the default run keeps its length */
         const char *vv = getenv("KDT_TEST_VA_VARIANTS");

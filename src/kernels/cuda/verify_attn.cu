@@ -41,15 +41,6 @@
  *   BN 64, 2 stages  ~226 KB (sm_90: H100/H200);   BN 64, 1 stage ~154 KB (sm_80 A100-class);
  *   BN 16, 1 stage    ~94 KB (sm_120: RTX PRO 6000, 99 KB per block).
  *
- * Cluster mode (sm_90a kernel, KDT_VA_CLUSTER=1, opt-in until measured): the same kernel launched
- * in thread-block clusters of VA_CLUSTER = 4 CTAs walks cluster items (va_cluster_items in
- * verify_attn_tiles.cuh). A stream with 2..4 splits gives each split of a row tile to one CTA of a
- * cluster; the CTAs keep their partials staged in shared memory and, after a cluster barrier, each
- * merges its share of the tile's rows from all of them through distributed shared memory with the
- * combine's own code (merge_row), so the result is bitwise split + combine's while no partial is
- * written and the combine has nothing to do for that stream. Streams with 1 or > 4 splits run
- * their items as before, four per cluster item. The splits themselves still come from va_split.
- *
  * Bad device-side data never reads or writes out of bounds: a stream with n_nodes outside
  * 1..max_nodes, prefix_len < 0 or prefix_len + n_nodes > max_pages * page_size, a block-table
  * entry outside 0..n_pages-1, or a split stream whose partials do not fit the workspace (prefix
@@ -108,9 +99,6 @@ struct VaArgs {
     int prof;                     /* KDT_VA_PROFILE=1: the sm_90a kernel stamps its phases (below) */
     int prof_item;                /* KDT_VA_PROFILE_ITEM=k: v4 stamps CTA 0's k-th item (default 0, the first) */
     int use_tma;                  /* sm_90a kernel: KV tiles by TMA (the kv_map parameter) */
-    int cluster;                  /* sm_90a kernel in clusters of VA_CLUSTER (KDT_VA_CLUSTER=1): the
-                                     walk counts cluster items (va_cluster_items), streams of 2..VA_CLUSTER
-                                     splits merge in the cluster and the combine skips them */
 };
 
 struct VaPlan {
@@ -149,9 +137,7 @@ struct WalkShared {
 };
 
 /* Warp 0: advance (s, item_base, slot_base) to the stream holding item i (items increase along a
- * CTA's walk). COMBINE counts only the row tiles of split streams whose partials the combine merges;
- * otherwise an item is a main-kernel item, or in cluster mode a cluster item. Writes the result to
- * *w. */
+ * CTA's walk). COMBINE counts only the row tiles of split streams. Writes the result to *w. */
 template <bool COMBINE>
 __device__ void walk_to(const VaArgs &a, long long i, int &s, long long &item_base,
                         long long &slot_base, WalkShared *w) {
@@ -162,10 +148,7 @@ __device__ void walk_to(const VaArgs &a, long long i, int &s, long long &item_ba
         int items = 0, slots = 0;
         if (my < a.S) {
             pl = va_plan(a, my);
-            if (COMBINE)
-                items = pl.valid && pl.splits > 1 && !(a.cluster && va_cluster_group(pl.splits) > 1) ? pl.rt : 0;
-            else
-                items = a.cluster ? va_cluster_items(pl.rt, pl.splits) : pl.items;
+            items = COMBINE ? ((pl.valid && pl.splits > 1) ? pl.rt : 0) : pl.items;
             slots = pl.slots;
         }
         int inc_i = items, inc_s = slots; /* inclusive scans over the 32 streams */
@@ -199,28 +182,25 @@ __device__ void fill_nan_rows(const VaArgs &a, long long row0, int rows) {
     for (int r = threadIdx.x; r < rows; r += THREADS) a.lse[row0 + r] = __int_as_float(0x7fc00000);
 }
 
-/* One item's coordinates (both kernels). merge (cluster mode, set at the epilogue so that it is not
- * live across the tile loop): this split's partial stays in shared memory for the cluster merge
- * instead of going to the workspace. */
+/* One item's coordinates (both kernels). */
 struct VaItem {
-    int s, split_mode, rows_valid, P, kb, ke, merge;
+    int s, split_mode, rows_valid, P, kb, ke;
     long long slot, row0; /* workspace slot (split mode); global row of tile row 0 */
     const int32_t *table;
     const uint64_t *mask;
 };
 
-/* The coordinates of the stream's item `local` (split * rt + rtile) from the walk's result; fills
- * sNode (tile row -> node, -1 past the stream's rows). Returns false, after writing NaN to the rows
- * (once per row tile), when the stream's data is bad or its partials do not fit the workspace:
- * nothing to compute then. */
-__device__ __forceinline__ bool va_item(const VaArgs &a, long long local, const WalkShared *w, int *sNode, VaItem *it) {
+/* The coordinates of item i from the walk's result; fills sNode (tile row -> node, -1 past the
+ * stream's rows). Returns false, after writing NaN to the rows (once per row tile), when the
+ * stream's data is bad or its partials do not fit the workspace: nothing to compute then. */
+__device__ __forceinline__ bool va_item(const VaArgs &a, long long i, const WalkShared *w, int *sNode, VaItem *it) {
     const VaPlan pl = w->plan;
+    const long long local = i - w->item_base;
     const int split = (int)(local / pl.rt), rtile = (int)(local % pl.rt);
     const int g0 = rtile * ROWS;
     it->s = w->s;
     it->slot = w->slot_base + local;
     it->split_mode = pl.splits > 1;
-    it->merge = 0;
     it->rows_valid = min(ROWS, pl.n * a.H - g0);
     it->row0 = (long long)w->s * a.max_nodes * a.H + g0;
     if (!pl.valid || (it->split_mode && w->slot_base + pl.slots > a.slot_capacity)) {
@@ -242,40 +222,17 @@ struct WalkState {
     long long items = 0, slots = 0;
 };
 
-/* A barrier (every thread is done with the previous item's shared memory), warp 0 walks to item
- * i (a cluster item in cluster mode), a barrier. false: the walk is over. */
-__device__ __forceinline__ bool va_walk(const VaArgs &a, long long i, WalkState &ws, WalkShared *sw) {
+/* Moves the CTA to item i: a barrier (every thread is done with the previous item's shared
+ * memory), warp 0 walks, a barrier, then the item's coordinates. 0: the walk is over; -1: the item
+ * has nothing to compute (its rows got NaN); 1: compute it. */
+__device__ __forceinline__ int va_next_item(const VaArgs &a, long long i, WalkState &ws, WalkShared *sw, int *sNode,
+                                            VaItem *it) {
     __syncthreads();
     if ((threadIdx.x >> 5) == 0) walk_to<false>(a, i, ws.s, ws.items, ws.slots, sw);
     __syncthreads();
-    return sw->found != 0;
+    if (!sw->found) return 0;
+    return va_item(a, i, sw, sNode, it) ? 1 : -1;
 }
-
-/* Moves the CTA to item i (va_walk), then the item's coordinates. 0: the walk is over; -1: the
- * item has nothing to compute (its rows got NaN); 1: compute it. */
-__device__ __forceinline__ int va_next_item(const VaArgs &a, long long i, WalkState &ws, WalkShared *sw, int *sNode,
-                                            VaItem *it) {
-    if (!va_walk(a, i, ws, sw)) return 0;
-    return va_item(a, i - sw->item_base, sw, sNode, it) ? 1 : -1;
-}
-
-#if KDT_HAS_WGMMA /* the sm_90a kernel's only */
-/* Cluster mode: moves the CTA (rank `rank` of its cluster) to cluster item ci, like va_next_item.
- * *sync (the same in every CTA of the cluster: it depends on the stream alone) says whether the
- * cluster merges this item's partials, so every CTA must meet the merge's two cluster barriers,
- * even one with nothing to compute (-1). */
-__device__ __forceinline__ int va_next_cluster_item(const VaArgs &a, long long ci, int rank, WalkState &ws,
-                                                    WalkShared *sw, int *sNode, VaItem *it, bool *sync) {
-    *sync = false;
-    if (!va_walk(a, ci, ws, sw)) return 0;
-    const VaPlan pl = sw->plan;
-    const int G = pl.valid ? va_cluster_group(pl.splits) : 1;
-    *sync = G > 1 && sw->slot_base + pl.slots <= a.slot_capacity;
-    const int local = va_cluster_flat(pl.rt, pl.splits, (int)(ci - sw->item_base), rank);
-    if (local < 0) return -1;
-    return va_item(a, local, sw, sNode, it) ? 1 : -1;
-}
-#endif
 
 /* cp.async of the item's Q rows (zeros past the stream's last row) into shared memory at base;
  * addr(r, c) = byte offset of 16-byte chunk c of row r in the kernel's layout. Thread -> (row
@@ -643,87 +600,6 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel(const VaArgs a)
     }
 }
 
-/* The combine's arithmetic for one row, one warp: lse = log sum_k exp(lse_k) and
- * out = sum_k exp(lse_k - lse) o_k over the row's K partials, summed in split order (bitwise
- * reproducible). Src reads split k's lse, the 16 bytes (8 fp16 values) of columns
- * 8 (lane + 32 j) .. + 7 and their scale: from the workspace (the combine kernel, WsPartials) or
- * from the shared memory of the cluster's CTAs (the sm_90a kernel's cluster merge, ClusterPartials).
- * Both go through this one function, so their outputs agree bit for bit. The K partial rows are
- * loaded LOADS at a time before they are summed, always in split order (LOADS changes no bit). */
-template <int LOADS, class Src>
-__device__ __forceinline__ void merge_row(uint16_t *out, float *lse, const Src &src, int K, long long out_row, int lane) {
-    const float la = lane < K ? src.lse(lane) : -INFINITY;
-    const float lb = lane + 32 < K ? src.lse(lane + 32) : -INFINITY;
-    const bool any_nan = __any_sync(0xffffffffu, isnan(la) || isnan(lb));
-    float mx = fmaxf(la, lb);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    uint4 *dst = reinterpret_cast<uint4 *>(out + out_row * D_V); /* lane's 8 columns 8 (lane + 32 j) */
-    if (any_nan || mx == -INFINITY) {
-        const uint32_t fill = any_nan ? 0x7fc07fc0u : 0u;
-#pragma unroll
-        for (int j = 0; j < 2; j++) dst[lane + 32 * j] = make_uint4(fill, fill, fill, fill);
-        if (lane == 0) lse[out_row] = any_nan ? __int_as_float(0x7fc00000) : -INFINITY;
-        return;
-    }
-    const float wa = lane < K ? expf(la - mx) : 0.f, wb = lane + 32 < K ? expf(lb - mx) : 0.f;
-    float sum = wa + wb;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    const float inv = 1.f / sum;
-    float acc[2][8];
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-#pragma unroll
-        for (int e = 0; e < 8; e++) acc[j][e] = 0.f;
-    for (int k0 = 0; k0 < K; k0 += LOADS) {
-        uint4 v[LOADS][2];
-        float down[LOADS][2], wk[LOADS];
-#pragma unroll
-        for (int u = 0; u < LOADS; u++) {
-            const int k = k0 + u; /* warp-uniform */
-            wk[u] = __shfl_sync(0xffffffffu, k < 32 ? wa : wb, k & 31) * inv;
-            if (k < K) {
-#pragma unroll
-                for (int j = 0; j < 2; j++) v[u][j] = src.vals(k, j, lane), down[u][j] = src.down(k, j, lane);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < LOADS; u++) {
-            if (k0 + u < K) {
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    const uint32_t w4[4] = {v[u][j].x, v[u][j].y, v[u][j].z, v[u][j].w};
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        /* explicit roundings: the same two operations whichever kernel inlines this */
-                        const float2 x = __half22float2(*reinterpret_cast<const __half2 *>(&w4[e]));
-                        acc[j][2 * e] = __fmaf_rn(wk[u], __fmul_rn(x.x, down[u][j]), acc[j][2 * e]);
-                        acc[j][2 * e + 1] = __fmaf_rn(wk[u], __fmul_rn(x.y, down[u][j]), acc[j][2 * e + 1]);
-                    }
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-        dst[lane + 32 * j] = make_uint4(va::pack_bf16x2(acc[j][0], acc[j][1]), va::pack_bf16x2(acc[j][2], acc[j][3]),
-                                        va::pack_bf16x2(acc[j][4], acc[j][5]), va::pack_bf16x2(acc[j][6], acc[j][7]));
-    if (lane == 0) lse[out_row] = mx + logf(sum);
-}
-
-/* A row's partials in the workspace: split k's lse, values and scales k strides apart. */
-struct WsPartials {
-    const uint4 *o;
-    const float *scale, *lse0;
-    long long o_stride, scale_stride, lse_stride;
-    __device__ __forceinline__ float lse(int k) const { return lse0[k * lse_stride]; }
-    __device__ __forceinline__ uint4 vals(int k, int j, int lane) const { return o[k * o_stride + lane + 32 * j]; }
-    __device__ __forceinline__ float down(int k, int j, int lane) const {
-        return scale[k * scale_stride + ((lane + 32 * j) >> 3)];
-    }
-};
-
 /* ==== sm_90a path (wgmma): KDT_VERIFY_ATTN=wgmma =============================================
  * Same items, schedule, masking, epilogue and combine as the portable kernel above, so the two are
  * interchangeable (not bitwise: the row maxima and sums are formed in another order). 64 rows x 64
@@ -756,8 +632,6 @@ struct WRows {
     float alpha[2][ROWS]; /* per tile parity: the rescale WG1 applies to its O half */
     float inv[ROWS];      /* 1 / l of the finished rows (NaN: bad item) */
     int zero[ROWS];       /* the row saw no key: output 0 */
-    float part_lse[ROWS];     /* cluster merge: this split's lse and the scales of its staged fp16 */
-    float part_down[ROWS][2]; /* partial (one per 256-column half), read by the cluster's CTAs */
 };
 constexpr size_t W_SMEM = 1024 + 3 * (size_t)W_TILE + ROWS * 4 + sizeof(WRows) + sizeof(WalkShared);
 
@@ -836,11 +710,9 @@ __device__ __forceinline__ void w_pv_slab(float (&o)[128], uint32_t kv, int half
 
 /* The sm_90a kernels' epilogue (v4 and v5), in two steps around a CTA barrier.
  * w_finish_rows (one warpgroup, tq == 0 threads write): 1 / l, the zero flag and lse of this
- * thread's rows r0, r0 + 8 from their max m (log2 domain) and total sum l; a merged split's lse
- * goes to part_lse (shared memory) instead of the workspace. */
+ * thread's rows r0, r0 + 8 from their max m (log2 domain) and total sum l. */
 __device__ __forceinline__ void w_finish_rows(const VaArgs &a, const VaItem &it, const float m[2], const float l[2],
-                                              int any_bad, int r0, int tq, float *inv_out, int *zero_out,
-                                              float *part_lse = nullptr) {
+                                              int any_bad, int r0, int tq, float *inv_out, int *zero_out) {
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int row = r0 + 8 * h;
@@ -851,7 +723,6 @@ __device__ __forceinline__ void w_finish_rows(const VaArgs &a, const VaItem &it,
             inv_out[row] = inv, zero_out[row] = zero;
             if (row < it.rows_valid) {
                 if (!it.split_mode) a.lse[it.row0 + row] = lse_v;
-                else if (it.merge) part_lse[row] = lse_v;
                 else a.ws_lse[it.slot * ROWS + row] = lse_v;
             }
         }
@@ -934,8 +805,7 @@ __device__ __forceinline__ void w_store_half(const VaArgs &a, const VaItem &it, 
 constexpr uint32_t W_STAGE_ROW = D_V * 2 + 16; /* row stride, bytes: bf16 out or fp16 partial */
 static_assert(ROWS * W_STAGE_ROW <= 3 * W_TILE, "the staged tile fits the Q and KV buffers");
 __device__ __forceinline__ void w_stage_half(const VaArgs &a, const VaItem &it, const float (&o)[128], const float *inv_in,
-                                             const int *zero_in, int r0, int wgi, int tq, unsigned char *stage,
-                                             float (*part_down)[2]) {
+                                             const int *zero_in, int r0, int wgi, int tq, unsigned char *stage) {
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int row = r0 + 8 * h;
@@ -959,58 +829,19 @@ __device__ __forceinline__ void w_stage_half(const VaArgs &a, const VaItem &it, 
                 const float2 x = w_out_pair(o, j, h, inv, zero);
                 dst[4 * j] = va::pack_half2(x.x * up, x.y * up);
             }
-            if (tq == 0) {
-                if (it.merge) part_down[row][wgi] = down; /* the cluster merge reads it here */
-                else w_store_scales(a, it, row, wgi, down);
-            }
+            if (tq == 0) w_store_scales(a, it, row, wgi, down);
         }
     }
 }
 /* After w_stage_half, a fence_proxy_async and a barrier: threads 0 .. rows_valid - 1 each copy
- * their row out (one bulk group per thread; bulk_wait_read before the buffers are reused). A merged
- * split's rows stay where they are, for the cluster. */
+ * their row out (one bulk group per thread; bulk_wait_read before the buffers are reused). */
 __device__ __forceinline__ void w_send_rows(const VaArgs &a, const VaItem &it, uint32_t stage) {
     const int r = threadIdx.x;
-    if (r >= it.rows_valid || it.merge) return;
+    if (r >= it.rows_valid) return;
     uint16_t *dst = it.split_mode ? a.ws_o + it.slot * (long long)SLOT_O_HALVES + (long long)r * D_V
                                   : a.out + (it.row0 + r) * D_V;
     wg::bulk_store(dst, stage + (uint32_t)r * W_STAGE_ROW, D_V * 2);
     wg::bulk_commit();
-}
-
-/* Cluster mode: a row's partials in the shared memory of the group's CTAs (split k in rank
- * group_base + k): the staged fp16 row (w_stage_half), its lse and its two half scales, at the
- * same shared addresses in every CTA of the kernel. */
-struct ClusterPartials {
-    uint32_t row, lse_at, down_at; /* this CTA's shared addresses of the row's values, lse, scales */
-    int group_base;
-    __device__ __forceinline__ float lse(int k) const { return wg::cluster_ld_f32(wg::cluster_map(lse_at, group_base + k)); }
-    __device__ __forceinline__ uint4 vals(int k, int j, int lane) const {
-        return wg::cluster_ld_v4(wg::cluster_map(row + 16u * (uint32_t)(lane + 32 * j), group_base + k));
-    }
-    __device__ __forceinline__ float down(int k, int j, int) const {
-        return wg::cluster_ld_f32(wg::cluster_map(down_at + 4u * (uint32_t)j, group_base + k)); /* half j */
-    }
-};
-
-/* The cluster merge of one row tile (every CTA of the group of G = splits ranks, after a cluster
- * barrier that follows the group's staging): this CTA's share of the rows, one warp per row,
- * written as the final bf16 out and lse; the combine's arithmetic (merge_row). */
-constexpr uint32_t W_ROWS_AT = 3 * W_TILE + ROWS * 4; /* WRows, from the aligned shared base */
-/* Splits loaded at once per row: ptxas gives the cluster kernel 246 registers with 1, 254 with 2,
- * 255 and a 4-byte spill with the combine's 4 (also as a call, not inlined). */
-constexpr int W_MERGE_LOADS = 2;
-__device__ __forceinline__ void w_cluster_merge(uint16_t *out, float *lse, long long row0, int rows_valid, int G,
-                                             uint32_t base) {
-    const int rank = wg::cluster_rank(), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    ClusterPartials src;
-    src.group_base = rank / G * G;
-    for (int r = rank % G + G * warp; r < rows_valid; r += G * (THREADS / 32)) {
-        src.row = base + (uint32_t)r * W_STAGE_ROW;
-        src.lse_at = base + W_ROWS_AT + (uint32_t)(offsetof(WRows, part_lse) + 4 * r);
-        src.down_at = base + W_ROWS_AT + (uint32_t)(offsetof(WRows, part_down) + 8 * r);
-        merge_row<W_MERGE_LOADS>(out, lse, src, G, row0 + r, lane);
-    }
 }
 #endif
 
@@ -1024,14 +855,14 @@ __device__ __forceinline__ void w_cluster_merge(uint16_t *out, float *lse, long 
  * independent multiplies can fill the exponent chain's latency, instead of after PREADY on the
  * path to its P V; and it issues that P V as soon as P is in registers, before P's stores to
  * shared memory and the PREADY barrier (it needs nothing from WG1). */
-template <bool PROF, bool FUSED = false, bool CLUSTER = false>
+template <bool PROF, bool FUSED = false>
 __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaArgs a, const __grid_constant__ CUtensorMap kv_map) {
 #if KDT_HAS_WGMMA
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     const uint32_t raw = va::smem_addr(smem_raw), pad = (1024u - (raw & 1023u)) & 1023u;
     unsigned char *smem = smem_raw + pad;
     int *sNode = reinterpret_cast<int *>(smem + 3 * W_TILE);
-    WRows *sRows = reinterpret_cast<WRows *>(smem + W_ROWS_AT);
+    WRows *sRows = reinterpret_cast<WRows *>(smem + 3 * W_TILE + ROWS * 4);
     WalkShared *sWalk = reinterpret_cast<WalkShared *>(smem + 3 * W_TILE + ROWS * 4 + sizeof(WRows));
     const uint32_t q_base = raw + pad, kv_base = q_base + W_TILE;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -1057,27 +888,15 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
 
     WalkState walk;
     VaItem itm;
-    /* CLUSTER (launched in clusters of VA_CLUSTER along x): the clusters walk the cluster items,
-     * rank c of a cluster taking its flat item of each (va_cluster_flat) */
-    for (long long i = CLUSTER ? blockIdx.x / VA_CLUSTER : blockIdx.x;; i += CLUSTER ? gridDim.x / VA_CLUSTER : gridDim.x) {
+    for (long long i = blockIdx.x;; i += gridDim.x) {
         if (PROF) {
             const long long nth = (i - blockIdx.x) / gridDim.x;
             stamp = blockIdx.x == 0 && (tid & (WG_THREADS - 1)) == 0 && nth == a.prof_item;
             if (stamp && nth > 0) g_va_prof_item[wgi][0] = clock64();
         }
         wg::bulk_wait_read(); /* the last item's rows have left the Q and KV buffers */
-        bool cluster_merges = false;
-        const int next = CLUSTER ? va_next_cluster_item(a, i, (int)(blockIdx.x % VA_CLUSTER), walk, sWalk, sNode, &itm,
-                                                        &cluster_merges)
-                                 : va_next_item(a, i, walk, sWalk, sNode, &itm);
-        if (next <= 0) {
-            if (next == 0) break;
-            if (CLUSTER && cluster_merges) { /* nothing here, but the group's two barriers */
-                wg::cluster_sync();
-                wg::cluster_sync();
-            }
-            continue;
-        }
+        const int next = va_next_item(a, i, walk, sWalk, sNode, &itm);
+        if (next <= 0) { if (next == 0) break; continue; }
         const int P = itm.P, kb = itm.kb, ke = itm.ke, n_tiles = (ke - kb + 63) / 64;
         if (stamp && tid == 0) g_va_prof_tiles = n_tiles < VA_PROF_TILES ? n_tiles : VA_PROF_TILES;
         W_ISTAMP(1);
@@ -1261,11 +1080,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
             va::cp_async_wait_all();
         }
 
-        /* the finished rows' normalisation (WG0 holds m and l), then each warpgroup's half; a split
-         * of a stream the cluster merges (this CTA computes: its stream is valid, its slots fit)
-         * keeps its partial in shared memory */
-        const int merge_group = CLUSTER ? va_cluster_group(sWalk->plan.splits) : 1;
-        itm.merge = merge_group > 1;
+        /* the finished rows' normalisation (WG0 holds m and l), then each warpgroup's half */
         W_ISTAMP(3);
         const int any_bad = __syncthreads_or(bad);
         W_ISTAMP(4);
@@ -1277,19 +1092,14 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
                 lt[h] += __shfl_xor_sync(0xffffffffu, lt[h], 1);
                 lt[h] += __shfl_xor_sync(0xffffffffu, lt[h], 2);
             }
-            w_finish_rows(a, itm, m, lt, any_bad, r0, tq, sRows->inv, sRows->zero, sRows->part_lse);
+            w_finish_rows(a, itm, m, lt, any_bad, r0, tq, sRows->inv, sRows->zero);
         }
         __syncthreads(); /* sRows->inv / zero written */
         W_ISTAMP(5);
-        w_stage_half(a, itm, o, sRows->inv, sRows->zero, r0, wgi, tq, smem, sRows->part_down);
+        w_stage_half(a, itm, o, sRows->inv, sRows->zero, r0, wgi, tq, smem);
         wg::fence_proxy_async();
         __syncthreads();
         w_send_rows(a, itm, q_base);
-        if (CLUSTER && itm.merge) {
-            wg::cluster_sync(); /* every split of the cluster's row tiles staged */
-            w_cluster_merge(a.out, a.lse, itm.row0, itm.rows_valid, merge_group, q_base);
-            wg::cluster_sync(); /* no CTA reads another's staged rows any more: buffers free */
-        }
         W_ISTAMP(6);
     }
     wg::bulk_wait(); /* no copy outlives the CTA's shared memory */
@@ -1317,16 +1127,74 @@ constexpr int CB_MAX_PARTS = ROWS / CB_WARPS;
 static_assert(ROWS % CB_WARPS == 0, "a combine part of one row per warp");
 __device__ __forceinline__ void combine_row(const VaArgs &a, const VaPlan &pl, long long slot_base, int rtile,
                                             long long row0, int r, int lane) {
-    /* split k's slot is slot_base + k rt + rtile */
+    const int K = pl.splits;
+    const float la = lane < K ? a.ws_lse[(slot_base + (long long)lane * pl.rt + rtile) * ROWS + r] : -INFINITY;
+    const float lb = lane + 32 < K ? a.ws_lse[(slot_base + (long long)(lane + 32) * pl.rt + rtile) * ROWS + r] : -INFINITY;
+    const bool any_nan = __any_sync(0xffffffffu, isnan(la) || isnan(lb));
+    float mx = fmaxf(la, lb);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    uint4 *dst = reinterpret_cast<uint4 *>(a.out + (row0 + r) * D_V); /* lane's 8 columns 8 (lane + 32 j) */
+    if (any_nan || mx == -INFINITY) {
+        const uint32_t fill = any_nan ? 0x7fc07fc0u : 0u;
+#pragma unroll
+        for (int j = 0; j < 2; j++) dst[lane + 32 * j] = make_uint4(fill, fill, fill, fill);
+        if (lane == 0) a.lse[row0 + r] = any_nan ? __int_as_float(0x7fc00000) : -INFINITY;
+        return;
+    }
+    const float wa = lane < K ? expf(la - mx) : 0.f, wb = lane + 32 < K ? expf(lb - mx) : 0.f;
+    float sum = wa + wb;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    const float inv = 1.f / sum;
+    float acc[2][8];
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[j][e] = 0.f;
+    /* split k's slot is slot_base + k rt + rtile; 8 fp16 values (16 B) per lane and j, group
+     * (lane + 32 j) / 8 of 64 columns */
     const long long slot0 = slot_base + rtile;
-    WsPartials src;
-    src.o = reinterpret_cast<const uint4 *>(a.ws_o + slot0 * (long long)SLOT_O_HALVES + (long long)r * D_V);
-    src.scale = a.ws_scale + (slot0 * ROWS + r) * PART_GROUPS;
-    src.lse0 = a.ws_lse + slot0 * ROWS + r;
-    src.o_stride = (long long)pl.rt * (long long)(SLOT_O_HALVES / 8); /* uint4s per split */
-    src.scale_stride = (long long)pl.rt * ROWS * PART_GROUPS;         /* scales per split */
-    src.lse_stride = (long long)pl.rt * ROWS;
-    merge_row<4>(a.out, a.lse, src, pl.splits, row0 + r, lane);
+    const uint4 *src0 = reinterpret_cast<const uint4 *>(a.ws_o + slot0 * (long long)SLOT_O_HALVES + (long long)r * D_V);
+    const float *sc0 = a.ws_scale + (slot0 * ROWS + r) * PART_GROUPS;
+    const long long k_stride = (long long)pl.rt * (long long)(SLOT_O_HALVES / 8);  /* uint4s per split */
+    const long long sc_stride = (long long)pl.rt * ROWS * PART_GROUPS;              /* scales per split */
+    for (int k0 = 0; k0 < K; k0 += 4) {
+        uint4 v[4][2];
+        float down[4][2], wk[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int k = k0 + u; /* warp-uniform */
+            wk[u] = __shfl_sync(0xffffffffu, k < 32 ? wa : wb, k & 31) * inv;
+            if (k < K) {
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    v[u][j] = src0[k * k_stride + lane + 32 * j];
+                    down[u][j] = sc0[k * sc_stride + ((lane + 32 * j) >> 3)];
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            if (k0 + u < K) {
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const uint32_t w4[4] = {v[u][j].x, v[u][j].y, v[u][j].z, v[u][j].w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const float2 x = __half22float2(*reinterpret_cast<const __half2 *>(&w4[e]));
+                        acc[j][2 * e] += wk[u] * (x.x * down[u][j]);
+                        acc[j][2 * e + 1] += wk[u] * (x.y * down[u][j]);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+        dst[lane + 32 * j] = make_uint4(va::pack_bf16x2(acc[j][0], acc[j][1]), va::pack_bf16x2(acc[j][2], acc[j][3]),
+                                        va::pack_bf16x2(acc[j][4], acc[j][5]), va::pack_bf16x2(acc[j][6], acc[j][7]));
+    if (lane == 0) a.lse[row0 + r] = mx + logf(sum);
 }
 __global__ void __launch_bounds__(THREADS) verify_attn_combine(const VaArgs a) {
     __shared__ WalkShared sWalk;
@@ -1437,7 +1305,6 @@ int sm90_ready(const char **why) {
          allow_smem(verify_attn_sm90_kernel<true>, W_SMEM) == cudaSuccess &&
          allow_smem(verify_attn_sm90_kernel<false, true>, W_SMEM) == cudaSuccess &&
          allow_smem(verify_attn_sm90_kernel<true, true>, W_SMEM) == cudaSuccess &&
-         allow_smem(verify_attn_sm90_kernel<false, false, true>, W_SMEM) == cudaSuccess &&
          allow_smem(verify_attn_seesaw_kernel<false>, SS_SMEM) == cudaSuccess &&
          allow_smem(verify_attn_seesaw_kernel<true>, SS_SMEM) == cudaSuccess &&
          allow_smem(verify_attn_seesaw_kernel<false, true>, SS_SMEM) == cudaSuccess &&
@@ -1446,36 +1313,6 @@ int sm90_ready(const char **why) {
     if (dev >= 0 && dev < MAX_DEVICES) g_dev_sm90[dev].store(ok ? 2 : 1, std::memory_order_release);
     *why = ok ? NULL : "the device is not an sm_90 GPU, the binary lacks sm_90a code, or shared memory is short";
     return ok;
-}
-
-/* The clusters of VA_CLUSTER CTAs of the sm_90a kernel that fit the device at once (once per
- * device; 0 if none can, or the query fails): the cluster mode's persistent grid. A GPC holds
- * whole clusters only, so this can be a few SMs short of one CTA per SM. */
-std::atomic<int> g_dev_clusters[MAX_DEVICES]; /* 0 = not probed yet, else clusters + 1 */
-
-int sm90_clusters(void) {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-    if (dev >= 0 && dev < MAX_DEVICES) {
-        const int c = g_dev_clusters[dev].load(std::memory_order_acquire);
-        if (c) return c - 1;
-    }
-    int sms = 0;
-    (void)cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = VA_CLUSTER, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3((unsigned)(sms / VA_CLUSTER * VA_CLUSTER)), cfg.blockDim = dim3(THREADS);
-    cfg.dynamicSmemBytes = W_SMEM, cfg.attrs = attr, cfg.numAttrs = 1;
-    int n = 0;
-    if (sms < VA_CLUSTER ||
-        cudaOccupancyMaxActiveClusters(&n, (const void *)verify_attn_sm90_kernel<false, false, true>, &cfg) != cudaSuccess)
-        n = 0;
-    (void)cudaGetLastError();
-    if (dev >= 0 && dev < MAX_DEVICES) g_dev_clusters[dev].store(n + 1, std::memory_order_release);
-    return n;
 }
 
 /* The one dispatch place: the sm_90a kernel where it can run, unless KDT_VERIFY_ATTN=mma;
@@ -1586,23 +1423,10 @@ extern "C" kdt_status kdt_verify_attn_cuda_profile(char *out, size_t cap) {
     return KDT_OK;
 }
 
-/* The one rule for clusters, read by the launcher and by kdt_verify_attn_cuda_path: asked for
- * (KDT_VA_CLUSTER=1), and not v5, the fused softmax or the profile build (whether those then run
- * or fall back to v4). */
-static bool cluster_asked(void) {
-    const char *cl = getenv("KDT_VA_CLUSTER"), *seesaw = getenv("KDT_VA_SEESAW"), *fused = getenv("KDT_VA_FUSED"),
-               *prof = getenv("KDT_VA_PROFILE");
-    return cl && !strcmp(cl, "1") && !(seesaw && !strcmp(seesaw, "1")) && !(fused && !strcmp(fused, "1")) &&
-           !(prof && prof[0] == '1');
-}
-
-static_assert(VA_CLUSTER == 4, "kdt_verify_attn_cuda_path names clusters of 4");
 extern "C" const char *kdt_verify_attn_cuda_path(void) {
     int use_wgmma = 0;
     if (choose_path("kdt_verify_attn_cuda_path", &use_wgmma) != KDT_OK) return "error: see kdt_last_error()";
-    if (!use_wgmma) return "portable (mma.sync)";
-    if (cluster_asked() && sm90_clusters() > 0) return "sm_90a (wgmma, clusters of 4)";
-    return "sm_90a (wgmma)";
+    return use_wgmma ? "sm_90a (wgmma)" : "portable (mma.sync)";
 }
 
 extern "C" size_t kdt_verify_attn_workspace_bytes(int32_t n_streams, int32_t n_heads, int32_t max_nodes,
@@ -1664,7 +1488,6 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
     if (a.prof_item < 0) a.prof_item = 0;
     if (a.prof) g_va_prof_nth = a.prof_item;
     a.use_tma = 0;
-    a.cluster = 0;
 
     cudaStream_t cs = (cudaStream_t)stream;
     int use_wgmma = 0;
@@ -1683,46 +1506,19 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
          * measured no faster; its FFMA form needs a positive scale) */
         const char *fused_env = getenv("KDT_VA_FUSED");
         const int fused = fused_env && !strcmp(fused_env, "1") && a.scale_log2 > 0.f;
-        /* KDT_VA_CLUSTER_MIN_STREAMS=n: clusters only for launches of >= n streams (the rule to
-         * measure: a lone stream's 33 cluster items may not fit one wave); a per-launch choice
-         * that changes no bit */
-        static const int min_streams = [] {
-            const char *v = getenv("KDT_VA_CLUSTER_MIN_STREAMS");
-            const int n = v ? atoi(v) : 1;
-            return n >= 1 && n <= KDT_MAX_STREAMS ? n : 1;
-        }();
-        const int n_clusters = cluster_asked() && !a.prof && p->n_streams >= min_streams ? sm90_clusters() : 0;
-        if (use_seesaw) {
-            if (a.prof && fused) verify_attn_seesaw_kernel<true, true><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
-            else if (fused) verify_attn_seesaw_kernel<false, true><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
-            else if (a.prof) verify_attn_seesaw_kernel<true><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
+        if (use_seesaw && fused) {
+            if (a.prof) verify_attn_seesaw_kernel<true, true><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
+            else verify_attn_seesaw_kernel<false, true><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
+        } else if (use_seesaw) {
+            if (a.prof) verify_attn_seesaw_kernel<true><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
             else verify_attn_seesaw_kernel<false><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
+        } else if (fused) {
+            if (a.prof) verify_attn_sm90_kernel<true, true><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
+            else verify_attn_sm90_kernel<false, true><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
+        } else if (a.prof) {
+            verify_attn_sm90_kernel<true><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
         } else {
-            bool launched = false;
-            if (n_clusters > 0 && !fused) {
-                /* KDT_VA_CLUSTER=1: v4 in clusters, the splits of a row tile merged on chip
-                 * (opt-in until measured; the same bits as split + combine). If the cluster
-                 * launch is refused, plain v4 below computes the same values. */
-                a.cluster = 1;
-                cudaLaunchConfig_t lc;
-                memset(&lc, 0, sizeof lc);
-                cudaLaunchAttribute attr[1];
-                attr[0].id = cudaLaunchAttributeClusterDimension;
-                attr[0].val.clusterDim.x = VA_CLUSTER, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-                lc.gridDim = dim3((unsigned)(n_clusters * VA_CLUSTER)), lc.blockDim = dim3(THREADS);
-                lc.dynamicSmemBytes = W_SMEM, lc.stream = cs, lc.attrs = attr, lc.numAttrs = 1;
-                launched = cudaLaunchKernelEx(&lc, verify_attn_sm90_kernel<false, false, true>, a, kv_map) == cudaSuccess;
-                if (!launched) {
-                    (void)cudaGetLastError(); /* the refusal is not an error of what follows */
-                    a.cluster = 0;
-                }
-            }
-            if (!launched) {
-                if (a.prof && fused) verify_attn_sm90_kernel<true, true><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
-                else if (fused) verify_attn_sm90_kernel<false, true><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
-                else if (a.prof) verify_attn_sm90_kernel<true><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
-                else verify_attn_sm90_kernel<false><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
-            }
+            verify_attn_sm90_kernel<false><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
         }
     } else {
         switch (cfg) {

@@ -36,8 +36,7 @@ enum {
     VA_SCHED_BLOCK = 64,     /* keys per schedule block: splits are whole blocks */
     VA_TARGET_ITEMS = 132,   /* items a lone stream aims for (the H200's 132 SMs) */
     VA_MIN_BLOCKS = 16,      /* schedule blocks per split, at least (1,024 keys): see verify_attn.cu */
-    VA_MAX_SPLITS = 64,
-    VA_CLUSTER = 4           /* CTAs per thread-block cluster of the sm_90a kernel's merge mode */
+    VA_MAX_SPLITS = 64
 };
 
 /* The split schedule of one stream: keys = prefix_len + n_nodes, rt = row tiles. Depends on
@@ -61,37 +60,6 @@ VA_HD void va_split(int keys, int rt, int *splits, int *chunk_keys) {
     const int chunk_blocks = (blocks + s - 1) / s;
     *splits = (blocks + chunk_blocks - 1) / chunk_blocks;
     *chunk_keys = chunk_blocks * VA_SCHED_BLOCK;
-}
-
-/* The cluster schedule (sm_90a kernel, KDT_VA_CLUSTER=1): CTAs run in clusters of VA_CLUSTER and
- * a cluster takes "cluster items", each a group of the flat items above (local index
- * split * rt + rtile, the order the combine reads) of one stream:
- * - a stream with 2..VA_CLUSTER splits: per = VA_CLUSTER / splits row tiles per cluster item, rank
- *   c taking split c % splits of row tile j * per + c / splits; the `splits` ranks of a row tile
- *   merge their partials through distributed shared memory (no partial leaves the chip, no combine);
- * - any other stream (1 split, or more splits than a cluster holds): VA_CLUSTER consecutive flat
- *   items per cluster item, as without clusters (partials, if any, merged by the combine).
- * The split count still comes from va_split alone, and the merge does the combine's arithmetic,
- * so a stream's output is bitwise the same with and without clusters. */
-VA_HD int va_cluster_group(int splits) { return splits >= 2 && splits <= VA_CLUSTER ? splits : 1; }
-VA_HD int va_cluster_items(int rt, int splits) {
-    const int G = va_cluster_group(splits);
-    if (G > 1) {
-        const int per = VA_CLUSTER / G;
-        return (rt + per - 1) / per;
-    }
-    return (int)(((long long)rt * splits + VA_CLUSTER - 1) / VA_CLUSTER);
-}
-/* Rank c's flat item (local index) in cluster item j of a stream, or -1: nothing for that rank. */
-VA_HD int va_cluster_flat(int rt, int splits, int j, int c) {
-    const int G = va_cluster_group(splits);
-    if (G > 1) {
-        const int per = VA_CLUSTER / G, rtile = j * per + c / G;
-        if (c >= per * G || rtile >= rt) return -1;
-        return (c % G) * rt + rtile;
-    }
-    const long long f = (long long)j * VA_CLUSTER + c;
-    return f < (long long)rt * splits ? (int)f : -1;
 }
 
 /* Byte offset of chunk c (0..71) of row r in a swizzled [rows][576] bf16 tile. */

@@ -224,61 +224,6 @@ __device__ __forceinline__ void bulk_wait() {
 #endif
 }
 
-/* ---- thread-block clusters (sm_90): a barrier of every thread of every CTA of the cluster, and
- * loads from another CTA's shared memory (distributed shared memory) ----------------------------
- * cluster_sync: shared-memory writes of any CTA before it are seen by every CTA after it (release /
- * acquire at cluster scope); every thread of every CTA must call it the same number of times, and
- * no CTA may exit while another can still read its shared memory. */
-__device__ __forceinline__ void cluster_sync() {
-#if KDT_HAS_WGMMA
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#endif
-}
-/* This CTA's rank in its cluster (read where it is needed: volatile, so not kept live in a register). */
-__device__ __forceinline__ int cluster_rank() {
-    int r = 0;
-#if KDT_HAS_WGMMA
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-#endif
-    return r;
-}
-/* x, through an instruction the compiler cannot see into (it cannot hoist what is computed from it) */
-__device__ __forceinline__ uint32_t opaque(uint32_t x) {
-    uint32_t r;
-    asm volatile("mov.b32 %0, %1;\n" : "=r"(r) : "r"(x));
-    return r;
-}
-/* The address, in the cluster's shared window, of this CTA's shared address `local` in CTA `rank`. */
-__device__ __forceinline__ uint32_t cluster_map(uint32_t local, int rank) {
-    uint32_t r = 0;
-#if KDT_HAS_WGMMA
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(local), "r"(rank));
-#else
-    (void)local, (void)rank;
-#endif
-    return r;
-}
-__device__ __forceinline__ uint4 cluster_ld_v4(uint32_t addr) {
-    uint4 v = make_uint4(0, 0, 0, 0);
-#if KDT_HAS_WGMMA
-    asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
-#else
-    (void)addr;
-#endif
-    return v;
-}
-__device__ __forceinline__ float cluster_ld_f32(uint32_t addr) {
-    float v = 0.f;
-#if KDT_HAS_WGMMA
-    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
-#else
-    (void)addr;
-#endif
-    return v;
-}
-
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* lo -> lower address */
     return *reinterpret_cast<uint32_t *>(&v);
