@@ -38,6 +38,7 @@ tar -cJf .device/pack/bin.tar.xz -C "$STAGE" .
 echo "packed $(ls "$STAGE" | grep -vc '^lib$') binaries and $(ls "$STAGE/lib" | wc -l) libraries:" \
      "$(du -h .device/pack/bin.tar.xz | cut -f1) in .device/pack/bin.tar.xz (built for $ARCHS in $BUILD)"
 cat <<EOF
-on the device (run with carry [".device/pack"]; tests find models via KDT_SOURCE_DIR=$PWD):
-  mkdir -p $(dirname "$PWD") && ln -sfn \$PWD $PWD && mkdir -p /tmp/r && tar -xJf .device/pack/bin.tar.xz -C /tmp/r && LD_LIBRARY_PATH=/tmp/r/lib KDT_PREBUILT=/tmp/r OUT=\$OUT/check scripts/gpu_check.sh
+on the device (run with carry [".device/pack"]; tests find models via KDT_SOURCE_DIR=$PWD; gpu_check
+writes ~40 logs and only a few files come back, so they return as one archive plus the two tables):
+  mkdir -p $(dirname "$PWD") && ln -sfn \$PWD $PWD && mkdir -p /tmp/r && tar -xJf .device/pack/bin.tar.xz -C /tmp/r && LD_LIBRARY_PATH=/tmp/r/lib KDT_PREBUILT=/tmp/r OUT=/tmp/check scripts/gpu_check.sh; tar -cJf \$OUT/check.tar.xz -C /tmp check; cp /tmp/check/bench.md /tmp/check/bench_model.md \$OUT/
 EOF
