@@ -1,5 +1,5 @@
 /* test_server_api.c - the server's wire layer without a socket: request parsing and validation
- * (every bad field gets 400/404 naming it), response / SSE chunk / error JSON, stop-string
+ * (every bad field gets 400/404 naming it; mutation-fuzzed), response / SSE chunk / error JSON, stop-string
  * matching on streamed text (fuzzed against a reference over random chunkings), the Prometheus
  * page (checked by a small in-test linter with promtool's rules), the mock tokenizer's UTF-8
  * hold-back, and that the embedded web page equals src/server/static/.
@@ -229,6 +229,135 @@ static void test_parse_errors(void) {
     for (int i = 0; i < 100000; i++) srv_buf_puts(&deep, "[");
     CHECK_EQ_INT(parse_status(SRV_EP_COMPLETIONS, deep.data, &LIM, &e), 400);
     srv_buf_free(&deep);
+}
+
+/* Mutation fuzz of the request parser: valid bodies with bytes replaced, deleted, duplicated or
+ * JSON fragments inserted (edge numbers, surrogates, NUL escapes, brackets, known keys). Every
+ * outcome is either an accepted request that satisfies every limit the handlers rely on, or a
+ * 400 / 404 / 413 with a message (ASan / UBSan in CI see memory errors and leaks on both paths). */
+static int accepted_request_ok(srv_endpoint ep, const srv_api_req *r, const srv_api_limits *lim, char *why,
+                               size_t why_n) {
+#define BAD(...) return snprintf(why, why_n, __VA_ARGS__), 0
+    if (ep == SRV_EP_COMPLETIONS) {
+        if (r->prompt_is_ids) {
+            if (r->prompt_ids.n < 1) BAD("empty id prompt");
+            for (size_t i = 0; i < r->prompt_ids.n; i++)
+                if (r->prompt_ids.v[i] < 0) BAD("negative id %d", (int)r->prompt_ids.v[i]);
+        } else if (!r->prompt) {
+            BAD("no prompt");
+        }
+    } else {
+        if (r->n_msgs < 1 || !r->msgs) BAD("no messages");
+        for (size_t i = 0; i < r->n_msgs; i++)
+            if (!r->msgs[i].content) BAD("message %zu without content", i);
+    }
+    if (r->max_tokens != -1 && r->max_tokens < 1) BAD("max_tokens %d", (int)r->max_tokens);
+    if (!(r->temperature >= 0 && r->temperature <= 2)) BAD("temperature %g", r->temperature);
+    if (!(r->top_p > 0 && r->top_p <= 1)) BAD("top_p %g", r->top_p);
+    if (r->top_k < 0) BAD("top_k %d", (int)r->top_k);
+    if (r->n_stop < 0 || r->n_stop > SRV_MAX_STOP_STRINGS) BAD("n_stop %d", r->n_stop);
+    for (int i = 0; i < r->n_stop; i++)
+        if (!r->stop[i] || !r->stop[i][0]) BAD("stop %d empty", i);
+    if (r->spec < KDT_SPEC_AR || r->spec > KDT_SPEC_AUTO) BAD("spec %d", (int)r->spec);
+    if (r->spec != KDT_SPEC_AR && !lim->has_draft) BAD("speculative without a drafter");
+    if (r->budget < 1 || r->budget > lim->max_budget) BAD("budget %d", (int)r->budget);
+    return 1;
+#undef BAD
+}
+
+static void test_parse_fuzz(void) {
+    static const char *const seeds_c[] = {
+        "{\"model\":\"tiny\",\"prompt\":\"Hello\",\"max_tokens\":7,\"temperature\":0,\"top_p\":0.9,"
+        "\"top_k\":5,\"seed\":-3,\"stop\":[\"\\n\",\"END\"],\"stream\":true,\"stream_options\":"
+        "{\"include_usage\":true},\"kdtree\":{\"spec\":\"chain\",\"budget\":12,\"ignore_eos\":true}}",
+        "{\"prompt\":[1,2,3],\"max_tokens\":16,\"stop\":\"y\"}",
+        "{\"prompt\":[[5,6]],\"kdtree\":{\"spec\":\"auto\",\"budget\":64}}",
+    };
+    static const char *const seeds_chat[] = {
+        "{\"model\":\"tiny\",\"messages\":[{\"role\":\"developer\",\"content\":\"be brief\"},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"}]},{\"role\":\"assistant\","
+        "\"content\":null},{\"role\":\"user\",\"content\":\"\\u65e5\"}],\"max_completion_tokens\":9,"
+        "\"temperature\":1.5,\"top_p\":1}",
+    };
+    static const char *const frags[] = {
+        "null", "-1", "0", "-0", "1e309", "-1e309", "2147483648", "9223372036854775808", "1.5", "true",
+        "\"", "\\u0000", "\\ud800", "\\", "[", "]", "{", "}", ",", ":", "\"\"", "[]", "{}",
+        "\"prompt\"", "\"messages\"", "\"stop\"", "\"kdtree\"", "\"budget\"", "\"spec\"",
+        "\"max_tokens\"", "\"temperature\"", "\"role\"", "\"content\"", "\"text\"", "\xff", "\xc3",
+    };
+    const int n_seed_c = (int)(sizeof seeds_c / sizeof *seeds_c), n_frag = (int)(sizeof frags / sizeof *frags);
+    srv_api_limits nodraft = LIM;
+    nodraft.has_draft = 0;
+    uint64_t rng = 0x5eed21;
+    int accepted = 0, refused = 0, bad = 0;
+    char buf[2048], tmp[2048];
+    for (int it = 0; it < 20000 && bad < 5; it++) {
+        const int chat = t_rand_int(&rng, 4) == 0;
+        const srv_endpoint ep = chat ? SRV_EP_CHAT : SRV_EP_COMPLETIONS;
+        const char *seed = chat ? seeds_chat[0] : seeds_c[t_rand_int(&rng, n_seed_c)];
+        size_t n = strlen(seed);
+        memcpy(buf, seed, n);
+        const int muts = 1 + t_rand_int(&rng, 4);
+        for (int m = 0; m < muts && n > 0; m++) {
+            const size_t at = (size_t)t_rand_int(&rng, (int)n);
+            switch (t_rand_int(&rng, 5)) {
+            case 0: /* replace a byte */
+                buf[at] = t_rand_int(&rng, 4) ? "{}[]\",:0123456789-.eE\\u nultrfase"[t_rand_int(&rng, 33)]
+                                              : (char)t_rand_int(&rng, 256);
+                break;
+            case 1: { /* delete a span */
+                const size_t len = 1 + (size_t)t_rand_int(&rng, 12), end = at + len < n ? at + len : n;
+                memmove(buf + at, buf + end, n - end);
+                n -= end - at;
+                break;
+            }
+            case 2: { /* insert a fragment */
+                const char *f = frags[t_rand_int(&rng, n_frag)];
+                const size_t fl = strlen(f);
+                if (n + fl >= sizeof buf) break;
+                memmove(buf + at + fl, buf + at, n - at);
+                memcpy(buf + at, f, fl);
+                n += fl;
+                break;
+            }
+            case 3: { /* duplicate a span */
+                const size_t len = 1 + (size_t)t_rand_int(&rng, 24), end = at + len < n ? at + len : n;
+                if (n + (end - at) >= sizeof buf) break;
+                memcpy(tmp, buf + at, end - at);
+                memmove(buf + end + (end - at), buf + end, n - end);
+                memcpy(buf + end, tmp, end - at);
+                n += end - at;
+                break;
+            }
+            default: /* truncate */
+                n = at;
+                break;
+            }
+        }
+        const srv_api_limits *lim = t_rand_int(&rng, 8) ? &LIM : &nodraft;
+        srv_api_req r;
+        srv_error e;
+        memset(&e, 0, sizeof e);
+        const int rc = srv_api_parse(ep, buf, n, lim, &r, &e);
+        char why[128] = "";
+        if (rc == 0) {
+            accepted++;
+            if (!accepted_request_ok(ep, &r, lim, why, sizeof why)) {
+                bad++;
+                CHECK_MSG(0, "accepted but %s: %.*s", why, (int)n, buf);
+            }
+        } else {
+            refused++;
+            if (!(e.status == 400 || e.status == 404 || e.status == 413) || !e.message[0] || !e.type) {
+                bad++;
+                CHECK_MSG(0, "refused with status %d, message '%s': %.*s", e.status, e.message, (int)n, buf);
+            }
+        }
+        srv_api_req_free(&r);
+    }
+    printf("  parser fuzz: %d bodies accepted, %d refused\n", accepted, refused);
+    /* the mutations must reach both outcomes, or the test checks nothing */
+    CHECK_MSG(accepted > 500 && refused > 5000, "accepted %d, refused %d", accepted, refused);
 }
 
 static json_t *load(const char *s, size_t n) {
@@ -647,6 +776,7 @@ static void test_static_embedded(void) {
 int main(void) {
     T_RUN(test_parse_valid);
     T_RUN(test_parse_errors);
+    T_RUN(test_parse_fuzz);
     T_RUN(test_responses);
     T_RUN(test_textout);
     T_RUN(test_metrics);
