@@ -1,7 +1,8 @@
 /* test_tokenizer.c - unit tests of the tokenizer's parts and contracts, without npm: UTF-8 and
  * base64 helpers, the PCRE2 pattern translation (and the research's adversarial strings through
  * the Kimi pattern), invalid-UTF-8 input, round trips on random text, special tokens on/off,
- * the streaming decoder, malformed vocabulary files (message names file and line), chat-template
+ * the streaming decoder, malformed vocabulary files (message names file and line; 900 random
+ * corruptions), chat-template
  * edge cases, argument errors, and long inputs that an O(n^2) BPE would choke on.
  * The oracle comparisons live in test_tokenizer_oracle.c.
  */
@@ -605,6 +606,164 @@ static void test_malformed_hf(void) {
     expect_load("", KDT_ERR_IO, "neither tiktoken.model nor tokenizer.json", NULL);
 }
 
+/* Random corruptions of both file kinds (fixed seed): a small tokenizer.json with a Split + ByteLevel
+ * pre-tokenizer, merges and added tokens, and a tiktoken.model with a tokenizer_config.json, each
+ * with bytes replaced, spans deleted or duplicated, JSON / line fragments inserted, or truncated.
+ * Every load ends in a tokenizer that encodes and decodes a sample, or an error whose message names
+ * the file it is about; ASan / UBSan in CI watch both paths. */
+static void corrupt_bytes(char *buf, size_t *n, size_t cap, uint64_t *rng) {
+    static const char *const frags[] = {"\"", "\\", "\\u0000", "\\ud800", "{", "}", "[", "]", ",", ":", "null", "-1",
+                                        "99999999999", "1e309", "\"\"", "\n", "\r\n", " ", "=", "256", "\xff", "\xc3",
+                                        "\"type\"", "\"id\"", "\"content\"", "\"merges\"", "\"vocab\"", "\"pattern\""};
+    const int n_frag = (int)(sizeof frags / sizeof *frags);
+    const int muts = 1 + t_rand_int(rng, 3);
+    for (int m = 0; m < muts && *n > 0; m++) {
+        /* half of the mutations fall in the last 600 bytes (merges, pre-tokenizer, added tokens,
+         * the tail of the rank lines), the rest anywhere */
+        const size_t lo = t_rand_int(rng, 2) && *n > 600 ? *n - 600 : 0;
+        const size_t at = lo + (size_t)t_rand_int(rng, (int)(*n - lo));
+        switch (t_rand_int(rng, 5)) {
+        case 0:
+            buf[at] = (char)t_rand_int(rng, 256);
+            break;
+        case 1: {
+            const size_t end = at + 1 + (size_t)t_rand_int(rng, 16) < *n ? at + 1 + (size_t)t_rand_int(rng, 16) : *n;
+            memmove(buf + at, buf + end, *n - end);
+            *n -= end - at;
+            break;
+        }
+        case 2: {
+            const char *f = frags[t_rand_int(rng, n_frag)];
+            const size_t fl = strlen(f);
+            if (*n + fl >= cap) break;
+            memmove(buf + at + fl, buf + at, *n - at);
+            memcpy(buf + at, f, fl);
+            *n += fl;
+            break;
+        }
+        case 3: {
+            const size_t len = 1 + (size_t)t_rand_int(rng, 40), end = at + len < *n ? at + len : *n;
+            if (*n + (end - at) >= cap) break;
+            memmove(buf + end + (end - at), buf + end, *n - end);
+            memcpy(buf + end, buf + at, end - at);
+            *n += end - at;
+            break;
+        }
+        default:
+            *n = at;
+            break;
+        }
+    }
+}
+
+static char *read_tmp(const char *name, size_t *n) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    const long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = len >= 0 ? malloc((size_t)len + 1) : NULL;
+    if (b && fread(b, 1, (size_t)len, f) != (size_t)len) free(b), b = NULL;
+    fclose(f);
+    if (b) b[len] = '\0', *n = (size_t)len;
+    return b;
+}
+
+static void write_tmp(const char *name, const char *data, size_t n) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    FILE *f = fopen(path, "wb");
+    if (f) {
+        if (n) fwrite(data, 1, n, f);
+        fclose(f);
+    }
+}
+
+/* One corrupted load of `load_name` (the file itself, or "" for the directory) whose source
+ * `file` is the base corrupted; returns 1 if the outcome broke the contract. */
+static int corrupted_load_bad(const char *load_name, const char *file, const char *base, size_t base_n,
+                              uint64_t *rng, int *loaded) {
+    static char buf[1 << 16];
+    if (base_n + 1 >= sizeof buf) return 1;
+    size_t n = base_n;
+    memcpy(buf, base, n);
+    corrupt_bytes(buf, &n, sizeof buf, rng);
+    write_tmp(file, buf, n);
+    kdt_tokenizer *tok = NULL;
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", tmpdir, load_name);
+    const kdt_status s = kdt_tokenizer_load(path, &tok);
+    int bad = 0;
+    if (s == KDT_OK) {
+        ++*loaded;
+        kdt_tok_ids ids = {0};
+        kdt_tok_text back = {0};
+        static const char sample[] = "ab <s> h\xc3\xa9llo\n\tx<|end|>";
+        if (!tok || kdt_tokenizer_encode(tok, sample, sizeof sample - 1, KDT_ENCODE_PARSE_SPECIAL, &ids) != KDT_OK ||
+            kdt_tokenizer_decode(tok, ids.ids, ids.n, 0, &back) != KDT_OK) {
+            bad = 1;
+            CHECK_MSG(0, "%s loaded but the sample failed: %s", file, kdt_last_error());
+        }
+        kdt_tok_ids_free(&ids);
+        kdt_tok_text_free(&back);
+    } else {
+        const char *msg = kdt_last_error();
+        /* the message names the corrupted file (tokenizer_config.json errors name that file) */
+        if (tok || !msg || !strstr(msg, file)) {
+            bad = 1;
+            CHECK_MSG(0, "%s corrupted: %s \"%s\" does not name it", file, kdt_status_name(s), msg ? msg : "");
+        }
+    }
+    kdt_tokenizer_free(tok);
+    return bad;
+}
+
+static void test_random_corrupt_files(void) {
+    uint64_t rng = 0x70c21;
+    int bad = 0, loaded_hf = 0, loaded_tt = 0, loaded_cfg = 0;
+    /* tokenizer.json */
+    write_hf("BPE", "[\"a b\"]",
+             "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": "
+             "\"\\\\s+|[a-z]+|.\"}, \"behavior\": \"Isolated\"}, {\"type\": \"ByteLevel\", \"use_regex\": false}]}",
+             "[{\"id\": 257, \"content\": \"<s>\", \"special\": true}, {\"id\": 258, \"content\": \"<|end|>\"}]");
+    size_t hf_n = 0;
+    char *hf = read_tmp("tokenizer.json", &hf_n);
+    CHECK(hf != NULL);
+    kdt_tokenizer *tok;
+    CHECK_MSG(load_tmp("tokenizer.json", &tok) == KDT_OK, "the base: %s", kdt_last_error());
+    kdt_tokenizer_free(tok);
+    for (int i = 0; hf && i < 300 && bad < 5; i++)
+        bad += corrupted_load_bad("tokenizer.json", "tokenizer.json", hf, hf_n, &rng, &loaded_hf);
+    free(hf);
+    /* tiktoken.model beside a tokenizer_config.json, loaded as a directory */
+    char path[256];
+    snprintf(path, sizeof path, "%s/tokenizer.json", tmpdir);
+    unlink(path);
+    char *tt = tiktoken_text("aGk= 256\nYWI= 257\n");
+    const char *cfg = "{\"num_reserved_special_tokens\": 2, \"eos_token\": {\"content\": \"<|end|>\"}, "
+                      "\"pat_str\": \"\\\\s+|[a-z]+|.\", \"added_tokens_decoder\": {\"259\": {\"content\": "
+                      "\"<|end|>\", \"special\": true}}}";
+    write_file("tiktoken.model", tt);
+    write_file("tokenizer_config.json", cfg);
+    CHECK_MSG(load_tmp("", &tok) == KDT_OK, "the base: %s", kdt_last_error());
+    kdt_tokenizer_free(tok);
+    for (int i = 0; i < 300 && bad < 5; i++)
+        bad += corrupted_load_bad("", "tiktoken.model", tt, strlen(tt), &rng, &loaded_tt);
+    write_file("tiktoken.model", tt);
+    for (int i = 0; i < 300 && bad < 5; i++)
+        bad += corrupted_load_bad("", "tokenizer_config.json", cfg, strlen(cfg), &rng, &loaded_cfg);
+    free(tt);
+    write_file("tokenizer_config.json", "{}");
+    printf("  900 corrupted loads: %d / %d / %d loaded (tokenizer.json / tiktoken.model / config), the rest "
+           "errors naming the file\n", loaded_hf, loaded_tt, loaded_cfg);
+    /* both outcomes are reached, or the test checks nothing (most corruptions of these strict
+     * formats are refused; a few leave a loadable file, mostly in the config's optional fields) */
+    CHECK(loaded_hf + loaded_tt + loaded_cfg >= 10 && loaded_hf < 200 && loaded_tt < 200 && loaded_cfg < 200);
+    CHECK_EQ_INT(bad, 0);
+}
+
 /* ---- chat ------------------------------------------------------------------------------------ */
 
 static void test_chat_contracts(void) {
@@ -738,6 +897,7 @@ int main(void) {
     T_RUN(test_detok_stream_random);
     T_RUN(test_malformed_tiktoken);
     T_RUN(test_malformed_hf);
+    T_RUN(test_random_corrupt_files);
     T_RUN(test_chat_contracts);
     T_RUN(test_argument_errors);
     T_RUN(test_long_inputs);
