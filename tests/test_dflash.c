@@ -1,11 +1,13 @@
 /* test_dflash.c - the DFlash drafter: forward against an fp64 reference written from the
  * research notes' dataflow (§3.1), context-cache lifecycle (§3.4: incremental appends equal one
  * append, block K/V never persist, batching changes nothing), RoPE tables against the model's
- * own YaRN code, load-time validation (clear errors), and the engine end to end with a real
- * (random) DFlash drafter: chain / ddtree / auto greedy output equals plain greedy decoding.
+ * own YaRN code, load-time validation (clear errors; 300 random config corruptions), and the
+ * engine end to end with a real (random) DFlash drafter: chain / ddtree / auto greedy output
+ * equals plain greedy decoding.
  * Target: tests/fixtures/models/kimi_tiny (hidden 64, vocab 320, 2 layers).
  */
 #ifdef KDT_WITH_MODEL /* the engine is built with the model (jansson) */
+#include "t_mutate.h"
 #include "engine_test_util.h"
 
 #include "engine/dflash.h"
@@ -394,6 +396,66 @@ static void test_bad_drafters(void) {
     CHECK(kdt_dflash_load(dir, g_target, NULL, &d) == KDT_ERR_FORMAT);
 }
 
+/* 300 random corruptions of a drafter's config.json (bytes replaced, digits changed, spans
+ * deleted or duplicated, JSON fragments inserted, truncation): every load ends in a drafter that
+ * drafts a block over a short context, or a clear error and no drafter; a value that changes the
+ * architecture is either refused or used consistently (the draft runs with the loaded sizes). */
+static void test_random_corrupt_configs(void) {
+    static const char *const frags[] = {"null", "-1", "0", "1e309", "2147483648", "\"\"", "[]", "{}", "[", "{",
+                                        "\"", ",", ":", "\\u0000", "true", "\"yarn\"", "\"rope_scaling\"",
+                                        "\"block_size\"", "\"target_layer_ids\"", "\"num_key_value_heads\""};
+    const t_mutator mut = {frags, (int)(sizeof frags / sizeof *frags), "{}[]\",:0123456789-.e ", 0, 3};
+    const et_dflash_spec spec = et_dflash_default(64, 320);
+    char dir[300], path[400];
+    snprintf(dir, sizeof dir, "%s/fuzz", g_tmp);
+    et_dflash_write(dir, &spec, NULL);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    static char base[8192], buf[16384];
+    const size_t base_n = f ? fread(base, 1, sizeof base - 1, f) : 0;
+    if (f) fclose(f);
+    CHECK(base_n > 0 && base_n < sizeof base - 1);
+    uint64_t rng = 0xdf1a5;
+    int loaded = 0, refused = 0, bad = 0;
+    float *feat = random_feat(9, 64 * KDT_MODEL_MAX_TAPS, 3);
+    float *logits = malloc(sizeof(float) * KDT_MAX_DEPTH * 320);
+    for (int it = 0; it < 300 && bad < 5 && base_n; it++) {
+        size_t n = base_n;
+        memcpy(buf, base, n);
+        t_mutate(&mut, buf, &n, sizeof buf, &rng);
+        tm_write_bytes(path, buf, n);
+        kdt_dflash *d = NULL;
+        const kdt_status st = kdt_dflash_load(dir, g_target, NULL, &d);
+        if (st != KDT_OK) {
+            refused++;
+            const char *msg = kdt_last_error();
+            if (d || !msg || !msg[0]) {
+                bad++;
+                CHECK_MSG(0, "refused (%s) without a message or with a drafter: %.*s", kdt_status_name(st), (int)n, buf);
+            }
+            continue;
+        }
+        loaded++;
+        const kdt_dflash_config *c = kdt_dflash_get_config(d);
+        kdt_dflash_ctx *ctx = NULL;
+        kdt_status ds = kdt_dflash_ctx_create(d, 32, &ctx);
+        if (ds == KDT_OK) ds = kdt_dflash_ctx_append(d, ctx, feat, 9);
+        if (ds == KDT_OK && c->block_size - 1 <= KDT_MAX_DEPTH)
+            ds = kdt_dflash_draft(d, &ctx, 1, (const int32_t[]){7}, logits);
+        if (ds != KDT_OK || c->block_size - 1 > KDT_MAX_DEPTH) {
+            bad++;
+            CHECK_MSG(0, "loaded (block %d) but drafting failed: %s: %.*s", c->block_size, kdt_last_error(), (int)n,
+                      buf);
+        }
+        kdt_dflash_ctx_free(ctx);
+        kdt_dflash_free(d);
+    }
+    printf("  300 corrupted configs: %d loaded and drafted, %d refused with a message\n", loaded, refused);
+    CHECK(loaded >= 10 && refused >= 100); /* both outcomes are reached, or the test checks nothing */
+    free(feat);
+    free(logits);
+}
+
 /* Runs 4 prompts x 16 tokens with these modes (budgets 8, 16, 24, 32) and checks each stream
  * against its greedy reference. */
 static void run_4_vs_ref(kdt_engine *e, int32_t **prompts, int32_t *n_prompt, int32_t **ref,
@@ -487,6 +549,7 @@ int main(void) {
     T_RUN(test_context_lifecycle);
     T_RUN(test_draft_threads_simd);
     T_RUN(test_bad_drafters);
+    T_RUN(test_random_corrupt_configs);
     T_RUN(test_engine_with_dflash);
     kdt_model_free(g_target);
     char cmd[300];

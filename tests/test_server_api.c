@@ -1,13 +1,14 @@
 /* test_server_api.c - the server's wire layer without a socket: request parsing and validation
- * (every bad field gets 400/404 naming it; mutation-fuzzed), response / SSE chunk / error JSON, stop-string
- * matching on streamed text (fuzzed against a reference over random chunkings), the Prometheus
- * page (checked by a small in-test linter with promtool's rules), the mock tokenizer's UTF-8
- * hold-back, and that the embedded web page equals src/server/static/.
+ * (every bad field gets 400/404 naming it; mutation-fuzzed), response / SSE chunk / error
+ * JSON, stop-string matching on streamed text (fuzzed against a reference over random
+ * chunkings), the Prometheus page (checked by a small in-test linter with promtool's rules), the
+ * mock tokenizer's UTF-8 hold-back, and that the embedded web page equals src/server/static/.
  *
  * The server sources are not part of libkdtree (they go into the kdtree executable), so this test
  * #includes the ones it needs; none of them touches libmicrohttpd.
  */
 #include "t.h"
+#include "t_mutate.h"
 
 #ifdef KDT_WITH_MODEL /* jansson is there */
 #include "../src/server/util.c"
@@ -285,55 +286,20 @@ static void test_parse_fuzz(void) {
         "\"prompt\"", "\"messages\"", "\"stop\"", "\"kdtree\"", "\"budget\"", "\"spec\"",
         "\"max_tokens\"", "\"temperature\"", "\"role\"", "\"content\"", "\"text\"", "\xff", "\xc3",
     };
-    const int n_seed_c = (int)(sizeof seeds_c / sizeof *seeds_c), n_frag = (int)(sizeof frags / sizeof *frags);
+    const t_mutator mut = {frags, (int)(sizeof frags / sizeof *frags), "{}[]\",:0123456789-.eE\\u nultrfase", 0, 4};
+    const int n_seed_c = (int)(sizeof seeds_c / sizeof *seeds_c);
     srv_api_limits nodraft = LIM;
     nodraft.has_draft = 0;
     uint64_t rng = 0x5eed21;
     int accepted = 0, refused = 0, bad = 0;
-    char buf[2048], tmp[2048];
+    char buf[2048];
     for (int it = 0; it < 20000 && bad < 5; it++) {
         const int chat = t_rand_int(&rng, 4) == 0;
         const srv_endpoint ep = chat ? SRV_EP_CHAT : SRV_EP_COMPLETIONS;
         const char *seed = chat ? seeds_chat[0] : seeds_c[t_rand_int(&rng, n_seed_c)];
         size_t n = strlen(seed);
         memcpy(buf, seed, n);
-        const int muts = 1 + t_rand_int(&rng, 4);
-        for (int m = 0; m < muts && n > 0; m++) {
-            const size_t at = (size_t)t_rand_int(&rng, (int)n);
-            switch (t_rand_int(&rng, 5)) {
-            case 0: /* replace a byte */
-                buf[at] = t_rand_int(&rng, 4) ? "{}[]\",:0123456789-.eE\\u nultrfase"[t_rand_int(&rng, 33)]
-                                              : (char)t_rand_int(&rng, 256);
-                break;
-            case 1: { /* delete a span */
-                const size_t len = 1 + (size_t)t_rand_int(&rng, 12), end = at + len < n ? at + len : n;
-                memmove(buf + at, buf + end, n - end);
-                n -= end - at;
-                break;
-            }
-            case 2: { /* insert a fragment */
-                const char *f = frags[t_rand_int(&rng, n_frag)];
-                const size_t fl = strlen(f);
-                if (n + fl >= sizeof buf) break;
-                memmove(buf + at + fl, buf + at, n - at);
-                memcpy(buf + at, f, fl);
-                n += fl;
-                break;
-            }
-            case 3: { /* duplicate a span */
-                const size_t len = 1 + (size_t)t_rand_int(&rng, 24), end = at + len < n ? at + len : n;
-                if (n + (end - at) >= sizeof buf) break;
-                memcpy(tmp, buf + at, end - at);
-                memmove(buf + end + (end - at), buf + end, n - end);
-                memcpy(buf + end, tmp, end - at);
-                n += end - at;
-                break;
-            }
-            default: /* truncate */
-                n = at;
-                break;
-            }
-        }
+        t_mutate(&mut, buf, &n, sizeof buf, &rng);
         const srv_api_limits *lim = t_rand_int(&rng, 8) ? &LIM : &nodraft;
         srv_api_req r;
         srv_error e;

@@ -2,11 +2,12 @@
  * base64 helpers, the PCRE2 pattern translation (and the research's adversarial strings through
  * the Kimi pattern), invalid-UTF-8 input, round trips on random text, special tokens on/off,
  * the streaming decoder, malformed vocabulary files (message names file and line; 900 random
- * corruptions), chat-template
- * edge cases, argument errors, and long inputs that an O(n^2) BPE would choke on.
+ * corruptions), chat-template edge cases, argument errors, and long inputs that an O(n^2) BPE
+ * would choke on.
  * The oracle comparisons live in test_tokenizer_oracle.c.
  */
 #include "t.h"
+#include "t_mutate.h"
 
 #ifndef KDT_WITH_TOKENIZER
 int main(void) {
@@ -519,7 +520,9 @@ static void test_malformed_tiktoken(void) {
     write_file("tokenizer_config.json", "{\"pat_str\": 5}");
     expect_load("tiktoken.model", KDT_ERR_FORMAT, "tokenizer_config.json", "pat_str");
     write_file("tokenizer_config.json", "{\"pat_str\": \"(unclosed\"}");
-    expect_load("tiktoken.model", KDT_ERR_FORMAT, "does not compile", NULL);
+    expect_load("tiktoken.model", KDT_ERR_FORMAT, "tokenizer_config.json", "does not compile");
+    write_file("tokenizer_config.json", "{\"pat_str\": \"[a-\"}"); /* caught by the translation */
+    expect_load("tiktoken.model", KDT_ERR_FORMAT, "tokenizer_config.json", "pre-tokenizer pattern");
     write_file("tokenizer_config.json", "{\"pat_str\": \"\\\\w+\"}");
     expect_load("tiktoken.model", KDT_ERR_UNSUPPORTED, "\\w", NULL);
     write_file("tokenizer_config.json", "{\"added_tokens_decoder\": {\"10\": {\"content\": \"<x>\"}}}");
@@ -611,50 +614,14 @@ static void test_malformed_hf(void) {
  * with bytes replaced, spans deleted or duplicated, JSON / line fragments inserted, or truncated.
  * Every load ends in a tokenizer that encodes and decodes a sample, or an error whose message names
  * the file it is about; ASan / UBSan in CI watch both paths. */
-static void corrupt_bytes(char *buf, size_t *n, size_t cap, uint64_t *rng) {
-    static const char *const frags[] = {"\"", "\\", "\\u0000", "\\ud800", "{", "}", "[", "]", ",", ":", "null", "-1",
-                                        "99999999999", "1e309", "\"\"", "\n", "\r\n", " ", "=", "256", "\xff", "\xc3",
-                                        "\"type\"", "\"id\"", "\"content\"", "\"merges\"", "\"vocab\"", "\"pattern\""};
-    const int n_frag = (int)(sizeof frags / sizeof *frags);
-    const int muts = 1 + t_rand_int(rng, 3);
-    for (int m = 0; m < muts && *n > 0; m++) {
-        /* half of the mutations fall in the last 600 bytes (merges, pre-tokenizer, added tokens,
-         * the tail of the rank lines), the rest anywhere */
-        const size_t lo = t_rand_int(rng, 2) && *n > 600 ? *n - 600 : 0;
-        const size_t at = lo + (size_t)t_rand_int(rng, (int)(*n - lo));
-        switch (t_rand_int(rng, 5)) {
-        case 0:
-            buf[at] = (char)t_rand_int(rng, 256);
-            break;
-        case 1: {
-            const size_t end = at + 1 + (size_t)t_rand_int(rng, 16) < *n ? at + 1 + (size_t)t_rand_int(rng, 16) : *n;
-            memmove(buf + at, buf + end, *n - end);
-            *n -= end - at;
-            break;
-        }
-        case 2: {
-            const char *f = frags[t_rand_int(rng, n_frag)];
-            const size_t fl = strlen(f);
-            if (*n + fl >= cap) break;
-            memmove(buf + at + fl, buf + at, *n - at);
-            memcpy(buf + at, f, fl);
-            *n += fl;
-            break;
-        }
-        case 3: {
-            const size_t len = 1 + (size_t)t_rand_int(rng, 40), end = at + len < *n ? at + len : *n;
-            if (*n + (end - at) >= cap) break;
-            memmove(buf + end + (end - at), buf + end, *n - end);
-            memcpy(buf + end, buf + at, end - at);
-            *n += end - at;
-            break;
-        }
-        default:
-            *n = at;
-            break;
-        }
-    }
-}
+static const char *const corrupt_frags[] = {"\"", "\\", "\\u0000", "\\ud800", "{", "}", "[", "]", ",", ":",
+                                           "null", "-1", "99999999999", "1e309", "\"\"", "\n", "\r\n", " ", "=",
+                                           "256", "\xff", "\xc3", "\"type\"", "\"id\"", "\"content\"",
+                                           "\"merges\"", "\"vocab\"", "\"pattern\""};
+/* half of the mutations fall in the last 600 bytes (merges, pre-tokenizer, added tokens, the tail
+ * of the rank lines), the rest anywhere */
+static const t_mutator corrupt_mut = {corrupt_frags, (int)(sizeof corrupt_frags / sizeof *corrupt_frags), NULL,
+                                      600, 3};
 
 static char *read_tmp(const char *name, size_t *n) {
     char path[256];
@@ -689,7 +656,7 @@ static int corrupted_load_bad(const char *load_name, const char *file, const cha
     if (base_n + 1 >= sizeof buf) return 1;
     size_t n = base_n;
     memcpy(buf, base, n);
-    corrupt_bytes(buf, &n, sizeof buf, rng);
+    t_mutate(&corrupt_mut, buf, &n, sizeof buf, rng);
     write_tmp(file, buf, n);
     kdt_tokenizer *tok = NULL;
     char path[256];

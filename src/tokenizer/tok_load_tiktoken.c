@@ -158,6 +158,7 @@ kdt_status kdt_tok_load_tiktoken(kdt_tokenizer *t, const char *model_path, const
     int32_t n_reserved = KIMI_NUM_RESERVED;
     const char *pat = KIMI_PAT_STR;
     size_t pat_len = strlen(KIMI_PAT_STR);
+    const char *pat_from = model_path; /* the file named by pattern errors */
     t->split_long_runs = 1;
     int32_t max_added = -1;
     if (config_path) {
@@ -187,6 +188,7 @@ kdt_status kdt_tok_load_tiktoken(kdt_tokenizer *t, const char *model_path, const
             }
             pat = json_string_value(v);
             pat_len = json_string_length(v);
+            pat_from = config_path; /* its errors name the file the pattern came from */
         }
         if ((v = json_object_get(cfg, "split_long_runs"))) {
             if (!json_is_boolean(v)) {
@@ -248,7 +250,7 @@ kdt_status kdt_tok_load_tiktoken(kdt_tokenizer *t, const char *model_path, const
     }
     if ((s = load_specials(t, cfg, config_path ? config_path : "tokenizer_config.json", n_reserved)) != KDT_OK)
         goto out;
-    if ((s = kdt_tok_pretok_add(&t->pretok, pat, pat_len, model_path)) != KDT_OK) goto out;
+    if ((s = kdt_tok_pretok_add(&t->pretok, pat, pat_len, pat_from)) != KDT_OK) goto out;
     if ((s = kdt_tok_finish(t, model_path)) != KDT_OK) goto out;
     if (cfg) kdt_tok_config_bos_eos(t, cfg);
 out:
