@@ -1,10 +1,13 @@
 /* test_model_load.c - the model loader: config.json parsing (transformers-5 and published forms,
  * the K2.5 text_config wrapper, YaRN-derived values), safetensors reading (single file, index +
  * shards, BF16/F32), and every malformed-input case giving a clear error, never a crash: the
- * named cases one by one, then 400 random corruptions (fixed seed). */
+ * named cases one by one, then 400 random corruptions (fixed seed) and 400 configs with edge
+ * values in their fields, each accepted one run forward. */
 #include "t.h"
 
 #ifdef KDT_WITH_MODEL
+#include <jansson.h>
+
 #include "test_model_util.h"
 
 #include "kdtree/model.h"
@@ -555,6 +558,107 @@ static void test_random_corruptions(void) {
     CHECK(bad == 0);
 }
 
+/* Field-level fuzz of config.json: 400 configs, each with 1-3 of its fields (the rope_scaling
+ * block's too) set to a value from a list of edge cases (0, 1, -1, one off, doubled, halved, huge,
+ * another enum string, null, a string for a number) or removed. Every load ends in a model that
+ * prefills and decodes with finite logits, or a clear error naming the directory and no model;
+ * this reaches the range and consistency checks (heads, ranks, experts vs top-k vs groups,
+ * rope / YaRN, eps) that byte-level corruption rarely gets past the JSON parser to. */
+static json_t *edge_value(json_t *v, uint64_t *rng) {
+    static const char *const enums[] = {"yarn", "linear", "default", "sigmoid", "softmax", "noaux_tc", "greedy",
+                                        "silu", "gelu", "deepseek_v3", "kimi_k2", ""};
+    const int pick = t_rand_int(rng, 12);
+    if (pick == 0) return json_null();
+    if (pick == 1) return json_string(enums[t_rand_int(rng, (int)(sizeof enums / sizeof *enums))]);
+    if (json_is_integer(v)) {
+        const json_int_t x = json_integer_value(v);
+        const json_int_t c[] = {0, 1, 2, 3, -1, x - 1, x + 1, 2 * x, x / 2, 9, 1 << 20, 2147483647};
+        return json_integer(c[t_rand_int(rng, (int)(sizeof c / sizeof *c))]);
+    }
+    if (json_is_real(v)) {
+        const double x = json_real_value(v);
+        const double c[] = {0, -1, 1e-30, 1e30, 10 * x, x / 10, -x, 0.5, 1, 2};
+        return json_real(c[t_rand_int(rng, (int)(sizeof c / sizeof *c))]);
+    }
+    if (json_is_string(v)) return json_string(enums[t_rand_int(rng, (int)(sizeof enums / sizeof *enums))]);
+    if (json_is_boolean(v)) return json_boolean(!json_is_true(v));
+    return json_integer(t_rand_int(rng, 3) - 1);
+}
+
+static void test_random_config_values(void) {
+    tm_spec s = tm_default_spec();
+    char d[600], path[700];
+    tm_mkdtemp(d, sizeof d);
+    tm_write_model(d, &s);
+    snprintf(path, sizeof path, "%s/config.json", d);
+    json_error_t je;
+    json_t *base = json_load_file(path, 0, &je);
+    CHECK(base != NULL);
+    uint64_t rng = 0xc0f16;
+    int loaded = 0, refused = 0, bad = 0;
+    for (int it = 0; base && it < 400 && bad < 5; it++) {
+        json_t *cfg = json_deep_copy(base);
+        for (int k = 1 + t_rand_int(&rng, 3); k > 0; k--) {
+            json_t *obj = cfg, *rs = json_object_get(cfg, "rope_scaling");
+            if (json_is_object(rs) && t_rand_int(&rng, 4) == 0) obj = rs;
+            const int n_keys = (int)json_object_size(obj), at = n_keys ? t_rand_int(&rng, n_keys) : 0;
+            const char *key;
+            json_t *v;
+            int i = 0;
+            json_object_foreach(obj, key, v) {
+                if (i++ != at) continue;
+                if (t_rand_int(&rng, 8) == 0) json_object_del(obj, key);
+                else json_object_set_new(obj, key, edge_value(v, &rng));
+                break;
+            }
+        }
+        char *text = json_dumps(cfg, JSON_COMPACT);
+        json_decref(cfg);
+        if (!text) continue;
+        tm_write_bytes(path, text, strlen(text));
+        kdt_model *m = (kdt_model *)0x1;
+        const kdt_model_options o = {0, 0};
+        const kdt_status st = kdt_model_load(d, &o, &m);
+        if (st != KDT_OK) {
+            refused++;
+            const char *e = kdt_last_error();
+            if (!((st == KDT_ERR_FORMAT || st == KDT_ERR_IO || st == KDT_ERR_UNSUPPORTED) && m == NULL && e &&
+                  strstr(e, d))) {
+                bad++;
+                CHECK_MSG(0, "%s \"%s\"%s: %s", kdt_status_name(st), e ? e : "", m ? " (a model handed out)" : "", text);
+            }
+            free(text);
+            continue;
+        }
+        loaded++;
+        const int V = kdt_model_get_config(m)->vocab_size;
+        kdt_kv_cache *kv = NULL;
+        const kdt_kv_cache_options ko = {4, 1, 0};
+        float *logits = malloc(sizeof(float) * 3 * (size_t)V);
+        const int32_t toks[3] = {3, 17, 42};
+        kdt_model_outputs out = {0};
+        out.logits = logits;
+        kdt_status fs = kdt_kv_cache_create(m, &ko, &kv);
+        if (fs == KDT_OK) fs = kdt_model_prefill(m, kv, 0, toks, 3, &out);
+        if (fs == KDT_OK) fs = kdt_model_decode(m, kv, 1, NULL, toks, &out);
+        int finite = 1;
+        for (int i = 0; fs == KDT_OK && i < V; i++) finite &= isfinite(logits[i]) != 0;
+        if (fs != KDT_OK || !finite) {
+            bad++;
+            CHECK_MSG(0, "loaded, but the forward %s: %s", fs != KDT_OK ? kdt_last_error() : "gave non-finite logits",
+                      text);
+        }
+        free(text);
+        free(logits);
+        kdt_kv_cache_free(kv);
+        kdt_model_free(m);
+    }
+    printf("    400 configs with edge values: %d loaded and ran, %d refused with a message\n", loaded, refused);
+    CHECK(loaded >= 20 && refused >= 100); /* both outcomes are reached, or the test checks nothing */
+    json_decref(base);
+    tm_rmdir(d);
+}
+
 static void test_tied_and_extra_tensors(void) {
     /* a checkpoint with extra (MTP-like) tensors loads; they are ignored */
     tm_spec s = tm_default_spec();
@@ -635,6 +739,7 @@ int main(void) {
     T_RUN(test_malformed_files);
     T_RUN(test_tied_and_extra_tensors);
     T_RUN(test_random_corruptions);
+    T_RUN(test_random_config_values);
     return t_summary();
 }
 #else
