@@ -138,6 +138,12 @@ static void test_config_errors(void) {
     } while (0)
     EDIT("\"hidden_size\":7168,", "");
     CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "cfg.json", "hidden_size"));
+    /* another architecture is named as such, not by its first missing field */
+    CHECK(err_is(parse("{\"architectures\":[\"Qwen3ForCausalLM\"],\"model_type\":\"qwen3\",\"vocab_size\":151936,"
+                       "\"hidden_size\":1024,\"num_attention_heads\":16,\"num_key_value_heads\":8}", &c),
+                 KDT_ERR_UNSUPPORTED, "\"qwen3\", Qwen3ForCausalLM", "not a DeepSeek-V3-family config"));
+    EDIT("\"kv_lora_rank\":512,", "");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_UNSUPPORTED, "kv_lora_rank", "deepseek_v3"));
     EDIT("\"vocab_size\":129280", "\"vocab_size\":\"many\"");
     CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "vocab_size", "integer"));
     EDIT("\"scoring_func\":\"sigmoid\"", "\"scoring_func\":\"softmax\"");

@@ -291,6 +291,18 @@ kdt_status kdt_config_parse(const char *text, size_t len, const char *path, kdt_
     }
     const char *mt = get_str(&c, "model_type");
     snprintf(cfg->model_type, sizeof cfg->model_type, "%s", mt ? mt : "");
+    /* A config of another architecture (no MLA latent rank) is refused for what it is, not at its
+     * first missing field: kdtree runs DeepSeek-V3-family models only. */
+    if (!json_object_get(c.obj, "kv_lora_rank")) {
+        json_t *arch = json_object_get(c.obj, "architectures");
+        if (!json_is_array(arch)) arch = json_object_get(root, "architectures");
+        const char *a0 = json_is_array(arch) ? json_string_value(json_array_get(arch, 0)) : NULL;
+        st = kdt_fail(KDT_ERR_UNSUPPORTED,
+                      "%s: not a DeepSeek-V3-family config (model_type \"%s\"%s%s%s): it has no \"kv_lora_rank\" "
+                      "(MLA); kdtree runs deepseek_v3 / kimi_k2 / kimi_k25 checkpoints",
+                      path, mt ? mt : "", a0 ? ", " : "", a0 ? a0 : "", a0 ? "" : "");
+        goto done;
+    }
 
 #define GI(key, req, def, lo, hi, dst)                                         \
     do {                                                                       \
