@@ -422,15 +422,17 @@ static void b64(const uint8_t *b, size_t n, char *out) {
     out[o] = '\0';
 }
 
-static void write_file(const char *name, const char *text) {
+static void write_tmp(const char *name, const char *data, size_t n) {
     char path[256];
     snprintf(path, sizeof path, "%s/%s", tmpdir, name);
     FILE *f = fopen(path, "wb");
     if (f) {
-        fputs(text, f);
+        if (n) fwrite(data, 1, n, f);
         fclose(f);
     }
 }
+
+static void write_file(const char *name, const char *text) { write_tmp(name, text, strlen(text)); }
 
 /* The 256 single bytes as ranks 0..255, then `extra` lines. */
 static char *tiktoken_text(const char *extra) {
@@ -636,16 +638,6 @@ static char *read_tmp(const char *name, size_t *n) {
     fclose(f);
     if (b) b[len] = '\0', *n = (size_t)len;
     return b;
-}
-
-static void write_tmp(const char *name, const char *data, size_t n) {
-    char path[256];
-    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
-    FILE *f = fopen(path, "wb");
-    if (f) {
-        if (n) fwrite(data, 1, n, f);
-        fclose(f);
-    }
 }
 
 /* One corrupted load of `load_name` (the file itself, or "" for the directory) whose source
