@@ -3,7 +3,9 @@
  * A test file defines test functions, calls them from main() through T_RUN(), and ends with
  * `return t_summary();`, which prints "N passed, N failed" and returns the exit code. A failed
  * CHECK prints file:line and the expression and marks the current test failed; the test goes on
- * so one run shows every failure.
+ * so one run shows every failure. KDT_TEST_ONLY=SUBSTRING runs only the tests whose function name
+ * contains it (e.g. one test of a slow binary under compute-sanitizer); a filter that matches no
+ * test fails the run, so a misspelt name never passes silently.
  */
 #ifndef KDT_T_H
 #define KDT_T_H
@@ -13,7 +15,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static int t_passed, t_failed, t_cur_failed;
+#include <string.h>
+
+static int t_passed, t_failed, t_cur_failed, t_skipped;
+
+/* 1 when KDT_TEST_ONLY is set and `name` does not contain it */
+static inline int t_filtered_out(const char *name) {
+    const char *only = getenv("KDT_TEST_ONLY");
+    return only && only[0] && !strstr(name, only);
+}
 
 /* malloc that ends the test on failure (tests have no recovery path for it) */
 static inline void *xmalloc(size_t n) {
@@ -65,6 +75,10 @@ static inline void *xmalloc(size_t n) {
 
 #define T_RUN(fn)                                                                    \
     do {                                                                             \
+        if (t_filtered_out(#fn)) {                                                   \
+            t_skipped++;                                                             \
+            break;                                                                   \
+        }                                                                            \
         t_cur_failed = 0;                                                            \
         fn();                                                                        \
         if (t_cur_failed) {                                                          \
@@ -78,7 +92,12 @@ static inline void *xmalloc(size_t n) {
     } while (0)
 
 static inline int t_summary(void) {
+    if (t_skipped) printf("%d skipped (KDT_TEST_ONLY=%s)\n", t_skipped, getenv("KDT_TEST_ONLY"));
     printf("%d passed, %d failed\n", t_passed, t_failed);
+    if (t_passed + t_failed == 0 && t_skipped) {
+        fprintf(stderr, "no test matches KDT_TEST_ONLY=%s\n", getenv("KDT_TEST_ONLY"));
+        return 1;
+    }
     return t_failed ? 1 : 0;
 }
 
