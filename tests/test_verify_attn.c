@@ -860,6 +860,21 @@ static void test_split_schedule(void) {
             CHECK(rt >= VA_TARGET_ITEMS ? splits == 1 : rt * splits <= VA_TARGET_ITEMS);
             CHECK(va_split_target(keys + 64, rt) >= va_split_target(keys, rt)); /* monotone */
         }
+    /* the launch rule: when it says no stream can split, none does (the merge pass is skipped);
+     * when it says one can, the longest one-node stream does */
+    uint64_t rng = 77;
+    for (int i = 0; i < 20000; i++) {
+        const int H = 1 + t_rand_int(&rng, 128);
+        const long long max_keys = 1 + t_rand_int(&rng, i % 2 ? 4096 : 300000);
+        const int can = va_launch_can_split(max_keys, H);
+        int splits, chunk;
+        va_split((int)max_keys, (H + VA_ROWS - 1) / VA_ROWS, &splits, &chunk);
+        CHECK_MSG(can == (splits > 1), "H %d, %lld keys: rule %d, one-node stream %d splits", H, max_keys, can, splits);
+        const int n = 1 + t_rand_int(&rng, 129), keys = 1 + t_rand_int(&rng, (int)max_keys);
+        va_split(keys, (n * H + VA_ROWS - 1) / VA_ROWS, &splits, &chunk);
+        if (!can) CHECK_MSG(splits == 1, "H %d, %lld keys: rule says no split, stream (%d keys, %d nodes) has %d", H,
+                            max_keys, keys, n, splits);
+    }
 }
 
 int main(void) {

@@ -13,6 +13,7 @@
  *    plain runs longer than the parked-row buffer (overflow flush) at batches 1 and 4, with graphs
  *    and eagerly.
  * 3. Seeded T > 0 runs repeat exactly and stay in the vocabulary.
+ * 4. A brief tiny-pair run (a few rounds of each mode) for compute-sanitizer's racecheck.
  * KDT_TEST_QUICK=1 (compute-sanitizer runs) runs fewer cases: oracle batch 8 at budgets 4 and 64,
  * the long plain runs at batch 4 with graphs only.
  */
@@ -161,6 +162,7 @@ static int32_t *g_pp[PAIR_N];
 static int32_t g_pn[PAIR_N];
 
 static void pair_prompts(void) {
+    if (g_pp[0]) return; /* made once, shared by the tests that use the pair */
     uint64_t rng = 5;
     for (int i = 0; i < PAIR_N; i++) {
         g_pn[i] = 12 + 29 * i;
@@ -329,6 +331,45 @@ static void test_tiny_pair(void) {
     et_run_free(&lar);
 }
 
+/* The tiny pair's kernels at its shapes in a few rounds (what compute-sanitizer's racecheck can
+ * finish: it did not finish test_tiny_pair in 540 s, H200, session 22): two streams, ar, ddtree
+ * B 32, chain and auto with plain rounds forced between drafted ones, all equal to ar. */
+static void test_pair_brief(void) {
+    pair_prompts();
+    kdt_engine *e = make_engine(PAIR_T, PAIR_D, 2, 0);
+    if (!e) return;
+    static const kdt_spec_mode modes[4] = {KDT_SPEC_AR, KDT_SPEC_DDTREE, KDT_SPEC_CHAIN, KDT_SPEC_AUTO};
+    et_run runs[4];
+    for (int m = 0; m < 4; m++) {
+        kdt_gen_params p[2];
+        for (int i = 0; i < 2; i++) {
+            kdt_gen_params_default(&p[i]);
+            p[i].spec = modes[m];
+            p[i].budget = 32;
+            p[i].max_new_tokens = 12 - 3 * i;
+        }
+        if (modes[m] == KDT_SPEC_AUTO) kdt_budget_test_kinds(&e->budget, 0x5u, 6); /* drafted, plain, drafted, plain, ... */
+        const kdt_status st = et_run_batch(e, 2, g_pp, g_pn, p, &runs[m]);
+        kdt_budget_test_kinds(&e->budget, 0, 0);
+        CHECK_MSG(st == KDT_OK, "brief %s: %s", kdt_spec_mode_name(modes[m]), kdt_last_error());
+        if (st != KDT_OK) {
+            for (int k = 0; k < m; k++) et_run_free(&runs[k]);
+            kdt_engine_free(e);
+            return;
+        }
+    }
+    for (int m = 1; m < 4; m++)
+        CHECK_MSG(same_outputs(&runs[0], &runs[m]), "brief %s output differs from ar", kdt_spec_mode_name(modes[m]));
+    const double tau = runs[1].events_with_tau ? (double)runs[1].tau_sum / (double)runs[1].events_with_tau : 0;
+    printf("  brief tiny pair: ddtree B32 tau %.2f\n", tau);
+    CHECK_MSG(tau >= 1.5, "brief ddtree tau %.2f: the GPU drafter is not drafting the target's text", tau);
+    for (int m = 0; m < 4; m++) et_run_free(&runs[m]);
+    kdt_engine_stats st;
+    kdt_engine_get_stats(e, &st);
+    CHECK_EQ_INT(st.kv_pages_used, 0);
+    kdt_engine_free(e);
+}
+
 int main(void) {
     const char *q = getenv("KDT_TEST_QUICK");
     g_quick = q && q[0] == '1';
@@ -336,6 +377,8 @@ int main(void) {
     setup();
     T_RUN(test_lossless_oracle);
     T_RUN(test_tiny_pair);
+    T_RUN(test_pair_brief);
     et_oracle_free(&g_oracle);
+    for (int i = 0; i < PAIR_N; i++) free(g_pp[i]);
     return t_summary();
 }

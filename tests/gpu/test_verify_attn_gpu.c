@@ -373,6 +373,37 @@ static void test_no_workspace(void) {
     gcase_free(&c);
 }
 
+/* A workspace on a launch whose block tables are too short for any split (the launcher then runs
+ * no merge pass): right, and bitwise what the same launch gives without a workspace. */
+static void test_workspace_unused_when_short(void) {
+    const int prefix[3] = {300, 10, 0}, n[3] = {1, 9, 33};
+    gcase c;
+    gcase_make(&c, 83, 3, 64, prefix, n, TREE_RANDOM);
+    gcase_upload(&c);
+    uint16_t *ref_out = malloc(2 * n_out(&c));
+    float *ref_lse = malloc(4 * n_lse(&c));
+    run_cpu(&c, ref_out, ref_lse);
+    kdt_verify_attn_params p = dev_params(&c);
+    const size_t big = kdt_verify_attn_workspace_bytes(3, 64, c.max_nodes, 16384);
+    void *ws = NULL;
+    CHECK(big > 0);
+    CUDA_OK(cudaMalloc(&ws, big));
+    CUDA_OK(cudaMemset(ws, 0xff, big)); /* NaN partials, were any read */
+    p.workspace = ws, p.workspace_bytes = big;
+    CHECK(run_gpu(&c, &p) == KDT_OK);
+    for (int s = 0; s < c.S; s++) CHECK(stream_close(&c, s, ref_out, ref_lse, NULL));
+    uint16_t *with_out = malloc(2 * n_out(&c));
+    float *with_lse = malloc(4 * n_lse(&c));
+    memcpy(with_out, c.out, 2 * n_out(&c));
+    memcpy(with_lse, c.lse, 4 * n_lse(&c));
+    p.workspace = NULL, p.workspace_bytes = 0;
+    CHECK(run_gpu(&c, &p) == KDT_OK);
+    CHECK(!memcmp(with_out, c.out, 2 * n_out(&c)) && !memcmp(with_lse, c.lse, 4 * n_lse(&c)));
+    cudaFree(ws);
+    free(with_out), free(with_lse), free(ref_out), free(ref_lse);
+    gcase_free(&c);
+}
+
 static int rows_all_nan(const gcase *c, int s, int rows) {
     for (int r = 0; r < rows; r++) {
         const size_t row = (size_t)s * c->max_nodes * c->H + r;
@@ -458,6 +489,7 @@ static void run_suite(const char *label) {
         T_RUN(test_batch_invariance);
     }
     T_RUN(test_no_workspace);
+    T_RUN(test_workspace_unused_when_short);
     T_RUN(test_bad_device_data);
     printf("worst relative error (%s) %.3g\n", label, g_worst_err);
 }

@@ -61,6 +61,15 @@ VA_HD void va_split(int keys, int rt, int *splits, int *chunk_keys) {
     *splits = (blocks + chunk_blocks - 1) / chunk_blocks;
     *chunk_keys = chunk_blocks * VA_SCHED_BLOCK;
 }
+/* 1 if some stream of a launch can be split: a valid stream has at most max_keys keys (the block
+ * table's reach) and at least one row tile of ceil(H / 64) rows; va_split_target is non-decreasing
+ * in keys and non-increasing in row tiles, so that corner bounds every stream. With 0 the launcher
+ * runs no merge pass at all (every stream is one split, whatever the workspace). */
+VA_HD int va_launch_can_split(long long max_keys, int n_heads) {
+    const int rt_min = (n_heads + VA_ROWS - 1) / VA_ROWS;
+    const int keys = max_keys > (1 << 30) ? (1 << 30) : (int)max_keys;
+    return keys > 0 && va_split_target(keys, rt_min) > 1;
+}
 
 /* Byte offset of chunk c (0..71) of row r in a swizzled [rows][576] bf16 tile. */
 VA_HD uint32_t va_swz(int r, int c) {
