@@ -356,52 +356,50 @@ static void test_batch_invariance(void) {
     gcase_free(&c);
 }
 
-/* No workspace: nothing is split, results still right. */
-static void test_no_workspace(void) {
-    const int prefix[2] = {2000, 10}, n[2] = {1, 9};
+/* The case run with a workspace of ws_bytes (none if 0): right against the CPU twin; with a
+ * workspace, also bitwise what the same launch gives without one (NaN-poisoned, so partials that
+ * were read and not written would show). */
+static void check_workspace_case(uint64_t seed, int S, const int *prefix, const int *n, size_t ws_bytes) {
     gcase c;
-    gcase_make(&c, 81, 2, 64, prefix, n, TREE_RANDOM);
+    gcase_make(&c, seed, S, 64, prefix, n, TREE_RANDOM);
     gcase_upload(&c);
     uint16_t *ref_out = malloc(2 * n_out(&c));
     float *ref_lse = malloc(4 * n_lse(&c));
     run_cpu(&c, ref_out, ref_lse);
     kdt_verify_attn_params p = dev_params(&c);
-    p.workspace = NULL, p.workspace_bytes = 0;
+    void *ws = NULL;
+    if (ws_bytes) {
+        CUDA_OK(cudaMalloc(&ws, ws_bytes));
+        CUDA_OK(cudaMemset(ws, 0xff, ws_bytes));
+    }
+    p.workspace = ws, p.workspace_bytes = ws_bytes;
     CHECK(run_gpu(&c, &p) == KDT_OK);
     for (int s = 0; s < c.S; s++) CHECK(stream_close(&c, s, ref_out, ref_lse, NULL));
+    if (ws) {
+        memcpy(ref_out, c.out, 2 * n_out(&c)); /* the CPU reference is no longer needed */
+        memcpy(ref_lse, c.lse, 4 * n_lse(&c));
+        p.workspace = NULL, p.workspace_bytes = 0;
+        CHECK(run_gpu(&c, &p) == KDT_OK);
+        CHECK(!memcmp(ref_out, c.out, 2 * n_out(&c)) && !memcmp(ref_lse, c.lse, 4 * n_lse(&c)));
+        cudaFree(ws);
+    }
     free(ref_out), free(ref_lse);
     gcase_free(&c);
+}
+
+/* No workspace: nothing is split, results still right. */
+static void test_no_workspace(void) {
+    const int prefix[2] = {2000, 10}, n[2] = {1, 9};
+    check_workspace_case(81, 2, prefix, n, 0);
 }
 
 /* A workspace on a launch whose block tables are too short for any split (the launcher then runs
  * no merge pass): right, and bitwise what the same launch gives without a workspace. */
 static void test_workspace_unused_when_short(void) {
     const int prefix[3] = {300, 10, 0}, n[3] = {1, 9, 33};
-    gcase c;
-    gcase_make(&c, 83, 3, 64, prefix, n, TREE_RANDOM);
-    gcase_upload(&c);
-    uint16_t *ref_out = malloc(2 * n_out(&c));
-    float *ref_lse = malloc(4 * n_lse(&c));
-    run_cpu(&c, ref_out, ref_lse);
-    kdt_verify_attn_params p = dev_params(&c);
-    const size_t big = kdt_verify_attn_workspace_bytes(3, 64, c.max_nodes, 16384);
-    void *ws = NULL;
+    const size_t big = kdt_verify_attn_workspace_bytes(3, 64, 33, 16384);
     CHECK(big > 0);
-    CUDA_OK(cudaMalloc(&ws, big));
-    CUDA_OK(cudaMemset(ws, 0xff, big)); /* NaN partials, were any read */
-    p.workspace = ws, p.workspace_bytes = big;
-    CHECK(run_gpu(&c, &p) == KDT_OK);
-    for (int s = 0; s < c.S; s++) CHECK(stream_close(&c, s, ref_out, ref_lse, NULL));
-    uint16_t *with_out = malloc(2 * n_out(&c));
-    float *with_lse = malloc(4 * n_lse(&c));
-    memcpy(with_out, c.out, 2 * n_out(&c));
-    memcpy(with_lse, c.lse, 4 * n_lse(&c));
-    p.workspace = NULL, p.workspace_bytes = 0;
-    CHECK(run_gpu(&c, &p) == KDT_OK);
-    CHECK(!memcmp(with_out, c.out, 2 * n_out(&c)) && !memcmp(with_lse, c.lse, 4 * n_lse(&c)));
-    cudaFree(ws);
-    free(with_out), free(with_lse), free(ref_out), free(ref_lse);
-    gcase_free(&c);
+    check_workspace_case(83, 3, prefix, n, big);
 }
 
 static int rows_all_nan(const gcase *c, int s, int rows) {
