@@ -35,7 +35,7 @@ fi
 SRC="src/common/*.c src/kernels/cpu/*.c"
 if [ "$USE_CUDA" = 1 ]; then
   CFLAGS="$CFLAGS -DKDT_WITH_CUDA=1 -I$CUDA_HOME/include"
-  LIBS="-L$CUDA_HOME/lib64 -lcudart -lcublas $LIBS"
+  LIBS="-L$CUDA_HOME/lib64 -lcudart $LIBS"
 else
   SRC="$SRC src/kernels/no_cuda.c"
 fi

@@ -37,7 +37,7 @@ typedef enum kdt_status {
     KDT_ERR_IO = 4,            /* a file could not be opened / read / mapped */
     KDT_ERR_FORMAT = 5,        /* malformed file contents: JSON, safetensors, vocab, config */
     KDT_ERR_UNSUPPORTED = 6,   /* valid input this build cannot handle (dtype, arch, shape) */
-    KDT_ERR_CUDA = 7,          /* a CUDA runtime / cuBLAS call failed */
+    KDT_ERR_CUDA = 7,          /* a CUDA runtime call or kernel launch failed */
     KDT_ERR_NO_CUDA = 8,       /* CUDA function called in a build without CUDA */
     KDT_ERR_CAPACITY = 9,      /* KV cache, context or queue exhausted */
     KDT_ERR_INTERNAL = 10,
