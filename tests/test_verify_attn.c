@@ -422,6 +422,9 @@ static void test_argument_errors(void) {
     BAD(page_size, 0, "page_size");
     BAD(max_pages, 0, "max_pages");
     BAD(max_pages, INT32_MAX, "max_pages");
+    BAD(kv_format, 2, "kv_format");
+    BAD(kv_format, -1, "kv_format");
+    BAD(kv_format, KDT_KV_FP8_SCALED, "multiple of 128"); /* d_v 8: no whole scale group */
 #undef BAD
     /* Per-stream data. */
     int32_t save;
@@ -460,7 +463,101 @@ static void test_cuda_stub_or_args(void) {
         CHECK(kdt_verify_attn_cuda(&p, NULL) == KDT_ERR_NO_CUDA);
     } else {
         CHECK(kdt_verify_attn_cuda(NULL, NULL) == KDT_ERR_INVALID_ARG);
+        /* an FP8 cache: valid arguments, but no CUDA kernel reads it yet (caught before any
+         * device call, so this runs without a GPU too) */
+        const int prefix[1] = {70}, n[1] = {3};
+        va_case c;
+        case_make(&c, 57, 1, 2, 3, 576, 512, 64, prefix, n, TREE_RANDOM);
+        kdt_verify_attn_params p = case_params(&c);
+        p.kv_format = KDT_KV_FP8_SCALED; /* the bf16 buffer is large enough for the FP8 rows */
+        CHECK(error_names(kdt_verify_attn_cuda(&p, NULL), KDT_ERR_UNSUPPORTED, "kv_format"));
+        case_free(&c);
     }
+}
+
+/* The FP8 latent cache (KDT_KV_FP8_SCALED) in the CPU reference. kdt_e4m3_to_f32 against the
+ * format's definition for all 256 codes; the row size; then a cache of random e4m3 latents with
+ * power-of-two scales (different per 128-column group) and bf16 rope values, whose values are all
+ * exactly representable in bf16: the reference over it must equal, bit for bit, the reference over
+ * the bf16 cache holding the same values. A NaN code in a visible key makes that row NaN; in a
+ * masked key it changes nothing. */
+static int fp8_code_ok(uint8_t b) { return (b & 0x7f) != 0x7f; }
+static void test_fp8_cache_reference(void) {
+    for (int b = 0; b < 256; b++) {
+        const int e = (b >> 3) & 15, m = b & 7;
+        const float want = (b & 0x7f) == 0x7f ? NAN
+                                              : (b & 0x80 ? -1.0f : 1.0f) * (e ? ldexpf((float)(8 + m), e - 10) : ldexpf((float)m, -9));
+        const float got = kdt_e4m3_to_f32((uint8_t)b);
+        CHECK_MSG(isnan(want) ? isnan(got) : (got == want && signbit(got) == signbit(want)), "e4m3 0x%02x: %g vs %g", b,
+                  (double)got, (double)want);
+    }
+    CHECK_EQ_INT((int)kdt_kv_row_bytes(KDT_KV_FP8_SCALED, 576, 512), 656);
+    CHECK_EQ_INT((int)kdt_kv_row_bytes(KDT_KV_BF16, 576, 512), 1152);
+    CHECK_EQ_INT((int)kdt_kv_row_bytes(KDT_KV_FP8_SCALED, 576, 500), 0);
+    CHECK_EQ_INT((int)kdt_kv_row_bytes(7, 576, 512), 0);
+
+    const int dqk = 320, dv = 256, page = 64; /* two scale groups, 64 rope columns */
+    const int prefix[3] = {150, 0, 77}, n[3] = {9, 5, 17};
+    va_case c;
+    case_make(&c, 58, 3, 4, 17, dqk, dv, page, prefix, n, TREE_RANDOM);
+    const size_t rows = (size_t)c.n_pages * page, rb = kdt_kv_row_bytes(KDT_KV_FP8_SCALED, dqk, dv);
+    unsigned char *fp8 = malloc(rows * rb);
+    uint64_t seed = 59;
+    for (size_t r = 0; r < rows; r++) {
+        unsigned char *row = fp8 + r * rb;
+        uint16_t *bf = c.kv + r * dqk;
+        for (int g = 0; g < dv / KDT_KV_FP8_GROUP; g++) {
+            const float sc = ldexpf(1.0f, t_rand_int(&seed, 9) - 6); /* 2^-6 .. 2^2 */
+            memcpy(row + dv + 4 * g, &sc, 4);
+            for (int j = g * KDT_KV_FP8_GROUP; j < (g + 1) * KDT_KV_FP8_GROUP; j++) {
+                uint8_t b;
+                do b = (uint8_t)t_rand_int(&seed, 256);
+                while (!fp8_code_ok(b));
+                row[j] = b;
+                bf[j] = kdt_f32_to_bf16(kdt_e4m3_to_f32(b) * sc); /* exact: 4 significant bits */
+                CHECK(kdt_bf16_to_f32(bf[j]) == kdt_e4m3_to_f32(b) * sc);
+            }
+        }
+        memcpy(row + dv + 4 * (dv / KDT_KV_FP8_GROUP), bf + dv, 2 * (size_t)(dqk - dv)); /* rope: the same bf16 */
+    }
+    const size_t n_out = (size_t)c.S * c.max_nodes * c.H;
+    kdt_verify_attn_params p = case_params(&c);
+    case_poison(&c);
+    CHECK(kdt_verify_attn_cpu(&p) == KDT_OK);
+    uint16_t *out_bf = malloc(2 * n_out * dv);
+    float *lse_bf = malloc(4 * n_out);
+    memcpy(out_bf, c.out, 2 * n_out * dv), memcpy(lse_bf, c.lse, 4 * n_out);
+    p.kv_cache = fp8, p.kv_format = KDT_KV_FP8_SCALED;
+    case_poison(&c);
+    CHECK(kdt_verify_attn_cpu(&p) == KDT_OK);
+    int same = 1;
+    for (int s = 0; s < c.S; s++) /* rows past n_nodes are not written */
+        for (size_t r = 0; r < (size_t)c.n_nodes[s] * c.H; r++) {
+            const size_t row = (size_t)s * c.max_nodes * c.H + r;
+            same &= !memcmp(out_bf + row * dv, c.out + row * dv, 2 * (size_t)dv) && !memcmp(lse_bf + row, c.lse + row, 4);
+        }
+    CHECK_MSG(same, "the FP8 cache's reference differs from the bf16 cache with the same values");
+
+    /* a NaN latent in stream 2's last tree node: rows that see it are NaN, the others unchanged */
+    const int s2 = 2, last = c.n_nodes[s2] - 1, t = c.prefix[s2] + last;
+    const int pg = c.table[s2 * c.max_pages + t / page];
+    fp8[((size_t)pg * page + t % page) * rb + 5] = 0x7f;
+    case_poison(&c);
+    CHECK(kdt_verify_attn_cpu(&p) == KDT_OK);
+    int nan_rows = 0, bad = 0;
+    for (int i = 0; i < c.n_nodes[s2]; i++) {
+        int sees = 0;
+        for (int a = i; a >= 0; a = c.parent[s2 * c.max_nodes + a]) sees |= a == last;
+        for (int h = 0; h < c.H; h++) {
+            const size_t row = ((size_t)s2 * c.max_nodes + i) * c.H + h;
+            if (sees) nan_rows += isnan(c.lse[row]) && isnan(kdt_bf16_to_f32(c.out[row * dv]));
+            else bad += memcmp(out_bf + row * dv, c.out + row * dv, 2 * (size_t)dv) != 0 || memcmp(lse_bf + row, c.lse + row, 4) != 0;
+        }
+    }
+    CHECK_EQ_INT(nan_rows, c.H); /* only the last node sees itself: a leaf of any tree */
+    CHECK_EQ_INT(bad, 0);
+    free(fp8), free(out_bf), free(lse_bf);
+    case_free(&c);
 }
 
 
@@ -887,6 +984,7 @@ int main(void) {
     T_RUN(test_batch_invariance);
     T_RUN(test_argument_errors);
     T_RUN(test_cuda_stub_or_args);
+    T_RUN(test_fp8_cache_reference);
     T_RUN(test_split_schedule);
     T_RUN(test_cuda_kernel_emulation);
     return t_summary();

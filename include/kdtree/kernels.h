@@ -204,7 +204,20 @@ kdt_status kdt_kv_commit_cuda(const kdt_kv_commit_params *p, void *stream);
  *   out[s][i][h] = sum_t softmax(score)_t * kv[t][0:d_v]      (bf16)
  *   lse[s][i][h] = log(sum_t exp(score_t))                       (natural log, fp32)
  * Rows i >= n_nodes[s] are not written. n_nodes = 1 with mask bit 0 is plain decode.
+ * kv[t] is the cache row's value in its format (kdt_kv_format), taken exactly.
  * ------------------------------------------------------------------------------------------- */
+/* Latent cache row formats (kdt_verify_attn_params.kv_format). */
+#define KDT_KV_FP8_GROUP 128 /* latents per fp32 scale in KDT_KV_FP8_SCALED rows */
+typedef enum kdt_kv_format {
+    KDT_KV_BF16 = 0,       /* d_qk bf16: [c_kv (d_v) | k_pe (d_qk - d_v)]; 1152 B at 576 */
+    KDT_KV_FP8_SCALED = 1, /* d_v e4m3 latents, d_v / 128 fp32 scales (latent j is e4m3 * scale[j / 128]),
+                            * then d_qk - d_v bf16 rope values: 656 B at 576 / 512, the layout of
+                            * FlashMLA's and vLLM's FP8 MLA caches. CPU reference only so far (the CUDA
+                            * path answers KDT_ERR_UNSUPPORTED; docs/verify_attn_notes.md, session 23) */
+} kdt_kv_format;
+/* Bytes of one cache row of `format` (0 if the format or the dimensions are invalid for it). */
+size_t kdt_kv_row_bytes(int32_t kv_format, int32_t d_qk, int32_t d_v);
+
 typedef struct kdt_verify_attn_params {
     int32_t n_streams;          /* S */
     int32_t n_heads;            /* H, 1..128 */
@@ -213,7 +226,7 @@ typedef struct kdt_verify_attn_params {
     int32_t d_v;                /* 512 (leading columns of the KV row) */
     float softmax_scale;        /* e.g. 0.144680 for Kimi K2.6 */
     const uint16_t *q;          /* bf16 [S][max_nodes][H][d_qk] */
-    const uint16_t *kv_cache;   /* bf16 [n_pages][page_size][d_qk] (one layer) */
+    const void *kv_cache;       /* [n_pages][page_size] rows of kdt_kv_row_bytes(kv_format, ...) (one layer) */
     int32_t n_pages;
     int32_t page_size;          /* 64 */
     const int32_t *block_table; /* [S][max_pages] */
@@ -225,6 +238,7 @@ typedef struct kdt_verify_attn_params {
     float *lse;                 /* [S][max_nodes][H] */
     void *workspace;            /* device scratch of kdt_verify_attn_workspace_bytes() */
     size_t workspace_bytes;
+    int32_t kv_format;          /* kdt_kv_format: 0 (bf16) when the struct is zero-initialized */
 } kdt_verify_attn_params;
 
 /* Scratch the CUDA launcher needs for split-KV partials; max_prefix bounds prefix_len. */

@@ -35,16 +35,6 @@ static inline float f16_to_f32(uint16_t h) {
     return f;
 }
 
-/* OCP FP8 E4M3 (fn): bias 7, no infinities, S.1111.111 is NaN, exponent 0 is subnormal. */
-static inline float e4m3_to_f32(uint8_t b) {
-    const int exp = (b >> 3) & 0xf, man = b & 7;
-    float v;
-    if ((b & 0x7f) == 0x7f) v = NAN;
-    else if (exp == 0) v = ldexpf((float)man, -9);       /* man/8 * 2^-6 */
-    else v = ldexpf((float)(8 + man), exp - 10);         /* (1 + man/8) * 2^(exp-7) */
-    return (b & 0x80) ? -v : v;
-}
-
 static inline float scalar_f32(kdt_wtype t, const void *p, int64_t i) {
     switch (t) {
     case KDT_W_F32: return ((const float *)p)[i];
@@ -61,7 +51,7 @@ static void quant_range(const kdt_weight *w, int64_t r, int64_t c0, int64_t c1, 
         const uint8_t *p = (const uint8_t *)w->data + r * n;
         const int64_t scale_row = (r / w->group_rows) * ((n + gc - 1) / gc);
         for (int64_t c = c0; c < c1; c++)
-            dst[c - c0] = e4m3_to_f32(p[c]) * scalar_f32(w->scale_dtype, w->scale, scale_row + c / gc);
+            dst[c - c0] = kdt_e4m3_to_f32(p[c]) * scalar_f32(w->scale_dtype, w->scale, scale_row + c / gc);
     } else { /* KDT_WF_INT4_GROUP */
         const uint32_t *p = (const uint32_t *)w->data + r * (n / 8);
         const int64_t scale_row = r * (n / gc);

@@ -15,6 +15,9 @@
  * per dot, a fixed order), so the exact two-pass softmax costs about one multiply-add per element
  * and the scratch is ROW_GROUP * T doubles. Products of two bf16 values are exact in double.
  *
+ * Cache rows are bf16 or FP8 with per-128 scales (kdt_kv_format); an FP8 latent's value is
+ * e4m3 * scale, exact in double, so the reference measures what a kernel's dequantisation loses.
+ *
  * Checks: the scalar fields (shared with the CUDA launcher), then every stream's n_nodes,
  * prefix_len, the prefix_len + n_nodes <= max_pages * page_size bound and each block-table entry
  * it uses. Any failure returns KDT_ERR_INVALID_ARG naming it before anything is written.
@@ -61,7 +64,51 @@ kdt_status kdt_verify_attn_check_args(const kdt_verify_attn_params *p, const cha
     KDT_CHECK_ARG((int64_t)p->max_pages * p->page_size <= INT32_MAX,
                   "%s: max_pages * page_size = %lld slots per stream, expected <= %d", who,
                   (long long)p->max_pages * p->page_size, INT32_MAX);
+    KDT_CHECK_ARG(p->kv_format == KDT_KV_BF16 || p->kv_format == KDT_KV_FP8_SCALED,
+                  "%s: kv_format = %d, expected %d (bf16) or %d (fp8 with scales)", who, p->kv_format,
+                  KDT_KV_BF16, KDT_KV_FP8_SCALED);
+    KDT_CHECK_ARG(kdt_kv_row_bytes(p->kv_format, p->d_qk, p->d_v) > 0,
+                  "%s: kv_format %d (fp8 with scales) needs d_v a multiple of %d, got d_v = %d", who,
+                  p->kv_format, KDT_KV_FP8_GROUP, p->d_v);
     return KDT_OK;
+}
+
+size_t kdt_kv_row_bytes(int32_t kv_format, int32_t d_qk, int32_t d_v) {
+    if (d_qk < 1 || d_v < 1 || d_v > d_qk) return 0;
+    switch (kv_format) {
+    case KDT_KV_BF16: return 2 * (size_t)d_qk;
+    case KDT_KV_FP8_SCALED:
+        if (d_v % KDT_KV_FP8_GROUP) return 0;
+        return (size_t)d_v + 4 * (size_t)(d_v / KDT_KV_FP8_GROUP) + 2 * (size_t)(d_qk - d_v);
+    default: return 0;
+    }
+}
+
+/* Key row `slot` as exact values: the first n columns (n <= d_qk) into dst. Reads go through
+ * memcpy: an FP8 row's scales and rope values need not be aligned. */
+static void key_row(const kdt_verify_attn_params *p, size_t row_bytes, int64_t slot, int32_t n, double *dst) {
+    const unsigned char *row = (const unsigned char *)p->kv_cache + (size_t)slot * row_bytes;
+    if (p->kv_format == KDT_KV_BF16) {
+        for (int32_t d = 0; d < n; d++) {
+            uint16_t h;
+            memcpy(&h, row + 2 * (size_t)d, 2);
+            dst[d] = kdt_bf16_to_f32(h);
+        }
+        return;
+    }
+    const int32_t dv = p->d_v;
+    const unsigned char *scales = row + dv, *rope = scales + 4 * (dv / KDT_KV_FP8_GROUP);
+    for (int32_t d = 0; d < n; d++) {
+        if (d < dv) {
+            float sc;
+            memcpy(&sc, scales + 4 * (d / KDT_KV_FP8_GROUP), 4);
+            dst[d] = (double)kdt_e4m3_to_f32(row[d]) * (double)sc; /* exact in double */
+        } else {
+            uint16_t h;
+            memcpy(&h, rope + 2 * (size_t)(d - dv), 2);
+            dst[d] = kdt_bf16_to_f32(h);
+        }
+    }
 }
 
 /* Per-stream checks (host-readable prefix_len, n_nodes, block_table). */
@@ -125,6 +172,7 @@ kdt_status kdt_verify_attn_cpu(const kdt_verify_attn_params *p) {
 
     const int32_t H = p->n_heads, dqk = p->d_qk, dv = p->d_v;
     const int32_t words = KDT_MASK_WORDS(p->max_nodes);
+    const size_t row_bytes = kdt_kv_row_bytes(p->kv_format, dqk, dv);
     double *score = malloc(sizeof(double) * (size_t)ROW_GROUP * (size_t)max_keys); /* [G][T] */
     unsigned char *vis = malloc((size_t)ROW_GROUP * (size_t)max_keys);           /* [G][T] */
     double *qd = malloc(sizeof(double) * (size_t)ROW_GROUP * (size_t)dqk);        /* [G][d_qk] */
@@ -158,8 +206,7 @@ kdt_status kdt_verify_attn_cpu(const kdt_verify_attn_params *p) {
                 for (int32_t r = 0; r < G; r++) any |= vis[(size_t)r * keys + t];
                 if (!any) continue;
                 const int64_t slot = (int64_t)table[t / p->page_size] * p->page_size + t % p->page_size;
-                const uint16_t *k = p->kv_cache + slot * dqk;
-                for (int32_t d = 0; d < dqk; d++) krow[d] = kdt_bf16_to_f32(k[d]);
+                key_row(p, row_bytes, slot, dqk, krow);
                 for (int32_t r = 0; r < G; r++)
                     if (vis[(size_t)r * keys + t])
                         score[(size_t)r * keys + t] = scale * dot_double(qd + (size_t)r * dqk, krow, dqk);
@@ -187,8 +234,7 @@ kdt_status kdt_verify_attn_cpu(const kdt_verify_attn_params *p) {
                 for (int32_t r = 0; r < G; r++) any |= vis[(size_t)r * keys + t];
                 if (!any) continue;
                 const int64_t slot = (int64_t)table[t / p->page_size] * p->page_size + t % p->page_size;
-                const uint16_t *v = p->kv_cache + slot * dqk;
-                for (int32_t d = 0; d < dv; d++) krow[d] = kdt_bf16_to_f32(v[d]);
+                key_row(p, row_bytes, slot, dv, krow);
                 for (int32_t r = 0; r < G; r++) {
                     if (!vis[(size_t)r * keys + t]) continue;
                     const double w = score[(size_t)r * keys + t];

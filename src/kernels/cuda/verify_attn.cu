@@ -1449,6 +1449,9 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
     const char *who = "kdt_verify_attn_cuda";
     kdt_status st = kdt_verify_attn_check_args(p, who);
     if (st != KDT_OK) return st;
+    if (p->kv_format != KDT_KV_BF16)
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: kv_format = %d: the CUDA kernels read bf16 caches only (%d); the FP8 "
+                        "format has the CPU reference so far", who, p->kv_format, KDT_KV_BF16);
     if (p->d_qk != D_QK || p->d_v != D_V)
         return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: d_qk = %d, d_v = %d: the CUDA path supports only d_qk = %d, d_v = %d",
                         who, p->d_qk, p->d_v, D_QK, D_V);
@@ -1471,7 +1474,7 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
     if (st != KDT_OK) return st;
 
     VaArgs a;
-    a.q = p->q, a.kv = p->kv_cache, a.block_table = p->block_table;
+    a.q = p->q, a.kv = static_cast<const uint16_t *>(p->kv_cache), a.block_table = p->block_table;
     a.prefix_len = p->prefix_len, a.n_nodes = p->n_nodes, a.anc_mask = p->anc_mask;
     a.out = p->out, a.lse = p->lse;
     a.slot_capacity = p->workspace ? (long long)(p->workspace_bytes / SLOT_BYTES) : 0;
