@@ -5,8 +5,8 @@
  * random trees, random non-contiguous block tables, poisons the outputs, and requires:
  *   ||out - ref|| / ||ref|| <= 2e-3 over the bf16 outputs of the stream's rows (NaN fails),
  *   |lse - ref| <= 1e-4 * max(1, |ref|), padding rows (node >= n_nodes) left untouched.
- * Shape families: H 8/16/32/64/128, q_len 1, 9, 33, 65, 129, prefix 0, 1, 63, 64, 65, 1000, 4096
- * and one ~20k, batches of up to 8 streams with mixed shapes in one launch. Then: garbage planted
+ * Shape families: H 8/16/32/64/128, q_len 1, 9, 33, 65, 129, prefix 0, 1, 63, 64, 65, 1000, 4096,
+ * one ~20k and one decode over 262,144 keys (the API's longest), batches of up to 8 streams with mixed shapes in one launch. Then: garbage planted
  * in masked tree slots and past prefix + n changes nothing (bitwise), a stream alone and inside a
  * batch gives bitwise the same output, repeated calls are bitwise equal, no workspace still works,
  * bad device-side data gives NaN rows (and leaves other streams right), argument errors.
@@ -227,13 +227,13 @@ static void one_stream(uint64_t seed, int H, int n, int prefix, enum tree_kind k
 }
 
 /* Every H, q_len and prefix value appears; long prefixes only with few rows (the CPU twin is the
- * slow part: keep the whole test under a minute). */
+ * slow part, and the 262,144-key decode adds a few seconds per suite: about a minute in all). */
 static void test_shape_families(void) {
     static const struct { int H, n, prefix; } shapes[] = {
         {64, 1, 0},    {64, 1, 4096}, {64, 9, 63},   {64, 33, 64},   {64, 65, 65},  {64, 129, 1},
         {128, 9, 1000}, {128, 33, 0}, {128, 1, 63},  {32, 65, 1000}, {32, 1, 65},   {32, 9, 4096},
         {16, 129, 63}, {16, 33, 4096}, {16, 9, 1},   {8, 9, 4096},   {8, 129, 65},  {8, 65, 0},
-        {8, 1, 1000},  {8, 33, 20011},
+        {8, 1, 1000},  {8, 33, 20011}, {8, 1, 262144}, /* the longest prefix: 64 splits */
     };
     if (g_quick) { /* every code path once: tree tail with mask, prefix tiles, split + combine */
         one_stream(1001, 64, 9, 63, TREE_RANDOM);
