@@ -353,7 +353,7 @@ static void test_pair_brief(void) {
         kdt_budget_test_kinds(&e->budget, 0, 0);
         CHECK_MSG(st == KDT_OK, "brief %s: %s", kdt_spec_mode_name(modes[m]), kdt_last_error());
         if (st != KDT_OK) {
-            for (int k = 0; k < m; k++) et_run_free(&runs[k]);
+            for (int k = 0; k <= m; k++) et_run_free(&runs[k]); /* runs[m] holds what the failed run allocated */
             kdt_engine_free(e);
             return;
         }
