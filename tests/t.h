@@ -6,6 +6,11 @@
  * so one run shows every failure. KDT_TEST_ONLY=SUBSTRING runs only the tests whose function name
  * contains it (e.g. one test of a slow binary under compute-sanitizer); a filter that matches no
  * test fails the run, so a misspelt name never passes silently.
+ *
+ * Fuzz and property loops run a fixed count from a fixed seed, so every CI run sees the same
+ * inputs. For a longer campaign, KDT_FUZZ_SCALE=k runs k times as many iterations of each loop
+ * (t_fuzz_iters) and KDT_FUZZ_SEED=n mixes n into each loop's seed (t_fuzz_seed: a new set of
+ * inputs, replayable with the same n); the first use prints both on stderr.
  */
 #ifndef KDT_T_H
 #define KDT_T_H
@@ -126,6 +131,43 @@ static inline double t_rand_normal(uint64_t *s) {
     double u1 = t_rand_unit(s), u2 = t_rand_unit(s);
     if (u1 < 1e-300) u1 = 1e-300;
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* The campaign's settings (see the top): scale >= 1, seed 0 when KDT_FUZZ_SEED is unset. */
+static inline void t_fuzz_settings(int *scale, uint64_t *seed) {
+    static int done, sc = 1;
+    static uint64_t sd;
+    if (!done) {
+        const char *e = getenv("KDT_FUZZ_SCALE"), *f = getenv("KDT_FUZZ_SEED");
+        if (e && *e) {
+            const long v = strtol(e, NULL, 10);
+            sc = v < 1 ? 1 : (v > 100000 ? 100000 : (int)v);
+        }
+        if (f && *f) sd = strtoull(f, NULL, 0);
+        if (sc != 1 || sd) fprintf(stderr, "fuzz campaign: KDT_FUZZ_SCALE=%d KDT_FUZZ_SEED=%llu\n", sc, (unsigned long long)sd);
+        done = 1;
+    }
+    *scale = sc;
+    *seed = sd;
+}
+/* n iterations of a fuzz loop, times KDT_FUZZ_SCALE */
+static inline int t_fuzz_iters(int n) {
+    int sc;
+    uint64_t sd;
+    t_fuzz_settings(&sc, &sd);
+    const long long v = (long long)n * sc;
+    return v > 2000000000 ? 2000000000 : (int)v;
+}
+/* a fuzz loop's seed: `base` itself unless KDT_FUZZ_SEED is set, then base mixed with it (never 0,
+ * which an xorshift generator cannot leave) */
+static inline uint64_t t_fuzz_seed(uint64_t base) {
+    int sc;
+    uint64_t sd;
+    t_fuzz_settings(&sc, &sd);
+    if (!sd) return base;
+    uint64_t z = base ^ (sd * 0x9e3779b97f4a7c15ull);
+    z = t_rand_u64(&z);
+    return z ? z : 1;
 }
 
 #endif

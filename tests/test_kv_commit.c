@@ -146,9 +146,9 @@ static void test_long_and_trivial_paths(void) {
 /* Random paths, prefixes, block tables, row widths (incl. ones not a multiple of 16) and
  * layer counts. */
 static void test_random(void) {
-    uint64_t rng = 0xabcdef;
+    uint64_t rng = t_fuzz_seed(0xabcdef);
     const int rows[] = {2, 6, 16, 40, 1152, 1154};
-    for (int iter = 0; iter < 200; iter++) {
+    for (int iter = 0, iters = t_fuzz_iters(200); iter < iters; iter++) {
         const int S = 1 + t_rand_int(&rng, 6), n_layers = 1 + t_rand_int(&rng, 4);
         const int row = rows[t_rand_int(&rng, 6)], page_size = 1 << t_rand_int(&rng, 7);
         const int max_pages = 1 + t_rand_int(&rng, 6);

@@ -290,10 +290,10 @@ static void test_parse_fuzz(void) {
     const int n_seed_c = (int)(sizeof seeds_c / sizeof *seeds_c);
     srv_api_limits nodraft = LIM;
     nodraft.has_draft = 0;
-    uint64_t rng = 0x5eed21;
+    uint64_t rng = t_fuzz_seed(0x5eed21);
     int accepted = 0, refused = 0, bad = 0;
     char buf[2048];
-    for (int it = 0; it < 20000 && bad < 5; it++) {
+    for (int it = 0, iters = t_fuzz_iters(20000); it < iters && bad < 5; it++) {
         const int chat = t_rand_int(&rng, 4) == 0;
         const srv_endpoint ep = chat ? SRV_EP_CHAT : SRV_EP_COMPLETIONS;
         const char *seed = chat ? seeds_chat[0] : seeds_c[t_rand_int(&rng, n_seed_c)];
@@ -504,8 +504,8 @@ static void test_textout(void) {
 
     /* fuzz: random texts over a small alphabet, random chunkings, vs the reference */
     static const char *const alphabet[] = {"a", "E", "N", "D", "\n", "é", "x"};
-    uint64_t seed = 12345;
-    for (int iter = 0; iter < 3000; iter++) {
+    uint64_t seed = t_fuzz_seed(12345);
+    for (int iter = 0, iters = t_fuzz_iters(3000); iter < iters; iter++) {
         char text[256];
         size_t n = 0;
         int len = t_rand_int(&seed, 40);
@@ -695,8 +695,8 @@ static void test_mock_detok(void) {
                   "case %zu", k);
     }
     /* random bytes never give ill-formed output */
-    uint64_t seed = 99;
-    for (int iter = 0; iter < 200; iter++) {
+    uint64_t seed = t_fuzz_seed(99);
+    for (int iter = 0, iters = t_fuzz_iters(200); iter < iters; iter++) {
         out.len = 0;
         for (int k = 0; k < 64; k++) be->detok_feed(d, t_rand_int(&seed, 256), &out);
         be->detok_finish(d, &out);

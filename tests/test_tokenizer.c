@@ -208,10 +208,10 @@ static void test_round_trip_random_utf8(void) {
     static const uint32_t ranges[][2] = {{0x20, 0x7E}, {0x09, 0x0D}, {0xA0, 0x24F}, {0x370, 0x4FF}, {0x600, 0x6FF},
                                          {0x900, 0x97F}, {0xE00, 0xE7F}, {0x3000, 0x30FF}, {0x4E00, 0x9FFF},
                                          {0xAC00, 0xD7A3}, {0x1F300, 0x1F64F}, {0x2000, 0x206F}, {0x20000, 0x2A6DF}};
-    uint64_t seed = 42;
+    uint64_t seed = t_fuzz_seed(42);
     const kdt_tokenizer *toks[3] = {kimi, ds, cl};
     int bad = 0;
-    for (int iter = 0; iter < 300; iter++) {
+    for (int iter = 0, iters = t_fuzz_iters(300); iter < iters; iter++) {
         kdt_tok_text s = {0};
         int n = 1 + t_rand_int(&seed, 60);
         for (int k = 0; k < n; k++) {
@@ -231,12 +231,12 @@ static void test_round_trip_random_utf8(void) {
 /* Invalid UTF-8: bytes come back exactly, and each maximal ill-formed run is one piece of its
  * own, so the ids are those of the valid parts and the invalid runs encoded separately. */
 static void test_invalid_utf8(void) {
-    uint64_t seed = 7;
+    uint64_t seed = t_fuzz_seed(7);
     const char *valid[] = {"hello", " world", "中文", "  ", "\n", "It's", "123", "é"};
     const char *invalid[] = {"\xFF", "\xC0\x80", "\xE4\xB8", "\x80\x80\x80", "\xED\xA0\x80", "\xF4\x90", "\xFE\xFF"};
     const kdt_tokenizer *toks[3] = {kimi, ds, cl};
     int bad = 0;
-    for (int iter = 0; iter < 300; iter++) {
+    for (int iter = 0, iters = t_fuzz_iters(300); iter < iters; iter++) {
         kdt_tok_text s = {0};
         kdt_tok_ids want[3] = {{0}, {0}, {0}};
         int parts = 1 + t_rand_int(&seed, 6), prev_invalid = 0;
@@ -262,7 +262,7 @@ static void test_invalid_utf8(void) {
     }
     CHECK_EQ_INT(bad, 0);
     /* arbitrary random bytes round-trip too */
-    for (int iter = 0; iter < 100; iter++) {
+    for (int iter = 0, iters = t_fuzz_iters(100); iter < iters; iter++) {
         char b[64];
         int n = t_rand_int(&seed, 64);
         for (int k = 0; k < n; k++) b[k] = (char)t_rand_int(&seed, 256);
@@ -363,12 +363,12 @@ static void test_detok_stream_split_chars(void) {
 /* Random id sequences (many ending mid-character): every chunk is well-formed, and the chunks add
  * up to the lossy decoding of the whole sequence, with and without skipping specials. */
 static void test_detok_stream_random(void) {
-    uint64_t seed = 99;
+    uint64_t seed = t_fuzz_seed(99);
     const kdt_tokenizer *toks[2] = {kimi, ds};
     int bad_chunk = 0, bad_total = 0;
     for (int q = 0; q < 2; q++) {
         const kdt_tokenizer *tok = toks[q];
-        for (int iter = 0; iter < 400; iter++) {
+        for (int iter = 0, iters = t_fuzz_iters(400); iter < iters; iter++) {
             unsigned flags = iter % 2 ? KDT_DECODE_SKIP_SPECIAL : 0;
             kdt_detok_stream *st = NULL;
             kdt_detok_stream_new(tok, flags, &st);
@@ -680,7 +680,8 @@ static int corrupted_load_bad(const char *load_name, const char *file, const cha
 }
 
 static void test_random_corrupt_files(void) {
-    uint64_t rng = 0x70c21;
+    uint64_t rng = t_fuzz_seed(0x70c21);
+    const int iters = t_fuzz_iters(300);
     int bad = 0, loaded_hf = 0, loaded_tt = 0, loaded_cfg = 0;
     /* tokenizer.json */
     write_hf("BPE", "[\"a b\"]",
@@ -693,7 +694,7 @@ static void test_random_corrupt_files(void) {
     kdt_tokenizer *tok;
     CHECK_MSG(load_tmp("tokenizer.json", &tok) == KDT_OK, "the base: %s", kdt_last_error());
     kdt_tokenizer_free(tok);
-    for (int i = 0; hf && i < 300 && bad < 5; i++)
+    for (int i = 0; hf && i < iters && bad < 5; i++)
         bad += corrupted_load_bad("tokenizer.json", "tokenizer.json", hf, hf_n, &rng, &loaded_hf);
     free(hf);
     /* tiktoken.model beside a tokenizer_config.json, loaded as a directory */
@@ -708,15 +709,15 @@ static void test_random_corrupt_files(void) {
     write_file("tokenizer_config.json", cfg);
     CHECK_MSG(load_tmp("", &tok) == KDT_OK, "the base: %s", kdt_last_error());
     kdt_tokenizer_free(tok);
-    for (int i = 0; i < 300 && bad < 5; i++)
+    for (int i = 0; i < iters && bad < 5; i++)
         bad += corrupted_load_bad("", "tiktoken.model", tt, strlen(tt), &rng, &loaded_tt);
     write_file("tiktoken.model", tt);
-    for (int i = 0; i < 300 && bad < 5; i++)
+    for (int i = 0; i < iters && bad < 5; i++)
         bad += corrupted_load_bad("", "tokenizer_config.json", cfg, strlen(cfg), &rng, &loaded_cfg);
     free(tt);
     write_file("tokenizer_config.json", "{}");
-    printf("  900 corrupted loads: %d / %d / %d loaded (tokenizer.json / tiktoken.model / config), the rest "
-           "errors naming the file\n", loaded_hf, loaded_tt, loaded_cfg);
+    printf("  %d corrupted loads: %d / %d / %d loaded (tokenizer.json / tiktoken.model / config), the rest "
+           "errors naming the file\n", 3 * iters, loaded_hf, loaded_tt, loaded_cfg);
     /* both outcomes are reached, or the test checks nothing (most corruptions of these strict
      * formats are refused; a few leave a loadable file, mostly in the config's optional fields) */
     CHECK(loaded_hf + loaded_tt + loaded_cfg >= 10 && loaded_hf < 200 && loaded_tt < 200 && loaded_cfg < 200);

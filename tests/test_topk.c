@@ -129,9 +129,9 @@ static int run_case(uint64_t *rng, int32_t R, int32_t V, int32_t K, int64_t stri
 }
 
 static void test_random_shapes(void) {
-    uint64_t rng = 2718;
+    uint64_t rng = t_fuzz_seed(2718);
     int fails = 0;
-    for (int it = 0; it < 300; it++) {
+    for (int it = 0, iters = t_fuzz_iters(300); it < iters; it++) {
         int32_t V = 1 + t_rand_int(&rng, it % 4 == 0 ? 3000 : 300);
         int32_t kmax = V < KDT_MAX_TOPK ? V : KDT_MAX_TOPK;
         int32_t K = it % 5 == 0 ? 1 : (it % 5 == 1 ? kmax : 1 + t_rand_int(&rng, kmax));

@@ -391,9 +391,9 @@ static int ref_walk(const htree *h, int s, int cur, int32_t *path, int len) {
 }
 
 static void test_random_trees_vs_reference_walk(void) {
-    uint64_t rng = 0x1234;
+    uint64_t rng = t_fuzz_seed(0x1234);
     int max_tau_seen = 0;
-    for (int iter = 0; iter < 300; iter++) {
+    for (int iter = 0, iters = t_fuzz_iters(300); iter < iters; iter++) {
         const int S = 1 + t_rand_int(&rng, 6);
         const int maxn = iter % 50 == 0 ? KDT_MAX_NODES : 1 + t_rand_int(&rng, 80);
         const int L = 1 + t_rand_int(&rng, KDT_MAX_DEPTH);
@@ -455,9 +455,9 @@ static int32_t ref_flags(const htree *h, int s, int L) {
 }
 
 static void test_random_corruptions_vs_reference_validator(void) {
-    uint64_t rng = 0xfeed;
+    uint64_t rng = t_fuzz_seed(0xfeed);
     int n_flagged = 0, n_exact = 0;
-    for (int iter = 0; iter < 3000; iter++) {
+    for (int iter = 0, iters = t_fuzz_iters(3000); iter < iters; iter++) {
         const int S = 1 + t_rand_int(&rng, 4), maxn = 1 + t_rand_int(&rng, 40);
         const int L = 1 + t_rand_int(&rng, 8);
         htree h;

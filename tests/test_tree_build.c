@@ -311,10 +311,10 @@ static int same_ranks(const prefix *a, const prefix *b) {
 
 /* The built node set is exactly the top-B prefixes (continuous random scores: no ties). */
 static void test_optimal_vs_brute_force(void) {
-    uint64_t rng = 12345;
+    uint64_t rng = t_fuzz_seed(12345);
     static prefix all[4 + 16 + 64 + 256 + 1024];
     int cases = 0;
-    for (int it = 0; it < 300; it++) {
+    for (int it = 0, iters = t_fuzz_iters(300); it < iters; it++) {
         int32_t K = 1 + t_rand_int(&rng, 4), L = 1 + t_rand_int(&rng, K <= 2 ? 5 : 4);
         if (K == 4 && L == 5) L = 4;
         int64_t avail = available_prefixes(K, L, 1 << 20);
@@ -352,12 +352,12 @@ static void test_optimal_vs_brute_force(void) {
         cases++;
         fx_free(&f);
     }
-    CHECK(cases == 300);
+    CHECK(cases == t_fuzz_iters(300));
 }
 
 static void test_invariants_random(void) {
-    uint64_t rng = 777;
-    for (int it = 0; it < 400; it++) {
+    uint64_t rng = t_fuzz_seed(777);
+    for (int it = 0, iters = t_fuzz_iters(400); it < iters; it++) {
         int32_t S = 1 + t_rand_int(&rng, 4), L = 1 + t_rand_int(&rng, KDT_MAX_DEPTH);
         int32_t K = 1 + t_rand_int(&rng, it % 10 == 0 ? 300 : 40);
         int32_t max_nodes = 1 + t_rand_int(&rng, it % 7 == 0 ? KDT_MAX_NODES : 200);
