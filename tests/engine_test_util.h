@@ -262,6 +262,7 @@ typedef struct et_dflash_spec {
     int n_taps, taps[8];
     int taps_top_level;   /* write mask_token_id / target_layer_ids at the top level */
     int yarn;             /* YaRN rope_scaling (old form) */
+    int max_pos;          /* max_position_embeddings (0: 2048) */
     double theta, factor;
     uint64_t seed;
     const char *skip_tensor;  /* leave this tensor out (bad-input tests) */
@@ -348,10 +349,10 @@ static inline void et_dflash_write(const char *dir, const et_dflash_spec *s, tm_
              "{\"architectures\": [\"DFlashDraftModel\"], \"model_type\": \"qwen3\", \"block_size\": %d, "
              "\"hidden_size\": %d, \"intermediate_size\": %d, \"num_hidden_layers\": %d, "
              "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, "
-             "\"rms_norm_eps\": 1e-06, \"max_position_embeddings\": 2048, \"vocab_size\": %d, "
+             "\"rms_norm_eps\": 1e-06, \"max_position_embeddings\": %d, \"vocab_size\": %d, "
              "\"attention_bias\": false, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\", %s, %s}",
-             s->block_size, s->hidden, s->inter, s->layers, s->heads, s->kv_heads, s->head_dim, s->vocab,
-             rope, dfl);
+             s->block_size, s->hidden, s->inter, s->layers, s->heads, s->kv_heads, s->head_dim,
+             s->max_pos ? s->max_pos : 2048, s->vocab, rope, dfl);
     snprintf(path, sizeof path, "%s/config.json", dir);
     tm_write_bytes(path, text, strlen(text));
     snprintf(path, sizeof path, "%s/model.safetensors", dir);

@@ -156,12 +156,13 @@ static float *random_feat(int P, int width, uint64_t seed) {
     return f;
 }
 
-static void check_forward(int yarn, int legacy) {
+static void check_forward(int yarn, int legacy, int max_pos) {
     et_dflash_spec s = et_dflash_default(64, 320);
     s.yarn = yarn;
+    s.max_pos = max_pos;
     s.theta = yarn ? 50000.0 : 10000.0;
     char dir[300];
-    snprintf(dir, sizeof dir, "%s/fwd_%d_%d", g_tmp, yarn, legacy);
+    snprintf(dir, sizeof dir, "%s/fwd_%d_%d_%d", g_tmp, yarn, legacy, max_pos);
     tm_list l;
     et_dflash_write(dir, &s, &l);
     kdt_dflash_options o = {legacy ? KDT_YARN_AMP_LEGACY : KDT_YARN_AMP_HF, 0};
@@ -188,7 +189,8 @@ static void check_forward(int yarn, int legacy) {
     for (int i = 0; i < L * V; i++) got[i] = lg[i];
     double err = t_rel_err(got, ref, (size_t)L * V);
     if (err > 2e-5) printf("  got %g %g ref %g %g\n", got[0], got[1], ref[0], ref[1]);
-    printf("  forward (yarn %d, legacy %d): rel err %.2e\n", yarn, legacy, err);
+    printf("  forward (yarn %d, legacy %d%s): rel err %.2e\n", yarn, legacy,
+           max_pos ? ", block past max_position_embeddings" : "", err);
     CHECK(err < 2e-5);
     free(ref); free(got); free(lg); free(feat);
     kdt_dflash_ctx_free(ctx);
@@ -197,9 +199,13 @@ static void check_forward(int yarn, int legacy) {
 }
 
 static void test_forward_vs_fp64(void) {
-    check_forward(0, 0);
-    check_forward(1, 0);
-    check_forward(1, 1);
+    check_forward(0, 0, 0);
+    check_forward(1, 0, 0);
+    check_forward(1, 1, 0);
+    /* context 13 and block positions 13..17 past a window of 8: RoPE extrapolated, as transformers
+     * does (a short-window drafter keeps drafting for a long context) */
+    check_forward(0, 0, 8);
+    check_forward(1, 0, 8);
 }
 
 /* The YaRN table agrees bit for bit with the model subsystem's (independently written) one. */
@@ -415,11 +421,11 @@ static void test_random_corrupt_configs(void) {
     static char buf[16384];
     CHECK(base && base_n > 0 && base_n < sizeof buf / 2);
     if (!base || base_n >= sizeof buf / 2) base_n = 0;
-    uint64_t rng = 0xdf1a5;
+    uint64_t rng = t_fuzz_seed(0xdf1a5);
     int loaded = 0, refused = 0, bad = 0;
     float *feat = random_feat(9, 64 * KDT_MODEL_MAX_TAPS, 3);
     float *logits = malloc(sizeof(float) * KDT_MAX_DEPTH * 320);
-    for (int it = 0; it < 300 && bad < 5 && base_n; it++) {
+    for (int it = 0, iters = t_fuzz_iters(300); it < iters && bad < 5 && base_n; it++) {
         size_t n = base_n;
         memcpy(buf, base, n);
         t_mutate(&mut, buf, &n, sizeof buf, &rng);
@@ -450,7 +456,8 @@ static void test_random_corrupt_configs(void) {
         kdt_dflash_ctx_free(ctx);
         kdt_dflash_free(d);
     }
-    printf("  300 corrupted configs: %d loaded and drafted, %d refused with a message\n", loaded, refused);
+    printf("  %d corrupted configs: %d loaded and drafted, %d refused with a message\n", t_fuzz_iters(300), loaded,
+           refused);
     CHECK(loaded >= 10 && refused >= 100); /* both outcomes are reached, or the test checks nothing */
     free(base);
     free(feat);

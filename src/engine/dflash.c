@@ -604,9 +604,10 @@ kdt_status kdt_dflash_draft(const kdt_dflash *d, kdt_dflash_ctx *const *ctx, int
         KDT_CHECK_ARG(ctx[s] != NULL, "kdt_dflash_draft: ctx[%d] is NULL", s);
         KDT_CHECK_ARG(anchor[s] >= 0 && anchor[s] < d->vocab,
                       "kdt_dflash_draft: anchor[%d] = %d outside 0..%d", s, anchor[s], d->vocab - 1);
-        KDT_CHECK_ARG((int64_t)ctx[s]->len + T <= cf->max_position,
-                      "kdt_dflash_draft: stream %d: block positions %d..%d exceed the drafter's "
-                      "max_position_embeddings %d", s, ctx[s]->len, ctx[s]->len + L, cf->max_position);
+        /* No bound by max_position_embeddings: RoPE is computed per position, so a block past it
+         * is extrapolated as transformers does (and as the GPU drafter, whose table spans the
+         * engine's context). Drafts there may be poorer; the output is the target's either way.
+         * Refusing here failed every stream whose context outgrew a short-window drafter. */
         if (ctx[s]->len > max_p) max_p = ctx[s]->len;
     }
     const int64_t qd = (int64_t)cf->n_heads * hd, kvd = (int64_t)cf->n_kv_heads * hd;

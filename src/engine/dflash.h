@@ -26,7 +26,7 @@ typedef struct kdt_dflash_config {
     int32_t mask_token_id;      /* 0..target V-1 */
     int32_t n_taps;             /* 1..KDT_MODEL_MAX_TAPS */
     int32_t tap_layers[KDT_MODEL_MAX_TAPS]; /* target decoder layers, ascending, < target layers */
-    int32_t max_position;       /* max_position_embeddings */
+    int32_t max_position;       /* max_position_embeddings (YaRN's default original window; not a draft limit) */
     float rms_eps;
     /* RoPE (Qwen3 rotate-half pairs (x[i], x[i+hd/2])) */
     int32_t rope_yarn;          /* 0 default, 1 YaRN */
