@@ -33,6 +33,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "attn_plan.h"
 #include "gpu_internal.h"
 #include "gpu_mma.cuh"
 #include "kernels/cuda/pdl.cuh"
@@ -43,6 +44,7 @@ using namespace kg;
 constexpr int TILE = KDT_G_ATT_TILE;
 constexpr int SS = TILE + 1;   /* floats per score row in shared memory */
 constexpr int PS = TILE + 8;   /* bf16 per probability row (80 B: conflict-free fragment loads) */
+static_assert(KDT_AP_TILE == TILE && KDT_AP_SS == SS && KDT_AP_PS == PS, "attn_plan.h sizes this kernel's tiles");
 constexpr int TPR = 8;         /* softmax threads per head row, TILE / TPR keys each */
 constexpr int QCH = 4;         /* k-step chains of one S element */
 constexpr int MAX_ST = 3;      /* deepest KV ring */
@@ -70,13 +72,8 @@ __host__ __device__ inline int n_splits(int n_keys) {
  * score plane, and the softmax adds the planes ((c0 + c1) + (c2 + c3), the single-warp sum).
  * P V gives each warp d_c / W columns. Every element's operations are the same for every W, so
  * W is scheduling (per launch), like HG. */
-/* Score planes of an item: 1 while every warp holds whole (m-tile, 8-key tile) pairs, 2 when
- * two warps share a pair's chains (16 heads on 8 warps), 4 when each warp holds one chain (16
- * heads on 16 warps; the softmax adds (p0 + p1) + (p2 + p3), the same sum). */
-__host__ __device__ constexpr int att_planes(int hg, int w) {
-    return w <= hg / 16 * (TILE / 8) ? 1 : (w <= 2 * (hg / 16) * (TILE / 8) ? 2 : 4);
-}
-
+/* Score planes (kdt_ap_planes): 16 heads on 8 warps add two, on 16 warps four, (p0 + p1) +
+ * (p2 + p3), the same sum. Shared memory, strides and the warp count: attn_plan.h. */
 template <int HG, int W>
 struct AttCfg {
     static constexpr int WARPS = W;
@@ -84,28 +81,13 @@ struct AttCfg {
     static constexpr int MT = HG / 16;
     static constexpr int PAIRS = MT * (TILE / 8);
     static constexpr int TPK = THREADS / TILE;              /* loader threads per key */
-    static constexpr int PLANES = att_planes(HG, W);        /* score planes the softmax adds */
+    static constexpr int PLANES = kdt_ap_planes(HG, W);     /* score planes the softmax adds */
     static constexpr int PPW = PLANES == 1 ? PAIRS / WARPS : 1; /* pairs per warp */
     static constexpr int CPW = QCH / PLANES;                /* chains per warp */
     static_assert(HG == 16 || HG == 64, "heads per item");
     static_assert(PPW * CPW * WARPS == PAIRS * QCH && WARPS % (TILE / 8) == 0, "S tiles per warp");
     static_assert(PLANES == 1 || PLANES == 2 || PLANES == 4, "score planes");
 };
-
-/* Shared-memory row stride (bf16) of Q and K tiles: the columns the k16 steps read (d_q rounded
- * up to 16) or the P V columns of the warps (warps x NT x 8), whichever is wider, plus 8: rows
- * are an odd number of 16-byte units apart, so the 8 rows of an ldmatrix hit 8 bank groups. */
-__host__ __device__ inline int qs_stride(int w, int nt, int dq) {
-    const int cols = w * nt * 8;
-    const int d16 = (dq + 15) / 16 * 16;
-    return (d16 > cols ? d16 : cols) + 8;
-}
-
-__host__ __device__ inline size_t att_smem(int hg, int w, int nt, int dq, int stages) {
-    const size_t qs = (size_t)qs_stride(w, nt, dq);
-    return (size_t)hg * qs * 2 + (size_t)stages * TILE * qs * 2 + (size_t)att_planes(hg, w) * hg * SS * 4 +
-           (size_t)hg * PS * 2 + 3 * (size_t)hg * 4;
-}
 
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -291,7 +273,7 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
     constexpr int CPW = C::CPW, PLANES = C::PLANES;
     extern __shared__ __align__(16) unsigned char smem[];
     pdl::wait(); /* programmatic dependence (kdt_g_pdl_rows): the previous kernel is done */
-    const int qs = qs_stride(W, NT, a.dq), dq16 = (a.dq + 15) / 16, kch = (dq16 + QCH - 1) / QCH;
+    const int qs = kdt_ap_qs_stride(W, NT, a.dq), dq16 = (a.dq + 15) / 16, kch = (dq16 + QCH - 1) / QCH;
     uint16_t *Qs = reinterpret_cast<uint16_t *>(smem);                       /* [HG][qs] */
     uint16_t *Ks = Qs + (size_t)HG * qs;                                      /* [stages][TILE][qs] */
     float *Ss = reinterpret_cast<float *>(Ks + (size_t)stages * TILE * qs);   /* [PLANES][HG][SS] raw */
@@ -602,19 +584,6 @@ __global__ void __launch_bounds__(CT) attn_combine(const kdt_attn_args a, int co
     }
 }
 
-int pick_nt(int w, int dc) {
-    int nt = (dc + w * 8 - 1) / (w * 8);
-    nt += nt & 1;
-    if (nt < 2) nt = 2;
-    return nt;
-}
-
-/* The warp counts with instances: 16 heads 4, 8 or 16 warps, 64 heads 8 (16 would spill at the
- * 128 registers of 512 threads); NT (8-column P V tiles per warp) up to 64 / W, so d_c <= 512
- * always has one. */
-constexpr bool att_has_w(int hg, int w) { return hg == 16 ? (w == 4 || w == 8 || w == 16) : w == 8; }
-inline int att_max_nt(int w) { return w == 4 ? 16 : (w == 8 ? 8 : 4); }
-
 /* The device's SM count, per-block opt-in and per-SM shared memory. */
 struct DevLimits {
     int n_sm, optin, per_sm;
@@ -628,9 +597,9 @@ cudaError_t dev_limits(DevLimits *d) {
     return e;
 }
 
-/* The deepest KV ring that fits the device (2 always fits where the instance is supported). */
+/* The deepest KV ring that fits the device (2 fits wherever kdt_ap_pick_warps chose the count). */
 int max_stages(int hg, int w, int nt, int dq, const DevLimits &d) {
-    return att_smem(hg, w, nt, dq, MAX_ST) <= (size_t)d.optin ? MAX_ST : 2;
+    return kdt_ap_smem(hg, w, nt, dq, MAX_ST) <= (size_t)d.optin ? MAX_ST : 2;
 }
 
 /* One switch over the instances: f.operator()<HG, W, NT>() for (hg, w, nt), false if none. */
@@ -691,12 +660,12 @@ struct LaunchPartial {
  * launch has at most one CTA per SM anyway (a one-row decode) and d_c gives each of the 16 warps
  * >= 32 P V columns (Kimi's 512): an item's tile is then a shorter dependent chain per warp
  * (session 11: the decode's attention step 28.2 -> 25.9 us, the layer -3 us). KDT_GPU_ATT_WARPS=
- * 4 / 8 / 16 (read per launch) forces a count. */
-int att_warps(int hg, int64_t grid, int n_sm, int dc) {
+ * 4 / 8 / 16 (read per launch) forces a count. A count whose 2-stage ring does not fit the device
+ * gives way to the next (kdt_ap_pick_warps): on 99 KB parts (sm_120, sm_86 / 89) a 16-warp item
+ * of d_c 512 needs 103,360 bytes, so a Kimi decode runs 8 warps there. 0: none fits. */
+int att_warps(int hg, int64_t grid, int dc, int dq, const DevLimits &d) {
     const char *e = getenv("KDT_GPU_ATT_WARPS");
-    const int w = e ? atoi(e) : 0;
-    if (att_has_w(hg, w)) return w;
-    return hg == 16 && grid <= n_sm && dc >= 16 * 32 ? 16 : 8;
+    return kdt_ap_pick_warps(hg, grid, d.n_sm, dc, dq, (size_t)d.optin, e ? atoi(e) : 0);
 }
 
 /* Verify rows from a tree that lives on the device (kdt_gpu_stage_verify_device): one CTA numbers
@@ -777,31 +746,22 @@ __global__ void __launch_bounds__(STAGE_THREADS) k_stage_tree(kdt_gstage_hdr *hd
 extern "C" int32_t kdt_attn_split_keys(int32_t n_keys) { return split_keys(n_keys); }
 extern "C" int32_t kdt_attn_n_splits(int32_t n_keys) { return n_splits(n_keys); }
 
-/* 0 when (heads_per_item, d_c, d_q) has no kernel instance; else the shared memory of its
- * shallowest (2-stage) ring with the most shared memory of its warp counts, what the device must
- * offer for the instance to run at all. */
+/* 0 when (heads_per_item, d_c, d_q) has no kernel instance; else the least shared memory per
+ * block it runs with (the smallest 2-stage ring of its warp counts: launches fall back to it). It
+ * took the largest until session 24, which refused Kimi's d_c 512 on 99 KB devices (sm_120). */
 extern "C" size_t kdt_attn_smem_bytes(int32_t heads_per_item, int32_t dc, int32_t dq) {
-    if ((heads_per_item != 16 && heads_per_item != 64) || dq % 8 || dc < 1 || dc > dq) return 0;
-    size_t most = 0;
-    for (int w = 4; w <= 16; w *= 2) {
-        if (!att_has_w(heads_per_item, w)) continue;
-        const int nt = pick_nt(w, dc);
-        if (nt > att_max_nt(w)) return 0;
-        const size_t b = att_smem(heads_per_item, w, nt, dq, 2);
-        if (b > most) most = b;
-    }
-    return most;
+    return kdt_ap_min_smem(heads_per_item, dc, dq);
 }
 
 /* Raises the shared-memory limit of the instances this model uses (before any capture) to the
- * deepest ring the device fits, for every warp count of the head group. */
+ * deepest ring the device fits, for every warp count of the head group that fits it at all. */
 extern "C" kdt_status kdt_attn_init(int32_t heads_per_item, int32_t dc, int32_t dq) {
     DevLimits d;
     cudaError_t e = dev_limits(&d);
     for (int w = 4; w <= 16 && e == cudaSuccess; w *= 2) {
-        if (!att_has_w(heads_per_item, w)) continue;
-        const int nt = pick_nt(w, dc);
-        SetAttr f = {att_smem(heads_per_item, w, nt, dq, max_stages(heads_per_item, w, nt, dq, d)), cudaSuccess};
+        if (!kdt_ap_w_fits(heads_per_item, w, dc, dq, (size_t)d.optin)) continue;
+        const int nt = kdt_ap_pick_nt(w, dc);
+        SetAttr f = {kdt_ap_smem(heads_per_item, w, nt, dq, max_stages(heads_per_item, w, nt, dq, d)), cudaSuccess};
         e = att_dispatch(heads_per_item, w, nt, f) ? f.e : cudaErrorInvalidValue;
     }
     if (e != cudaSuccess)
@@ -821,13 +781,16 @@ extern "C" kdt_status kdt_attn_launch(const kdt_attn_args *a, cudaStream_t s) {
     DevLimits d;
     cudaError_t e = dev_limits(&d);
     if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "GPU attention: device: %s", cudaGetErrorString(e));
-    const int w = att_warps(hg, a->grid, d.n_sm, a->dc);
-    const int nt = pick_nt(w, a->dc);
+    const int w = att_warps(hg, a->grid, a->dc, a->dq, d);
+    if (w == 0)
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "GPU attention: no %d-head instance for d_c %d, d_q %d fits %d bytes of "
+                        "shared memory per block", hg, a->dc, a->dq, d.optin);
+    const int nt = kdt_ap_pick_nt(w, a->dc);
     int stages = max_stages(hg, w, nt, a->dq, d);
-    const size_t smem2 = att_smem(hg, w, nt, a->dq, 2);
+    const size_t smem2 = kdt_ap_smem(hg, w, nt, a->dq, 2);
     const int two_per_sm = 2 * (smem2 + 1024) <= (size_t)d.per_sm;
     if (hg == 16 && a->max_rows > 1 && two_per_sm) stages = 2;
-    const size_t smem = att_smem(hg, w, nt, a->dq, stages);
+    const size_t smem = kdt_ap_smem(hg, w, nt, a->dq, stages);
     int64_t grid = a->grid > 0 ? a->grid : 1;
     int64_t per_sm = (int64_t)d.per_sm / (int64_t)(smem + 1024);
     if (per_sm < 1) per_sm = 1;

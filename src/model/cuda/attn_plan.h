@@ -1,0 +1,93 @@
+/* attn_plan.h - the GPU attention's (gpu_attn.cu) instances and their shared memory, as plain C:
+ * which (heads per item, warps, P V column tiles per warp) instances exist, how much shared
+ * memory each takes with a ring of 2 or 3 KV stages, and which warp count a launch takes on a
+ * device with a given per-block limit. gpu_attn.cu sizes and picks with these very functions, and
+ * tests/test_gpu_plans.c checks them against every device class the engine targets without a
+ * GPU: H200 / H100 (227 KB per block), A100 (163 KB), RTX PRO 6000 Blackwell sm_120 and sm_86 /
+ * sm_89 (99 KB). The warp count never changes a bit (gpu_attn.cu), so falling back to fewer warps
+ * where the preferred count does not fit is pure scheduling.
+ */
+#ifndef KDT_ATTN_PLAN_H
+#define KDT_ATTN_PLAN_H
+
+#include <stddef.h>
+
+#ifdef __CUDACC__
+#define KDT_AP_FN __host__ __device__ constexpr inline
+#else
+#define KDT_AP_FN static inline
+#endif
+
+enum {
+    KDT_AP_TILE = 32,      /* keys per attention tile (KDT_G_ATT_TILE) */
+    KDT_AP_SS = 33,        /* floats per score row (TILE + 1) */
+    KDT_AP_PS = 40,        /* bf16 per probability row (TILE + 8) */
+    KDT_AP_MAX_STAGES = 3  /* deepest KV ring */
+};
+
+/* Score planes the softmax adds: 1 while every warp holds whole (m-tile, 8-key tile) pairs, 2 when
+ * two warps share a pair's k-step chains, 4 when each warp holds one chain. */
+KDT_AP_FN int kdt_ap_planes(int hg, int w) {
+    return w <= hg / 16 * (KDT_AP_TILE / 8) ? 1 : (w <= 2 * (hg / 16) * (KDT_AP_TILE / 8) ? 2 : 4);
+}
+
+/* Row stride (bf16) of the Q and K tiles: the k16 steps' columns (d_q rounded up to 16) or the
+ * warps' P V columns (w x nt x 8), whichever is wider, plus 8 (ldmatrix rows in 8 bank groups). */
+KDT_AP_FN int kdt_ap_qs_stride(int w, int nt, int dq) {
+    const int d16 = (dq + 15) / 16 * 16, cols = w * nt * 8;
+    return (d16 > cols ? d16 : cols) + 8;
+}
+
+/* Dynamic shared memory of an instance with `stages` KV tiles in its ring: Q, the KV ring, the
+ * score planes, P, and the rows' max / sum / rescale factor. */
+KDT_AP_FN size_t kdt_ap_smem(int hg, int w, int nt, int dq, int stages) {
+    const size_t qs = (size_t)kdt_ap_qs_stride(w, nt, dq);
+    return (size_t)hg * qs * 2 + (size_t)stages * KDT_AP_TILE * qs * 2 +
+           (size_t)kdt_ap_planes(hg, w) * (size_t)hg * KDT_AP_SS * 4 + (size_t)hg * KDT_AP_PS * 2 +
+           3 * (size_t)hg * 4;
+}
+
+/* 8-column P V tiles per warp for d_c value columns (even, at least 2). */
+KDT_AP_FN int kdt_ap_pick_nt(int w, int dc) {
+    int nt = (dc + w * 8 - 1) / (w * 8);
+    nt += nt & 1;
+    return nt < 2 ? 2 : nt;
+}
+
+/* The warp counts with instances: 16 heads 4, 8 or 16 warps, 64 heads 8 (16 would spill at the
+ * 128 registers of 512 threads); NT up to 64 / W, so d_c <= 512. */
+KDT_AP_FN int kdt_ap_has_w(int hg, int w) { return hg == 16 ? (w == 4 || w == 8 || w == 16) : (hg == 64 && w == 8); }
+KDT_AP_FN int kdt_ap_max_nt(int w) { return w == 4 ? 16 : (w == 8 ? 8 : 4); }
+
+/* Whether instance (hg, w) exists for d_c and its 2-stage ring fits `optin` bytes per block. */
+KDT_AP_FN int kdt_ap_w_fits(int hg, int w, int dc, int dq, size_t optin) {
+    return kdt_ap_has_w(hg, w) && kdt_ap_pick_nt(w, dc) <= kdt_ap_max_nt(w) &&
+           kdt_ap_smem(hg, w, kdt_ap_pick_nt(w, dc), dq, 2) <= optin;
+}
+
+/* The warp count of a launch of `grid` items on `n_sm` SMs: `forced` (KDT_GPU_ATT_WARPS) where it
+ * exists and fits; else, for 16 heads, 16 where the launch has at most one CTA per SM and d_c
+ * gives each warp >= 32 P V columns (a one-row decode: shorter dependent chains per warp), then 8,
+ * then 4: the first that fits. 0 if none fits (the model load refuses such a device first). */
+KDT_AP_FN int kdt_ap_pick_warps(int hg, long long grid, int n_sm, int dc, int dq, size_t optin, int forced) {
+    if (kdt_ap_w_fits(hg, forced, dc, dq, optin)) return forced;
+    if (hg == 16 && grid <= n_sm && dc >= 16 * 32 && kdt_ap_w_fits(hg, 16, dc, dq, optin)) return 16;
+    if (kdt_ap_w_fits(hg, 8, dc, dq, optin)) return 8;
+    if (kdt_ap_w_fits(hg, 4, dc, dq, optin)) return 4;
+    return 0;
+}
+
+/* The least shared memory per block with which 16- or 64-head items of (d_c, d_q) run at all: the
+ * smallest 2-stage ring among their warp counts (a launch falls back to it); 0 if no instance. */
+KDT_AP_FN size_t kdt_ap_min_smem(int hg, int dc, int dq) {
+    size_t least = 0;
+    if ((hg != 16 && hg != 64) || dq % 8 || dc < 1 || dc > dq) return 0;
+    for (int w = 4; w <= 16; w *= 2) {
+        if (!kdt_ap_w_fits(hg, w, dc, dq, (size_t)-1)) continue;
+        const size_t b = kdt_ap_smem(hg, w, kdt_ap_pick_nt(w, dc), dq, 2);
+        if (least == 0 || b < least) least = b;
+    }
+    return least;
+}
+
+#endif
