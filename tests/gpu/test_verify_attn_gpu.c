@@ -473,6 +473,9 @@ static void test_argument_errors(void) {
     setenv("KDT_VERIFY_ATTN", "tensor-cores", 1); /* a path that does not exist */
     CHECK(kdt_verify_attn_cuda(&p, NULL) == KDT_ERR_INVALID_ARG && strstr(kdt_last_error(), "KDT_VERIFY_ATTN"));
     unsetenv("KDT_VERIFY_ATTN");
+    setenv("KDT_VA_PORTABLE_CFG", "bn32", 1); /* a configuration that does not exist */
+    CHECK(kdt_verify_attn_cuda(&p, NULL) == KDT_ERR_INVALID_ARG && strstr(kdt_last_error(), "KDT_VA_PORTABLE_CFG"));
+    unsetenv("KDT_VA_PORTABLE_CFG");
     gcase_free(&c);
 }
 
@@ -510,6 +513,16 @@ int main(void) {
     const clock_t t0 = clock();
     setenv("KDT_VERIFY_ATTN", "mma", 1);
     run_suite("portable path (mma.sync)");
+    if (is_hopper()) { /* the smaller configurations other devices take, on the H200 (quick: the
+                        * sm_120 one only, under the sanitizers' time limits) */
+        if (!g_quick) {
+            setenv("KDT_VA_PORTABLE_CFG", "bn64x1", 1);
+            run_suite("portable path, A100 configuration (BN 64, 1 stage)");
+        }
+        setenv("KDT_VA_PORTABLE_CFG", "bn16", 1);
+        run_suite("portable path, 99 KB configuration (BN 16, 1 stage: sm_120, sm_86/89)");
+        unsetenv("KDT_VA_PORTABLE_CFG");
+    }
     /* the sm_90a path on a Hopper (there the default): the same checks */
     unsetenv("KDT_VERIFY_ATTN");
     T_RUN(test_default_path);

@@ -1249,6 +1249,30 @@ cudaError_t raise_smem_limit() {
     return allow_smem(verify_attn_kernel<BN, STAGES>, Cfg<BN, STAGES>::SMEM);
 }
 
+/* KDT_VA_PORTABLE_CFG=bn64x2|bn64x1|bn16 runs the portable kernel in that configuration instead of
+ * the device's largest, if it fits: the A100's (bn64x1) and the 99 KB parts' (bn16: RTX PRO 6000
+ * Blackwell, sm_86/89) configurations are tested on the H200 that way (gpu_test_verify_attn_gpu).
+ * Read per launch; the configurations give the same results up to rounding (BN changes the tile
+ * boundaries of the online softmax), each checked against the CPU twin. */
+kdt_status forced_config(int best, int *cfg) {
+    const char *env = getenv("KDT_VA_PORTABLE_CFG");
+    if (!env || !*env) return KDT_OK;
+    static const char *names[3] = {"bn64x2", "bn64x1", "bn16"};
+    int c = -1;
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(env, names[i])) c = i;
+    KDT_CHECK_ARG(c >= 0, "kdt_verify_attn_cuda: KDT_VA_PORTABLE_CFG = '%s', expected bn64x2, bn64x1 or bn16", env);
+    if (c < best)
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "kdt_verify_attn_cuda: KDT_VA_PORTABLE_CFG=%s needs more shared memory "
+                        "per block than this device allows (its largest configuration is %s)", env, names[best]);
+    const cudaError_t e = c == CFG_BN64_2STAGE ? raise_smem_limit<64, 2>()
+                          : c == CFG_BN64_1STAGE ? raise_smem_limit<64, 1>() : raise_smem_limit<16, 1>();
+    if (e != cudaSuccess)
+        return kdt_fail(KDT_ERR_CUDA, "kdt_verify_attn_cuda: cudaFuncSetAttribute (%s): %s", env, cudaGetErrorString(e));
+    *cfg = c;
+    return KDT_OK;
+}
+
 /* Picks (once per device) the configuration that fits the device's shared memory per block. */
 kdt_status device_config(int *cfg, int *sms) {
     int dev = 0;
@@ -1471,6 +1495,7 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
 
     int cfg = 0, sms = 1;
     st = device_config(&cfg, &sms);
+    if (st == KDT_OK) st = forced_config(cfg, &cfg);
     if (st != KDT_OK) return st;
 
     VaArgs a;
