@@ -4,6 +4,11 @@
 # build/bench_kernels, bench_model, the engine bench and a 64-client server load (ar / ddtree /
 # auto), and print a short summary table last.
 #   scripts/gpu_check.sh [--no-sanitizer] [--no-bench] [--quick-bench] [--only-tests REGEX] [--experiments]
+#                        [--small-smem]
+# --small-smem: after the tests, every GPU test again with KDT_GPU_SMEM_LIMIT=101376, the shared
+# memory of the RTX PRO 6000 Blackwell (sm_120) and sm_86 / 89: every launcher then picks the
+# configuration such a part takes (portable verify_attn at BN 16, 8-warp decode attention, smaller
+# GEMM pools; src/kernels/cuda/device_limits.h), checked against the CPU twins as usual.
 # --experiments: after the tests, the opt-in variants and the previous defaults (docs/model_gpu.md,
 # docs/verify_attn_notes.md): the model test under them, the wave / access-pattern probes,
 # verify_attn with and without KDT_VA_FUSED=1, and the Kimi layer bench (quick) per variant set,
@@ -19,7 +24,7 @@ SAN_LIMIT=${KDT_SAN_LIMIT:-120}        # seconds per sanitizer run
 BENCH_LIMIT=${KDT_BENCH_LIMIT:-900}    # seconds per benchmark binary (a hung kernel must not eat the run)
 LOG=${OUT:-/tmp/kdt_gpu_check}
 mkdir -p "$LOG"
-SAN=1; BENCH=1; BENCH_FLAGS=""; ONLY=""; EXPER=0
+SAN=1; BENCH=1; BENCH_FLAGS=""; ONLY=""; EXPER=0; SMALL=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-sanitizer) SAN=0 ;;
@@ -27,7 +32,8 @@ while [ $# -gt 0 ]; do
     --quick-bench) BENCH_FLAGS="--quick" ;;
     --only-tests) ONLY="$2"; shift ;;
     --experiments) EXPER=1 ;;
-    *) echo "usage: $0 [--no-sanitizer] [--no-bench] [--quick-bench] [--only-tests REGEX] [--experiments]" >&2; exit 2 ;;
+    --small-smem) SMALL=1 ;;
+    *) echo "usage: $0 [--no-sanitizer] [--no-bench] [--quick-bench] [--only-tests REGEX] [--experiments] [--small-smem]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -53,7 +59,7 @@ echo "build: $(( $(date +%s) - t0 )) s"
 [ $EXPER = 1 ] && export KDT_TEST_VA_VARIANTS=1
 mapfile -t TESTS < <(ls "$BUILD"/gpu_test_* 2>/dev/null | grep -E "${ONLY:-.}" | sort)
 [ ${#TESTS[@]} -gt 0 ] || { echo "no GPU tests found in $BUILD"; exit 1; }
-declare -A RES MEM RACE SECS
+declare -A RES MEM RACE SECS SMALLRES
 fail=0
 for t in "${TESTS[@]}"; do
   n=$(basename "$t")
@@ -63,6 +69,16 @@ for t in "${TESTS[@]}"; do
   echo "--- $n: ${RES[$n]} (${SECS[$n]} s): $(tail -1 "$LOG/$n.log")"
   [ "${RES[$n]}" = pass ] || tail -30 "$LOG/$n.log"
 done
+if [ $SMALL = 1 ]; then
+  for t in "${TESTS[@]}"; do
+    n=$(basename "$t")
+    s=$(date +%s)
+    if KDT_GPU_SMEM_LIMIT=101376 timeout "${KDT_TEST_LIMIT:-600}" "$t" >"$LOG/$n.smem99k.log" 2>&1; then SMALLRES[$n]=pass
+    else SMALLRES[$n]=FAIL; fail=1; fi
+    echo "--- $n with KDT_GPU_SMEM_LIMIT=101376: ${SMALLRES[$n]} ($(( $(date +%s) - s )) s): $(tail -1 "$LOG/$n.smem99k.log")"
+    [ "${SMALLRES[$n]}" = pass ] || tail -30 "$LOG/$n.smem99k.log"
+  done
+fi
 # KDT_EXP_PARTS (default "model,probes,va,layer") picks the experiment parts, so a run that would
 # pass the device's 10-minute call limit can be split into two calls
 EXP_PARTS=",${KDT_EXP_PARTS:-model,probes,va,layer},"
@@ -245,10 +261,10 @@ fi
 
 echo
 echo "== gpu_check summary ($(head -1 "$LOG/gpu.txt")) =="
-printf '%-36s %-6s %-9s %-9s %6s\n' test result memcheck racecheck secs
+printf '%-36s %-6s %-9s %-9s %6s %s\n' test result memcheck racecheck secs "$([ $SMALL = 1 ] && echo '99KB')"
 for t in "${TESTS[@]}"; do
   n=$(basename "$t")
-  printf '%-36s %-6s %-9s %-9s %6s\n' "$n" "${RES[$n]}" "${MEM[$n]:--}" "${RACE[$n]:--}" "${SECS[$n]}"
+  printf '%-36s %-6s %-9s %-9s %6s %s\n' "$n" "${RES[$n]}" "${MEM[$n]:--}" "${RACE[$n]:--}" "${SECS[$n]}" "${SMALLRES[$n]:-}"
   for row in "${SAN_ROWS[@]}"; do
     [[ "$row" == "$n:"* ]] && printf '  %-34s %-6s %-9s %-9s %6s\n' "${row#*:}" "" "${MEM[$row]:--}" "${RACE[$row]:--}" ""
   done

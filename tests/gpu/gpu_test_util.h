@@ -33,6 +33,13 @@ static inline int gpu_test_cc_major(void) {
     return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess ? major : 0;
 }
 
+/* 1 when KDT_GPU_SMEM_LIMIT lowers the shared memory the launchers see (gpu_check.sh
+ * --small-smem: a large GPU playing a 99 KB part), so paths that need more are not expected. */
+static inline int gpu_test_smem_capped(void) {
+    const char *e = getenv("KDT_GPU_SMEM_LIMIT");
+    return e && atol(e) > 0;
+}
+
 /* A device copy of host bytes (at least 4 bytes allocated, so a zero-size array is still a valid
  * pointer); the test frees it or exits. */
 static inline void *dev_copy(const void *h, size_t bytes) {

@@ -422,7 +422,7 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
     same(z1, z2, b1, what);
     {   /* the wave-shaping instance (5 CTAs per SM, 3-stage pool, 16-row passes): v1's bits too */
         int per_sm = 0;
-        CK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
+        CK(kdt_smem_per_sm(0, &per_sm));
         const V2Cfg c5 = v2_config_pool(pool_per_sm(per_sm, 5));
         const dim3 grid((unsigned)((a.n_max + BN - 1) / BN), (unsigned)(a.grid_items > 0 ? a.grid_items : 1));
         poison(y2, b0);
@@ -470,7 +470,7 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
         /* the launcher's choice, then every tiled instance directly: cp.async or bulk loader
          * (sm_90+), default pool or the 5-per-SM one */
         int per_sm = 0, major = 0;
-        CK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
+        CK(kdt_smem_per_sm(0, &per_sm));
         CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
         const V2Cfg cd = v2_config(STAGES), c5 = v2_config_pool(pool_per_sm(per_sm, 5));
         const dim3 ga((unsigned)((at.n_max + BN - 1) / BN), (unsigned)(at.grid_items > 0 ? at.grid_items : 1));
@@ -819,7 +819,7 @@ static void stream_probe() {
             const int smem = stages * 8192;
             /* occupancy capped at k CTAs per SM by padding the shared memory request */
             int per_sm = 0;
-            CK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
+            CK(kdt_smem_per_sm(0, &per_sm));
             const int pad = pool_per_sm(per_sm, k);
             const int req = pad > smem ? pad : smem;
             CK(cudaFuncSetAttribute(k_stream<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, req));
@@ -846,7 +846,7 @@ static void wave_timing() {
     const int D = 7168, I = 2048, EMAX = 64;
     int n_sm = 0, per_sm = 0, major = 0;
     CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
-    CK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0));
+    CK(kdt_smem_per_sm(0, &per_sm));
     CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
     uint16_t *gu_all = dalloc<uint16_t>((size_t)EMAX * 2 * I * D), *dn_all = dalloc<uint16_t>((size_t)EMAX * D * I);
     k_fill_w<<<1024, 256>>>(gu_all, (int64_t)EMAX * 2 * I, D, D, 223);

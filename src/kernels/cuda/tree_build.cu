@@ -46,6 +46,7 @@
 #include "common.h"
 #include "kdtree/kernels.h"
 #include "kernels/tree_build_internal.h"
+#include "device_limits.h"
 #include "pdl.cuh"
 
 namespace {
@@ -469,7 +470,7 @@ extern "C" kdt_status kdt_tree_build_cuda(const kdt_tree_build_params *p, kdt_tr
         int dev = 0, max_optin = 0;
         e = cudaGetDevice(&dev);
         if (e == cudaSuccess)
-            e = cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+            e = kdt_smem_optin(dev, &max_optin);
         if (e == cudaSuccess && smem > (size_t)max_optin)
             return kdt_fail(KDT_ERR_UNSUPPORTED,
                             "%s: max_depth = %d x top_k = %d needs %zu bytes of shared memory, "

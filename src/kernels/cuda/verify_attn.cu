@@ -62,6 +62,7 @@
 
 #include "common.h"
 #include "kdtree/kernels.h"
+#include "device_limits.h"
 #include "pdl.cuh"
 #include "verify_attn_mma.cuh"
 #include "verify_attn_tiles.cuh"
@@ -1285,7 +1286,7 @@ kdt_status device_config(int *cfg, int *sms) {
         return KDT_OK;
     }
     int optin = 0, n_sm = 0;
-    if ((e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)) != cudaSuccess ||
+    if ((e = kdt_smem_optin(dev, &optin)) != cudaSuccess ||
         (e = cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
         return kdt_fail(KDT_ERR_CUDA, "kdt_verify_attn_cuda: device attributes: %s", cudaGetErrorString(e));
     int c = CFG_NONE;
@@ -1322,7 +1323,7 @@ int sm90_ready(const char **why) {
     int major = 0, optin = 0;
     cudaFuncAttributes fa;
     int ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-             cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
+             kdt_smem_optin(dev, &optin) == cudaSuccess &&
              cudaFuncGetAttributes(&fa, verify_attn_sm90_kernel<false>) == cudaSuccess;
     ok = ok && major == 9 && fa.ptxVersion >= 90 && (size_t)optin >= W_SMEM && (size_t)optin >= SS_SMEM &&
          allow_smem(verify_attn_sm90_kernel<false>, W_SMEM) == cudaSuccess &&

@@ -35,6 +35,7 @@
 
 #include "attn_plan.h"
 #include "gpu_internal.h"
+#include "kernels/cuda/device_limits.h"
 #include "gpu_mma.cuh"
 #include "kernels/cuda/pdl.cuh"
 
@@ -592,8 +593,8 @@ cudaError_t dev_limits(DevLimits *d) {
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&d->n_sm, cudaDevAttrMultiProcessorCount, dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&d->optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&d->per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+    if (e == cudaSuccess) e = kdt_smem_optin(dev, &d->optin);
+    if (e == cudaSuccess) e = kdt_smem_per_sm(dev, &d->per_sm);
     return e;
 }
 

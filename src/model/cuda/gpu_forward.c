@@ -23,6 +23,7 @@
  *   taps
  * then for the rows that want outputs: RMSNorm -> lm_head with the fused argmax (+ logits). */
 #include "gpu_internal.h"
+#include "kernels/cuda/device_limits.h"
 
 #include "model/model_internal.h"
 
@@ -77,7 +78,7 @@ static int32_t max_row_splits(int32_t max_keys) {
 
 int32_t kdt_gpu_gemm_stages(const kdt_gpu_model *g) {
     int per_sm = 0;
-    cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, g->device);
+    kdt_smem_per_sm(g->device, &per_sm);
     for (int32_t s = 4; s >= 2; s--)
         if (2 * kdt_gemm_smem_bytes(s) + 2048 <= (size_t)per_sm && kdt_gemm_smem_bytes(s) <= g->smem_optin) return s;
     for (int32_t s = 4; s >= 2; s--)

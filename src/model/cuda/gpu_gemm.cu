@@ -43,6 +43,7 @@
 
 #include "gemm_tiles.cuh"
 #include "gpu_internal.h"
+#include "kernels/cuda/device_limits.h"
 #include "gpu_mma.cuh"
 #include "kernels/cuda/pdl.cuh"
 
@@ -1253,7 +1254,7 @@ DevSm dev_sm() {
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&d.n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
+        kdt_smem_per_sm(dev, &d.smem_per_sm) != cudaSuccess) {
         cudaGetLastError(); /* a failed query only forgoes the shaping */
         d.n_sm = d.smem_per_sm = 0;
     }
@@ -1456,8 +1457,7 @@ const V3Dev *v3_dev() {
     V3Dev &d = g_v3dev[dev];
     if (!d.known) {
         d.ok = cudaDeviceGetAttribute(&d.n_sm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-               cudaDeviceGetAttribute(&d.per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) == cudaSuccess &&
-               cudaDeviceGetAttribute(&d.optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
+               kdt_smem_per_sm(dev, &d.per_sm) == cudaSuccess && kdt_smem_optin(dev, &d.optin) == cudaSuccess &&
                d.n_sm > 0;
         if (d.ok) {
             d.max_cps[0][0] = v3_reg_cps<1, v3::DenseP>();
@@ -1618,7 +1618,7 @@ extern "C" kdt_status kdt_gemm_init(int32_t stages) {
      * with different `stages` never lower each other's limit */
     int dev = 0, optin = 0;
     if (e == cudaSuccess) e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e == cudaSuccess) e = kdt_smem_optin(dev, &optin);
     size_t v2_bytes = bytes;
     for (int s2 = 4; s2 > stages; s2--)
         if ((size_t)pool_bytes(s2) <= (size_t)optin) {

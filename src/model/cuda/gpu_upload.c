@@ -12,6 +12,7 @@
  * progress bar on a terminal. The RoPE table is computed on the host exactly as forward.c
  * computes cos/sin, and uploaded. */
 #include "gpu_internal.h"
+#include "kernels/cuda/device_limits.h"
 
 #include "fp.h"
 #include "model/model_internal.h"
@@ -71,7 +72,9 @@ kdt_status kdt_gpu_model_alloc(kdt_gpu_model *g, const kdt_gpu_options *opt, con
     struct cudaDeviceProp prop;
     if ((e = cudaGetDeviceProperties(&prop, g->device)) != cudaSuccess) return cuda_fail(e, "GPU model: device");
     g->n_sm = prop.multiProcessorCount;
-    g->smem_optin = prop.sharedMemPerBlockOptin;
+    int optin = 0;
+    if ((e = kdt_smem_optin(g->device, &optin)) != cudaSuccess) return cuda_fail(e, "GPU model: device");
+    g->smem_optin = (size_t)optin;
     /* what the kernels support */
     if (dq % 8)
         return kdt_fail(KDT_ERR_UNSUPPORTED, "GPU forward: kv_lora_rank + qk_rope_head_dim = %d must be a multiple of 8",
