@@ -325,7 +325,7 @@ static void test_bad_input(void) {
 }
 
 /* A random schedule against the greedy reference: adds (accepted, refused for a bad argument,
- * refused for capacity: 4 slots, a 6-page pool), cancels (live, finished and unknown ids) and
+ * refused for capacity: 4 slots, a 6-page pool, a 60-token context), cancels (live, finished and unknown ids) and
  * steps, in random order, with every mode, random budgets, stop ids and max_new_tokens, and some
  * sampled streams beside the greedy ones. Checked: a refused add or cancel changes nothing; events
  * name live streams only, each stream finishes once; a greedy stream's tokens are its reference
@@ -382,6 +382,7 @@ static void test_random_ops(void) {
     o.max_streams = 4;
     o.max_budget = 64;
     o.kv_pages = 6; /* a 40-token prompt with a 64-node tree takes 3: pool refusals happen */
+    o.max_context = 60; /* the 40-token prompt with 21+ new tokens is refused; others end near it */
     kdt_engine *e = NULL;
     CHECK_MSG(kdt_engine_create(&o, &e) == KDT_OK, "%s", kdt_last_error());
     if (!e) return;
@@ -436,9 +437,10 @@ static void test_random_ops(void) {
             } else {
                 CHECK_MSG(st == KDT_ERR_CAPACITY, "add: status %d: %s", (int)st, kdt_last_error());
                 /* every slot taken (finished and cancelled streams keep theirs until the step
-                 * that reports them) or the pool short */
-                CHECK_MSG(strstr(kdt_last_error(), "stream slots") || strstr(kdt_last_error(), "KV pool"), "%s",
-                          kdt_last_error());
+                 * that reports them), the pool short, or prompt + max_new_tokens past the context */
+                CHECK_MSG(strstr(kdt_last_error(), "stream slots") || strstr(kdt_last_error(), "KV pool") ||
+                              strstr(kdt_last_error(), "context"),
+                          "%s", kdt_last_error());
                 CHECK(strstr(kdt_last_error(), "KV pool") || before.active_streams + before.waiting_streams <= 4);
                 refused_cap++;
             }
