@@ -230,8 +230,8 @@ fi
 # test did not finish in 540 s, so racecheck takes the pair's kernels from test_pair_brief (a few
 # rounds of each mode; racecheck 0 hazards in 291 s, session 23) and memcheck keeps the whole
 # tiny-pair test. SAN_PART_LIMIT: parts that need more than KDT_SAN_LIMIT seconds.
-declare -A SAN_PARTS=([gpu_test_engine_gpu]="test_lossless_oracle test_tiny_pair:memcheck test_pair_brief")
-declare -A SAN_PART_LIMIT=([test_pair_brief]=360)
+declare -A SAN_PARTS=([gpu_test_engine_gpu]="test_lossless_oracle test_tiny_pair:memcheck test_pair_brief test_random_ops_gpu")
+declare -A SAN_PART_LIMIT=([test_pair_brief]=360 [test_random_ops_gpu]=300)
 SAN_ROWS=()
 if [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
   for t in "${TESTS[@]}"; do

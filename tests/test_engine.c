@@ -324,56 +324,9 @@ static void test_bad_input(void) {
     CHECK(e == NULL);
 }
 
-/* A random schedule against the greedy reference: adds (accepted, refused for a bad argument,
- * refused for capacity: 4 slots, a 6-page pool, a 60-token context), cancels (live, finished and unknown ids) and
- * steps, in random order, with every mode, random budgets, stop ids and max_new_tokens, and some
- * sampled streams beside the greedy ones. Checked: a refused add or cancel changes nothing; events
- * name live streams only, each stream finishes once; a greedy stream's tokens are its reference
- * up to its first stop id or max_new_tokens (a prefix if cancelled); a sampled one stays in the
- * vocabulary and within its cap; at the end no stream is left and every KV page is free.
- * KDT_FUZZ_SCALE / KDT_FUZZ_SEED (tests/t.h) lengthen or reseed it. */
-typedef struct ro_stream {
-    int32_t id, prompt, max_new, stop, greedy, n_out, finishes;
-    int cancelled;
-    kdt_finish_reason fin;
-    int32_t out[32];
-} ro_stream;
-
-static int ro_same_stats(const kdt_engine_stats *a, const kdt_engine_stats *b) {
-    return a->kv_pages_used == b->kv_pages_used && a->active_streams == b->active_streams &&
-           a->waiting_streams == b->waiting_streams && a->tokens_emitted == b->tokens_emitted;
-}
-
-static ro_stream *ro_find(ro_stream *rs, int n, int32_t id) {
-    for (int i = 0; i < n; i++)
-        if (rs[i].id == id) return &rs[i];
-    return NULL;
-}
-
-static void ro_step(kdt_engine *e, ro_stream *rs, int n_rs, int *bad) {
-    kdt_stream_event ev[4];
-    int32_t n_ev = 0;
-    const kdt_status st = kdt_engine_step(e, ev, 4, &n_ev);
-    CHECK_MSG(st == KDT_OK, "step: %s", kdt_last_error());
-    for (int32_t k = 0; k < n_ev; k++) {
-        ro_stream *r = ro_find(rs, n_rs, ev[k].stream_id);
-        if (!r || r->finishes) {
-            CHECK_MSG(0, "event for stream %d, which is %s", ev[k].stream_id, r ? "finished" : "unknown");
-            ++*bad;
-            continue;
-        }
-        for (int32_t j = 0; j < ev[k].n_tokens; j++) {
-            if (r->n_out >= r->max_new) {
-                CHECK_MSG(0, "stream %d: more than its %d tokens", r->id, r->max_new);
-                ++*bad;
-                break;
-            }
-            r->out[r->n_out++] = ev[k].tokens[j];
-        }
-        if (ev[k].finish != KDT_FINISH_NONE) r->fin = ev[k].finish, r->finishes++;
-    }
-}
-
+/* A random schedule against the greedy reference (et_random_ops, engine_test_util.h): adds,
+ * cancels and steps in random order on a 4-slot engine with a 6-page pool and a 60-token
+ * context. KDT_FUZZ_SCALE / KDT_FUZZ_SEED (tests/t.h) lengthen or reseed it. */
 static void test_random_ops(void) {
     kdt_engine_options o;
     memset(&o, 0, sizeof o);
@@ -381,141 +334,14 @@ static void test_random_ops(void) {
     o.model_dir = ET_FIXTURE;
     o.max_streams = 4;
     o.max_budget = 64;
-    o.kv_pages = 6; /* a 40-token prompt with a 64-node tree takes 3: pool refusals happen */
+    o.kv_pages = 6;     /* a 40-token prompt with a 64-node tree takes 3: pool refusals happen */
     o.max_context = 60; /* the 40-token prompt with 21+ new tokens is refused; others end near it */
     kdt_engine *e = NULL;
     CHECK_MSG(kdt_engine_create(&o, &e) == KDT_OK, "%s", kdt_last_error());
     if (!e) return;
     CHECK(kdt_engine_set_test_drafter(e, DEPTH, et_oracle_draft, &g_oracle) == KDT_OK);
-    const int ops = t_fuzz_iters(1000);
-    ro_stream *rs = calloc((size_t)ops, sizeof *rs);
-    int n_rs = 0, bad = 0, refused_cap = 0, refused_arg = 0, cancels = 0;
-    uint64_t rng = t_fuzz_seed(0x0e9a11);
-    static const kdt_spec_mode modes[4] = {KDT_SPEC_AR, KDT_SPEC_CHAIN, KDT_SPEC_DDTREE, KDT_SPEC_AUTO};
-    for (int op = 0; op < ops && bad < 5; op++) {
-        const int kind = t_rand_int(&rng, 10);
-        kdt_engine_stats before, after;
-        kdt_engine_get_stats(e, &before);
-        if (kind <= 4) { /* add: 4 in 5 well-formed */
-            const int i = t_rand_int(&rng, N_PROMPTS);
-            ro_stream r;
-            memset(&r, 0, sizeof r);
-            r.prompt = i;
-            r.max_new = 1 + t_rand_int(&rng, g_new[i]);
-            r.stop = t_rand_int(&rng, 3) == 0 ? g_ref[i][t_rand_int(&rng, r.max_new)] : -1;
-            r.greedy = t_rand_int(&rng, 5) != 0;
-            kdt_gen_params p;
-            kdt_gen_params_default(&p);
-            p.spec = modes[t_rand_int(&rng, 4)];
-            p.budget = 1 + t_rand_int(&rng, 64);
-            p.max_new_tokens = r.max_new;
-            if (r.stop >= 0) p.stop_ids = &r.stop, p.n_stop = 1;
-            if (!r.greedy) p.temperature = 0.8f, p.top_k = 20, p.seed = t_rand_u64(&rng);
-            int32_t prompt[64];
-            int32_t n_prompt = g_n_prompt[i];
-            memcpy(prompt, g_prompts[i], sizeof(int32_t) * (size_t)n_prompt);
-            const int malformed = kind == 4 ? 1 + t_rand_int(&rng, 6) : 0;
-            switch (malformed) {
-            case 1: prompt[t_rand_int(&rng, n_prompt)] = t_rand_int(&rng, 2) ? 320 : -1; break; /* token id */
-            case 2: n_prompt = 0; break;
-            case 3: p.spec = KDT_SPEC_DDTREE, p.budget = 65; break; /* ar / chain ignore the budget */
-            case 4: p.max_new_tokens = 0; break;
-            case 5: p.top_p = 0.0f; break;
-            case 6: r.stop = 999, p.stop_ids = &r.stop, p.n_stop = 1; break;
-            }
-            int32_t id = -1;
-            const kdt_status st = kdt_engine_add(e, prompt, n_prompt, &p, &id);
-            kdt_engine_get_stats(e, &after);
-            if (malformed) {
-                CHECK_MSG(st == KDT_ERR_INVALID_ARG, "malformed add %d: status %d", malformed, (int)st);
-                refused_arg++;
-            } else if (st == KDT_OK) {
-                CHECK(ro_find(rs, n_rs, id) == NULL);
-                r.id = id;
-                rs[n_rs++] = r;
-                continue;
-            } else {
-                CHECK_MSG(st == KDT_ERR_CAPACITY, "add: status %d: %s", (int)st, kdt_last_error());
-                /* every slot taken (finished and cancelled streams keep theirs until the step
-                 * that reports them), the pool short, or prompt + max_new_tokens past the context */
-                CHECK_MSG(strstr(kdt_last_error(), "stream slots") || strstr(kdt_last_error(), "KV pool") ||
-                              strstr(kdt_last_error(), "context"),
-                          "%s", kdt_last_error());
-                CHECK(strstr(kdt_last_error(), "KV pool") || before.active_streams + before.waiting_streams <= 4);
-                refused_cap++;
-            }
-            CHECK(ro_same_stats(&before, &after));
-        } else if (kind == 5) { /* cancel */
-            const int which = t_rand_int(&rng, 4);
-            if (which == 0 || n_rs == 0) {
-                CHECK(kdt_engine_cancel(e, 1 << 30) == KDT_ERR_INVALID_ARG);
-                kdt_engine_get_stats(e, &after);
-                CHECK(ro_same_stats(&before, &after));
-            } else {
-                ro_stream *r = &rs[t_rand_int(&rng, n_rs)]; /* any stream, or (which 1, 2) a live one */
-                for (int k = n_rs - 1; which <= 2 && k >= 0; k--)
-                    if (!rs[k].finishes && !rs[k].cancelled && t_rand_int(&rng, 2)) {
-                        r = &rs[k];
-                        break;
-                    }
-                const kdt_status st = kdt_engine_cancel(e, r->id);
-                if (r->finishes) {
-                    CHECK_MSG(st == KDT_ERR_INVALID_ARG, "cancel of finished stream %d: %d", r->id, (int)st);
-                    kdt_engine_get_stats(e, &after);
-                    CHECK(ro_same_stats(&before, &after));
-                } else {
-                    CHECK(st == KDT_OK);
-                    r->cancelled = 1;
-                    cancels++;
-                }
-            }
-        } else {
-            ro_step(e, rs, n_rs, &bad);
-        }
-    }
-    for (int guard = 0; kdt_engine_busy(e) && guard < 10000 && bad < 5; guard++) ro_step(e, rs, n_rs, &bad);
-    CHECK(!kdt_engine_busy(e));
-
-    int greedy_full = 0, checked = 0;
-    for (int k = 0; k < n_rs && bad < 5; k++) {
-        const ro_stream *r = &rs[k];
-        const int32_t *ref = g_ref[r->prompt];
-        int32_t want = r->max_new; /* the reference up to its first stop id, or max_new tokens */
-        for (int32_t j = 0; j < r->max_new; j++)
-            if (ref[j] == r->stop) {
-                want = j + 1;
-                break;
-            }
-        int ok = r->finishes == 1;
-        CHECK_MSG(r->finishes == 1, "stream %d finished %d times", r->id, r->finishes);
-        if (r->greedy) {
-            for (int32_t j = 0; j < r->n_out; j++) ok &= r->out[j] == ref[j];
-            if (r->fin == KDT_FINISH_CANCELLED) ok &= r->cancelled && r->n_out <= want;
-            else ok &= r->n_out == want && r->fin == (want < r->max_new || ref[want - 1] == r->stop ? KDT_FINISH_STOP
-                                                                                              : KDT_FINISH_LENGTH);
-            greedy_full += r->fin != KDT_FINISH_CANCELLED;
-        } else {
-            for (int32_t j = 0; j < r->n_out; j++) ok &= r->out[j] >= 0 && r->out[j] < 320;
-            if (r->fin == KDT_FINISH_STOP) ok &= r->n_out > 0 && r->out[r->n_out - 1] == r->stop;
-            else if (r->fin == KDT_FINISH_LENGTH) ok &= r->n_out == r->max_new;
-            else ok &= r->fin == KDT_FINISH_CANCELLED && r->cancelled;
-        }
-        CHECK_MSG(ok, "stream %d (prompt %d, %s, max_new %d, stop %d%s): %d tokens, finish %s, expected %d",
-                  r->id, r->prompt, r->greedy ? "greedy" : "sampled", r->max_new, r->stop,
-                  r->cancelled ? ", cancelled" : "", r->n_out, kdt_finish_reason_name(r->fin), want);
-        bad += !ok;
-        checked++;
-    }
-    kdt_engine_stats s;
-    kdt_engine_get_stats(e, &s);
-    CHECK_EQ_INT(s.active_streams, 0);
-    CHECK_EQ_INT(s.waiting_streams, 0);
-    CHECK_EQ_INT(s.kv_pages_used, 0);
-    printf("  %d ops: %d streams (%d greedy to the end, %d cancels), %d refused for capacity, %d for arguments\n",
-           ops, n_rs, greedy_full, cancels, refused_cap, refused_arg);
-    /* the schedule reached every branch, or it checked less than it claims */
-    CHECK(checked == n_rs && greedy_full > 0 && cancels > 0 && refused_cap > 0 && refused_arg > 0);
-    free(rs);
+    const et_ro_setup su = {g_prompts, g_n_prompt, g_new, g_ref, N_PROMPTS, 320};
+    et_random_ops(e, &su, t_fuzz_iters(1000), t_fuzz_seed(0x0e9a11));
     kdt_engine_free(e);
 }
 

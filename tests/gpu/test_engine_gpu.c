@@ -14,6 +14,9 @@
  *    and eagerly.
  * 3. Seeded T > 0 runs repeat exactly and stay in the vocabulary.
  * 4. A brief tiny-pair run (a few rounds of each mode) for compute-sanitizer's racecheck.
+ * 5. A random schedule of adds, cancels and steps (et_random_ops) on a small engine (4 slots, a
+ *    6-page pool, a 60-token context): every refusal path, graphs of many round shapes, streams
+ *    leaving mid-round; greedy streams equal the GPU reference.
  * KDT_TEST_QUICK=1 (compute-sanitizer runs) runs fewer cases: oracle batch 8 at budgets 4 and 64,
  * the long plain runs at batch 4 with graphs only.
  */
@@ -130,6 +133,24 @@ static void run_and_compare(kdt_engine *e, int32_t batch, kdt_spec_mode spec, in
            r.events_with_tau ? (double)r.tau_sum / (double)r.events_with_tau : 0.0, (long long)r.tau_max,
            bad ? "  MISMATCH" : "");
     et_run_free(&r);
+}
+
+static void test_random_ops_gpu(void) {
+    kdt_engine_options o;
+    memset(&o, 0, sizeof o);
+    o.model_dir = ET_FIXTURE;
+    o.device = KDT_DEVICE_CUDA;
+    o.max_streams = 4;
+    o.max_budget = 64;
+    o.kv_pages = 6;
+    o.max_context = 60;
+    kdt_engine *e = NULL;
+    CHECK_MSG(kdt_engine_create(&o, &e) == KDT_OK, "engine create: %s", kdt_last_error());
+    if (!e) return;
+    CHECK(kdt_engine_set_test_drafter(e, DEPTH, et_oracle_draft, &g_oracle) == KDT_OK);
+    const et_ro_setup su = {g_prompts, g_n_prompt, g_new, g_ref, N_PROMPTS, 320};
+    et_random_ops(e, &su, t_fuzz_iters(g_quick ? 200 : 1000), t_fuzz_seed(0x9e0a11));
+    kdt_engine_free(e);
 }
 
 static void test_lossless_oracle(void) {
@@ -376,6 +397,7 @@ int main(void) {
     if (!gpu_test_have_device("test_engine_gpu")) return 1;
     setup();
     T_RUN(test_lossless_oracle);
+    T_RUN(test_random_ops_gpu);
     T_RUN(test_tiny_pair);
     T_RUN(test_pair_brief);
     et_oracle_free(&g_oracle);
