@@ -316,6 +316,29 @@ static inline void et_ro_step(kdt_engine *e, et_ro_stream *rs, int n_rs, int *ba
     }
 }
 
+/* The engine et_random_ops is meant for, on `device`: 4 slots, a 6-page pool (a 40-token prompt
+ * with a 64-node tree takes 3), a 60-token context (the 40-token prompt with 21+ new tokens is
+ * refused; others end near it), budgets to 64, the oracle drafter at `depth`. NULL after a failed
+ * CHECK. */
+static inline kdt_engine *et_random_ops_engine(kdt_device device, et_oracle *oracle, int32_t depth) {
+    kdt_engine_options o;
+    memset(&o, 0, sizeof o);
+    o.model_dir = ET_FIXTURE;
+    o.device = device;
+    o.max_streams = 4;
+    o.max_budget = 64;
+    o.kv_pages = 6;
+    o.max_context = 60;
+    kdt_engine *e = NULL;
+    CHECK_MSG(kdt_engine_create(&o, &e) == KDT_OK, "engine create: %s", kdt_last_error());
+    if (e && kdt_engine_set_test_drafter(e, depth, et_oracle_draft, oracle) != KDT_OK) {
+        CHECK_MSG(0, "test drafter: %s", kdt_last_error());
+        kdt_engine_free(e);
+        e = NULL;
+    }
+    return e;
+}
+
 static inline void et_random_ops(kdt_engine *e, const et_ro_setup *su, int ops, uint64_t seed) {
     for (int i = 0; i < su->n_prompts; i++)
         if (su->n_prompt[i] > ET_RO_MAX_PROMPT || su->n_new[i] > 32) {

@@ -328,18 +328,8 @@ static void test_bad_input(void) {
  * cancels and steps in random order on a 4-slot engine with a 6-page pool and a 60-token
  * context. KDT_FUZZ_SCALE / KDT_FUZZ_SEED (tests/t.h) lengthen or reseed it. */
 static void test_random_ops(void) {
-    kdt_engine_options o;
-    memset(&o, 0, sizeof o);
-    o.device = KDT_DEVICE_CPU;
-    o.model_dir = ET_FIXTURE;
-    o.max_streams = 4;
-    o.max_budget = 64;
-    o.kv_pages = 6;     /* a 40-token prompt with a 64-node tree takes 3: pool refusals happen */
-    o.max_context = 60; /* the 40-token prompt with 21+ new tokens is refused; others end near it */
-    kdt_engine *e = NULL;
-    CHECK_MSG(kdt_engine_create(&o, &e) == KDT_OK, "%s", kdt_last_error());
+    kdt_engine *e = et_random_ops_engine(KDT_DEVICE_CPU, &g_oracle, DEPTH);
     if (!e) return;
-    CHECK(kdt_engine_set_test_drafter(e, DEPTH, et_oracle_draft, &g_oracle) == KDT_OK);
     const et_ro_setup su = {g_prompts, g_n_prompt, g_new, g_ref, N_PROMPTS, 320};
     et_random_ops(e, &su, t_fuzz_iters(1000), t_fuzz_seed(0x0e9a11));
     kdt_engine_free(e);

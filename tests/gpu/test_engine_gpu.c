@@ -136,18 +136,8 @@ static void run_and_compare(kdt_engine *e, int32_t batch, kdt_spec_mode spec, in
 }
 
 static void test_random_ops_gpu(void) {
-    kdt_engine_options o;
-    memset(&o, 0, sizeof o);
-    o.model_dir = ET_FIXTURE;
-    o.device = KDT_DEVICE_CUDA;
-    o.max_streams = 4;
-    o.max_budget = 64;
-    o.kv_pages = 6;
-    o.max_context = 60;
-    kdt_engine *e = NULL;
-    CHECK_MSG(kdt_engine_create(&o, &e) == KDT_OK, "engine create: %s", kdt_last_error());
+    kdt_engine *e = et_random_ops_engine(KDT_DEVICE_CUDA, &g_oracle, DEPTH);
     if (!e) return;
-    CHECK(kdt_engine_set_test_drafter(e, DEPTH, et_oracle_draft, &g_oracle) == KDT_OK);
     const et_ro_setup su = {g_prompts, g_n_prompt, g_new, g_ref, N_PROMPTS, 320};
     et_random_ops(e, &su, t_fuzz_iters(g_quick ? 200 : 1000), t_fuzz_seed(0x9e0a11));
     kdt_engine_free(e);
