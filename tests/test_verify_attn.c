@@ -463,8 +463,9 @@ static void test_cuda_stub_or_args(void) {
         CHECK(kdt_verify_attn_cuda(&p, NULL) == KDT_ERR_NO_CUDA);
     } else {
         CHECK(kdt_verify_attn_cuda(NULL, NULL) == KDT_ERR_INVALID_ARG);
-        /* an FP8 cache: valid arguments, but no CUDA kernel reads it yet (caught before any
-         * device call, so this runs without a GPU too) */
+        /* an FP8 cache: valid arguments, but the CUDA FP8 loader is opt-in (KDT_VA_FP8=1) until a
+         * GPU run has checked it (caught before any device call, so this runs without a GPU) */
+        unsetenv("KDT_VA_FP8");
         const int prefix[1] = {70}, n[1] = {3};
         va_case c;
         case_make(&c, 57, 1, 2, 3, 576, 512, 64, prefix, n, TREE_RANDOM);
@@ -900,6 +901,58 @@ static void emu_run(const va_case *c, int BN, emu_cta *C) {
 }
 
 /* Emulated kernel vs the twin over shapes covering H < 64, H = 64, H = 128, splits, masks. */
+/* The portable kernel's FP8 loader fills a key's bf16 tile row chunk by chunk with
+ * va_fp8_src / va_fp8_chunk (verify_attn_tiles.cuh, the functions the kernel calls): every
+ * element must be bf16(e4m3 x its group's scale) and the rope columns the row's bf16 values, for
+ * power-of-two scales (then exact: the tile equals the bf16 cache with the same values) and for
+ * arbitrary ones (rounded to nearest even). NaN codes stay NaN. */
+static void test_fp8_tile_rows(void) {
+    uint64_t seed = 60;
+    unsigned char row[VA_FP8_ROW];
+    CHECK_EQ_INT((int)kdt_kv_row_bytes(KDT_KV_FP8_SCALED, VA_D_QK, VA_D_V), VA_FP8_ROW);
+    CHECK_EQ_INT(VA_FP8_SCALES, VA_D_V);
+    CHECK_EQ_INT(VA_FP8_ROPE, VA_D_V + 4 * (VA_D_V / KDT_KV_FP8_GROUP));
+    int bad = 0, exact = 0;
+    for (int trial = 0; trial < 200; trial++) {
+        const int pow2 = trial % 2 == 0;
+        float sc[VA_D_V / KDT_KV_FP8_GROUP];
+        uint16_t want[VA_D_QK];
+        for (int g = 0; g < VA_D_V / KDT_KV_FP8_GROUP; g++) {
+            sc[g] = pow2 ? ldexpf(1.0f, t_rand_int(&seed, 17) - 12) : (float)(t_rand_unit(&seed) * 0.01 + 1e-5);
+            memcpy(row + VA_FP8_SCALES + 4 * g, &sc[g], 4);
+        }
+        for (int j = 0; j < VA_D_V; j++) {
+            row[j] = (uint8_t)t_rand_int(&seed, 256); /* NaN codes included */
+            want[j] = kdt_f32_to_bf16(kdt_e4m3_to_f32(row[j]) * sc[j / KDT_KV_FP8_GROUP]);
+        }
+        for (int j = VA_D_V; j < VA_D_QK; j++) {
+            want[j] = kdt_f32_to_bf16((float)t_rand_normal(&seed));
+            memcpy(row + VA_FP8_ROPE + 2 * (j - VA_D_V), &want[j], 2);
+        }
+        uint16_t got[VA_D_QK];
+        for (int c = 0; c < VA_QK_CHUNKS; c++) {
+            if (c < 64) { /* the scale from the row's bytes, as the kernel reads it */
+                float s;
+                memcpy(&s, row + VA_FP8_SCALES + 4 * va_fp8_scale_idx(c), 4);
+                va_fp8_chunk(row + va_fp8_src(c), s, got + 8 * c);
+            } else {
+                memcpy(got + 8 * c, row + va_fp8_src(c), 16);
+            }
+        }
+        for (int j = 0; j < VA_D_QK; j++) {
+            const int same = got[j] == want[j] || (isnan(kdt_bf16_to_f32(got[j])) && isnan(kdt_bf16_to_f32(want[j])));
+            if (!same && bad++ < 3) CHECK_MSG(0, "trial %d element %d: %04x, want %04x", trial, j, got[j], want[j]);
+        }
+        /* power-of-two scales: every finite latent is exact in bf16 */
+        if (pow2)
+            for (int j = 0; j < VA_D_V; j++)
+                if ((row[j] & 0x7f) != 0x7f)
+                    exact += kdt_bf16_to_f32(got[j]) == kdt_e4m3_to_f32(row[j]) * sc[j / KDT_KV_FP8_GROUP];
+    }
+    CHECK_EQ_INT(bad, 0);
+    CHECK(exact > 100 * 500); /* 100 power-of-two rows, ~508 finite codes each */
+}
+
 static void test_cuda_kernel_emulation(void) {
     static const struct { int H, n, prefix, BN; enum tree_kind kind; } cases[] = {
         {64, 3, 70, 64, TREE_RANDOM},   /* one node per row tile, tree slots straddle a tile */
@@ -985,6 +1038,7 @@ int main(void) {
     T_RUN(test_argument_errors);
     T_RUN(test_cuda_stub_or_args);
     T_RUN(test_fp8_cache_reference);
+    T_RUN(test_fp8_tile_rows);
     T_RUN(test_split_schedule);
     T_RUN(test_cuda_kernel_emulation);
     return t_summary();

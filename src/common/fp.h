@@ -1,20 +1,27 @@
 /* fp.h - bf16 <-> fp32 conversions for the CPU side (bit-exact round-to-nearest-even, NaN kept
- * quiet) and the e4m3 decoder. bf16 is the top 16 bits of an IEEE fp32; CUDA code uses
- * cuda_bf16.h instead, which rounds the same way. */
+ * quiet) and the e4m3 decoder. bf16 is the top 16 bits of an IEEE fp32; CUDA code mostly uses
+ * cuda_bf16.h, which rounds the same way. Under nvcc these are host + device functions, so a
+ * kernel can share a conversion with its CPU twin (verify_attn's FP8 cache loader does). */
 #ifndef KDT_FP_H
 #define KDT_FP_H
 
 #include <stdint.h>
 #include <string.h>
 
-static inline float kdt_bf16_to_f32(uint16_t h) {
+#ifdef __CUDACC__
+#define KDT_FP_FN static inline __host__ __device__
+#else
+#define KDT_FP_FN static inline
+#endif
+
+KDT_FP_FN float kdt_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
 
-static inline uint16_t kdt_f32_to_bf16(float f) {
+KDT_FP_FN uint16_t kdt_f32_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
@@ -24,7 +31,7 @@ static inline uint16_t kdt_f32_to_bf16(float f) {
 
 /* OCP FP8 E4M3 (fn) -> fp32, exact: bias 7, no infinities, S.1111.111 is NaN, exponent 0 is
  * subnormal. Checkpoint weights (block FP8) and the FP8 latent cache use it. */
-static inline float kdt_e4m3_to_f32(uint8_t b) {
+KDT_FP_FN float kdt_e4m3_to_f32(uint8_t b) {
     const uint32_t exp = (b >> 3) & 0xfu, man = b & 7u;
     uint32_t u;
     if ((b & 0x7fu) == 0x7fu) {
@@ -43,7 +50,7 @@ static inline float kdt_e4m3_to_f32(uint8_t b) {
 
 /* Order-preserving map of an fp32 to uint32 (larger float -> larger integer; -0 and +0 map to
  * the same key). Used for deterministic max/top-K and tie-breaking on CPU and GPU alike. */
-static inline uint32_t kdt_f32_order_key(float f) {
+KDT_FP_FN uint32_t kdt_f32_order_key(float f) {
     uint32_t u;
     if (f == 0.0f) f = 0.0f; /* fold -0 into +0 */
     memcpy(&u, &f, 4);

@@ -200,6 +200,8 @@ static int stream_close(const gcase *c, int s, const uint16_t *ref_out, const fl
 
 static double g_worst_err;
 static int g_quick; /* KDT_TEST_QUICK=1 (compute-sanitizer runs): a few small launches */
+/* a Hopper whose shared memory the launchers see whole (not under KDT_GPU_SMEM_LIMIT) */
+static int is_hopper(void) { return gpu_test_cc_major() == 9 && !gpu_test_smem_capped(); }
 
 /* Full check of one case: GPU vs twin for every stream. */
 static void check_case(gcase *c) {
@@ -412,6 +414,101 @@ static int rows_all_nan(const gcase *c, int s, int rows) {
     return 1;
 }
 
+/* ---- the FP8 cache (KDT_KV_FP8_SCALED; KDT_VA_FP8=1, the portable kernel) ------------------------
+ * The case's latents are replaced by random finite e4m3 codes times a power-of-two scale per 128
+ * (2^-8 .. 2^-6: magnitudes up to 7, RMS 0.4 .. 1.6, near the N(0, 1) of the other cases, so the
+ * softmax is as peaked as theirs), written twice: as FP8 rows (656 B) and as the bf16 cache of
+ * exactly those values (the rope columns are the bf16 ones in both). Then the GPU's FP8 output
+ * must equal its bf16 output bitwise (the loader builds the same tile), and both be within the
+ * usual tolerance of the CPU twin reading the FP8 rows. A NaN code in a prefix key of stream 0
+ * makes all its rows NaN and leaves the other streams bitwise alone (a NaN latent is V too, so in
+ * a tree slot it would reach the rows that mask it through P = 0: the API requires finite masked
+ * slots). */
+static unsigned char *fp8_rows(gcase *c, uint64_t seed) {
+    const size_t rows = (size_t)c->n_pages * c->page_size, rb = kdt_kv_row_bytes(KDT_KV_FP8_SCALED, 576, 512);
+    unsigned char *k8 = malloc(rows * rb);
+    for (size_t r = 0; r < rows; r++) {
+        unsigned char *row = k8 + r * rb;
+        uint16_t *bf = c->kv + r * 576;
+        for (int g = 0; g < 4; g++) {
+            const float sc = ldexpf(1.0f, -8 + t_rand_int(&seed, 3));
+            memcpy(row + 512 + 4 * g, &sc, 4);
+            for (int j = 128 * g; j < 128 * (g + 1); j++) {
+                uint8_t b;
+                do b = (uint8_t)t_rand_int(&seed, 256);
+                while ((b & 0x7f) == 0x7f);
+                row[j] = b;
+                bf[j] = kdt_f32_to_bf16(kdt_e4m3_to_f32(b) * sc); /* exact */
+            }
+        }
+        memcpy(row + 528, bf + 512, 128);
+    }
+    return k8;
+}
+
+static void check_fp8_case(uint64_t seed, int S, int H, const int *prefix, const int *n) {
+    gcase c;
+    gcase_make(&c, seed, S, H, prefix, n, TREE_RANDOM);
+    unsigned char *k8 = fp8_rows(&c, seed ^ 0x5eed);
+    const size_t k8_bytes = (size_t)c.n_pages * c.page_size * 656;
+    void *d_k8 = NULL;
+    CUDA_OK(cudaMalloc(&d_k8, k8_bytes));
+    CUDA_OK(cudaMemcpy(d_k8, k8, k8_bytes, cudaMemcpyHostToDevice));
+    gcase_upload(&c);
+    uint16_t *bf_out = malloc(2 * n_out(&c)), *ref_out = malloc(2 * n_out(&c));
+    float *bf_lse = malloc(4 * n_lse(&c)), *ref_lse = malloc(4 * n_lse(&c));
+    kdt_verify_attn_params p = dev_params(&c);
+    CHECK_EQ_INT(run_gpu(&c, &p), KDT_OK);
+    memcpy(bf_out, c.out, 2 * n_out(&c)), memcpy(bf_lse, c.lse, 4 * n_lse(&c));
+    kdt_verify_attn_params hp = host_params(&c, ref_out, ref_lse);
+    hp.kv_cache = k8, hp.kv_format = KDT_KV_FP8_SCALED;
+    CHECK_EQ_INT(kdt_verify_attn_cpu(&hp), KDT_OK);
+    p.kv_cache = d_k8, p.kv_format = KDT_KV_FP8_SCALED;
+    const kdt_status st = run_gpu(&c, &p);
+    CHECK_MSG(st == KDT_OK, "FP8: %s", kdt_last_error());
+    for (int s = 0; st == KDT_OK && s < S; s++) {
+        const size_t row0 = (size_t)s * c.max_nodes * H, rows = (size_t)c.n_nodes[s] * H;
+        CHECK_MSG(!memcmp(c.out + row0 * 512, bf_out + row0 * 512, 2 * rows * 512) &&
+                      !memcmp(c.lse + row0, bf_lse + row0, 4 * rows),
+                  "stream %d (H %d, n %d, prefix %d): the FP8 cache's output differs from the bf16 cache's", s, H,
+                  c.n_nodes[s], c.prefix[s]);
+        double err = 0;
+        CHECK(stream_close(&c, s, ref_out, ref_lse, &err));
+        if (err > g_worst_err) g_worst_err = err;
+    }
+    if (S > 1 && c.prefix[0] > 0 && st == KDT_OK) { /* a NaN code in stream 0's prefix key 0 */
+        const size_t key = (size_t)c.table[0] * c.page_size;
+        const unsigned char nan_code = 0x7f;
+        CUDA_OK(cudaMemcpy((unsigned char *)d_k8 + key * 656 + 200, &nan_code, 1, cudaMemcpyHostToDevice));
+        CHECK_EQ_INT(run_gpu(&c, &p), KDT_OK);
+        CHECK(rows_all_nan(&c, 0, c.n_nodes[0] * H));
+        for (int s = 1; s < S; s++) {
+            const size_t row0 = (size_t)s * c.max_nodes * H, rows = (size_t)c.n_nodes[s] * H;
+            CHECK_MSG(!memcmp(c.out + row0 * 512, bf_out + row0 * 512, 2 * rows * 512) &&
+                          !memcmp(c.lse + row0, bf_lse + row0, 4 * rows),
+                      "stream %d changed with a NaN code in stream 0's cache", s);
+        }
+    }
+    cudaFree(d_k8);
+    free(k8), free(bf_out), free(ref_out), free(bf_lse), free(ref_lse);
+    gcase_free(&c);
+}
+
+static void test_fp8_cache(void) {
+    setenv("KDT_VA_FP8", "1", 1);
+    const int p1[1] = {1000}, n1[1] = {9};
+    check_fp8_case(2001, 1, 64, p1, n1);
+    const int p2[1] = {4100}, n2[1] = {1}; /* a split decode */
+    check_fp8_case(2002, 1, 128, p2, n2);
+    if (!g_quick) {
+        const int p3[3] = {65, 0, 2500}, n3[3] = {33, 5, 17};
+        check_fp8_case(2003, 3, 16, p3, n3);
+        const int p4[2] = {20011, 63}, n4[2] = {1, 65};
+        check_fp8_case(2004, 2, 8, p4, n4);
+    }
+    unsetenv("KDT_VA_FP8");
+}
+
 /* Bad per-stream device data: that stream's rows are NaN, the others are right. */
 static void test_bad_device_data(void) {
     const int prefix[3] = {100, 700, 40}, n[3] = {5, 9, 3};
@@ -473,6 +570,16 @@ static void test_argument_errors(void) {
     setenv("KDT_VERIFY_ATTN", "tensor-cores", 1); /* a path that does not exist */
     CHECK(kdt_verify_attn_cuda(&p, NULL) == KDT_ERR_INVALID_ARG && strstr(kdt_last_error(), "KDT_VERIFY_ATTN"));
     unsetenv("KDT_VERIFY_ATTN");
+    b = p, b.kv_format = KDT_KV_FP8_SCALED; /* the FP8 loader is opt-in */
+    unsetenv("KDT_VA_FP8");
+    CHECK(kdt_verify_attn_cuda(&b, NULL) == KDT_ERR_UNSUPPORTED && strstr(kdt_last_error(), "KDT_VA_FP8"));
+    if (is_hopper()) { /* the sm_90a kernel reads bf16 caches only */
+        setenv("KDT_VA_FP8", "1", 1);
+        setenv("KDT_VERIFY_ATTN", "wgmma", 1);
+        CHECK(kdt_verify_attn_cuda(&b, NULL) == KDT_ERR_UNSUPPORTED && strstr(kdt_last_error(), "wgmma"));
+        unsetenv("KDT_VERIFY_ATTN");
+        unsetenv("KDT_VA_FP8");
+    }
     setenv("KDT_VA_PORTABLE_CFG", "bn32", 1); /* a configuration that does not exist */
     CHECK(kdt_verify_attn_cuda(&p, NULL) == KDT_ERR_INVALID_ARG && strstr(kdt_last_error(), "KDT_VA_PORTABLE_CFG"));
     unsetenv("KDT_VA_PORTABLE_CFG");
@@ -482,6 +589,7 @@ static void test_argument_errors(void) {
 /* Every check above on the current path (KDT_VERIFY_ATTN). */
 static void run_suite(const char *label) {
     printf("== %s\n", label);
+    const int portable = strcmp(kdt_verify_attn_cuda_path(), "portable (mma.sync)") == 0;
     g_worst_err = 0;
     T_RUN(test_shape_families);
     T_RUN(test_mixed_batches);
@@ -492,11 +600,10 @@ static void run_suite(const char *label) {
     T_RUN(test_no_workspace);
     T_RUN(test_workspace_unused_when_short);
     T_RUN(test_bad_device_data);
+    if (portable) T_RUN(test_fp8_cache); /* the FP8 loader is the portable kernel's */
     printf("worst relative error (%s) %.3g\n", label, g_worst_err);
 }
 
-/* a Hopper whose shared memory the launchers see whole (not under KDT_GPU_SMEM_LIMIT) */
-static int is_hopper(void) { return gpu_test_cc_major() == 9 && !gpu_test_smem_capped(); }
 
 /* Without KDT_VERIFY_ATTN the sm_90a kernel runs on a Hopper (this binary is built with sm_90a
  * code by gpu_check.sh), the portable one elsewhere and under KDT_GPU_SMEM_LIMIT=101376 (the

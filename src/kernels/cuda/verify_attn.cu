@@ -343,7 +343,49 @@ __device__ __forceinline__ void load_kv_tile(const VaArgs &a, const int32_t *tab
     for (int c = c0; c < QK_CHUNKS; c += TPR) va::cp_async_16(dst + va_swz(r, c), src + c * 8, bytes);
 }
 
-template <int BN, int STAGES>
+/* The same tile from an FP8 cache (KDT_KV_FP8_SCALED): each 16-byte chunk is converted in
+ * registers (va_fp8_chunk) and stored to the swizzled tile, so the loads are synchronous: the
+ * 1-stage configurations expose a tile's load latency either way, the 2-stage one loses its
+ * overlap here. Keys >= ke get zeros; a block-table entry out of range sets bad, reads page 0. */
+__device__ __forceinline__ void va_st_shared_16(uint32_t addr, uint4 v) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+template <int BN>
+__device__ __forceinline__ void load_kv_tile_fp8(const VaArgs &a, const int32_t *table, int t0, int ke,
+                                                 uint32_t dst, int &bad) {
+    constexpr int TPR = THREADS / BN;
+    const int r = threadIdx.x / TPR, c0 = threadIdx.x % TPR, t = t0 + r;
+    const unsigned char *row = nullptr;
+    if (t < ke) {
+        int page = __ldg(table + t / a.page_size);
+        if (page < 0 || page >= a.n_pages) bad = 1, page = 0;
+        row = reinterpret_cast<const unsigned char *>(a.kv) + ((long long)page * a.page_size + t % a.page_size) * VA_FP8_ROW;
+    }
+    for (int c = c0; c < QK_CHUNKS; c += TPR) {
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (row && c < 64) {
+            const uint2 codes = __ldg(reinterpret_cast<const uint2 *>(row + va_fp8_src(c)));
+            const float scale = __ldg(reinterpret_cast<const float *>(row + VA_FP8_SCALES) + va_fp8_scale_idx(c));
+            uint8_t b[8];
+            memcpy(b, &codes, 8);
+            uint16_t h[8];
+            va_fp8_chunk(b, scale, h);
+            memcpy(&v, h, 16);
+        } else if (row) {
+            v = __ldg(reinterpret_cast<const uint4 *>(row + va_fp8_src(c)));
+        }
+        va_st_shared_16(dst + va_swz(r, c), v);
+    }
+}
+/* The KV tile of the cache's format (FP8: a template parameter of the kernel). */
+template <int BN, bool FP8>
+__device__ __forceinline__ void load_kv(const VaArgs &a, const int32_t *table, int t0, int ke, uint32_t dst, int &bad) {
+    if constexpr (FP8) load_kv_tile_fp8<BN>(a, table, t0, ke, dst, bad);
+    else load_kv_tile<BN>(a, table, t0, ke, dst, bad);
+}
+
+template <int BN, int STAGES, bool FP8 = false>
 __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel(const VaArgs a) {
     using C = Cfg<BN, STAGES>;
     constexpr int MW = C::MW, WM = C::WM, NW = C::NW, WN = C::WN, MT = C::MT, NT = C::NT;
@@ -373,7 +415,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel(const VaArgs a)
         int bad = 0;
         /* Q rows, then KV tile 0: one cp.async group */
         va_load_q(a, itm, q_base, [](int r, int c) { return va_swz(r, c); });
-        load_kv_tile<BN>(a, table, kb, ke, kv_base, bad);
+        load_kv<BN, FP8>(a, table, kb, ke, kv_base, bad);
         va::cp_async_commit();
 
         float o[4][8][4];              /* O: rows mi*16 + lane/4 (+8), cols 64*warp + nj*8 + 2*(lane%4) */
@@ -396,7 +438,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel(const VaArgs a)
             __syncthreads(); /* A: tile `it` landed; the previous tile's P V is done */
             const uint32_t kv_cur = kv_base + (STAGES == 2 ? (uint32_t)(it & 1) * (uint32_t)C::KV_BYTES : 0u);
             if (STAGES == 2 && it + 1 < n_tiles) {
-                load_kv_tile<BN>(a, table, t0 + BN, ke, kv_base + (uint32_t)((it + 1) & 1) * (uint32_t)C::KV_BYTES, bad);
+                load_kv<BN, FP8>(a, table, t0 + BN, ke, kv_base + (uint32_t)((it + 1) & 1) * (uint32_t)C::KV_BYTES, bad);
                 va::cp_async_commit();
             }
 
@@ -536,7 +578,7 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_kernel(const VaArgs a)
             }
             if (STAGES == 1 && it + 1 < n_tiles) {
                 __syncthreads(); /* the single KV buffer is free again */
-                load_kv_tile<BN>(a, table, t0 + BN, ke, kv_base, bad);
+                load_kv<BN, FP8>(a, table, t0 + BN, ke, kv_base, bad);
                 va::cp_async_commit();
             }
         }
@@ -1247,7 +1289,8 @@ cudaError_t allow_smem(K kernel, size_t bytes) {
 }
 template <int BN, int STAGES>
 cudaError_t raise_smem_limit() {
-    return allow_smem(verify_attn_kernel<BN, STAGES>, Cfg<BN, STAGES>::SMEM);
+    const cudaError_t e = allow_smem(verify_attn_kernel<BN, STAGES, false>, Cfg<BN, STAGES>::SMEM);
+    return e != cudaSuccess ? e : allow_smem(verify_attn_kernel<BN, STAGES, true>, Cfg<BN, STAGES>::SMEM);
 }
 
 /* KDT_VA_PORTABLE_CFG=bn64x2|bn64x1|bn16 runs the portable kernel in that configuration instead of
@@ -1474,9 +1517,18 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
     const char *who = "kdt_verify_attn_cuda";
     kdt_status st = kdt_verify_attn_check_args(p, who);
     if (st != KDT_OK) return st;
-    if (p->kv_format != KDT_KV_BF16)
-        return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: kv_format = %d: the CUDA kernels read bf16 caches only (%d); the FP8 "
-                        "format has the CPU reference so far", who, p->kv_format, KDT_KV_BF16);
+    /* The FP8 cache: the portable kernel's loader (load_kv_tile_fp8), opt-in until a GPU run has
+     * checked it against the CPU twin (session 24 built it with no device lent). */
+    const int fp8 = p->kv_format == KDT_KV_FP8_SCALED;
+    if (fp8) {
+        const char *on = getenv("KDT_VA_FP8");
+        if (!on || strcmp(on, "1") != 0)
+            return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: kv_format = %d (FP8): the CUDA FP8 loader is experimental, not yet "
+                            "checked on a GPU; KDT_VA_FP8=1 enables it (the portable kernel only)", who, p->kv_format);
+    } else if (p->kv_format != KDT_KV_BF16) {
+        return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: kv_format = %d: the CUDA kernels read bf16 (%d) and FP8 (%d) caches",
+                        who, p->kv_format, KDT_KV_BF16, KDT_KV_FP8_SCALED);
+    }
     if (p->d_qk != D_QK || p->d_v != D_V)
         return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: d_qk = %d, d_v = %d: the CUDA path supports only d_qk = %d, d_v = %d",
                         who, p->d_qk, p->d_v, D_QK, D_V);
@@ -1526,6 +1578,13 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
     int use_wgmma = 0;
     st = choose_path(who, &use_wgmma);
     if (st != KDT_OK) return st;
+    if (fp8 && use_wgmma) {
+        const char *path = getenv("KDT_VERIFY_ATTN");
+        if (path && !strcmp(path, "wgmma"))
+            return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: KDT_VERIFY_ATTN=wgmma: the sm_90a kernel reads bf16 caches only "
+                            "(kv_format = %d)", who, p->kv_format);
+        use_wgmma = 0; /* the portable kernel reads FP8 caches */
+    }
     if (use_wgmma) {
         CUtensorMap kv_map;
         memset(&kv_map, 0, sizeof kv_map);
@@ -1554,10 +1613,13 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
             verify_attn_sm90_kernel<false><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
         }
     } else {
-        switch (cfg) {
-        case CFG_BN64_2STAGE: verify_attn_kernel<64, 2><<<sms, THREADS, Cfg<64, 2>::SMEM, cs>>>(a); break;
-        case CFG_BN64_1STAGE: verify_attn_kernel<64, 1><<<sms, THREADS, Cfg<64, 1>::SMEM, cs>>>(a); break;
-        default: verify_attn_kernel<16, 1><<<sms, THREADS, Cfg<16, 1>::SMEM, cs>>>(a); break;
+        switch (cfg * 2 + fp8) {
+        case 2 * CFG_BN64_2STAGE: verify_attn_kernel<64, 2, false><<<sms, THREADS, Cfg<64, 2>::SMEM, cs>>>(a); break;
+        case 2 * CFG_BN64_2STAGE + 1: verify_attn_kernel<64, 2, true><<<sms, THREADS, Cfg<64, 2>::SMEM, cs>>>(a); break;
+        case 2 * CFG_BN64_1STAGE: verify_attn_kernel<64, 1, false><<<sms, THREADS, Cfg<64, 1>::SMEM, cs>>>(a); break;
+        case 2 * CFG_BN64_1STAGE + 1: verify_attn_kernel<64, 1, true><<<sms, THREADS, Cfg<64, 1>::SMEM, cs>>>(a); break;
+        case 2 * CFG_BN16_1STAGE + 1: verify_attn_kernel<16, 1, true><<<sms, THREADS, Cfg<16, 1>::SMEM, cs>>>(a); break;
+        default: verify_attn_kernel<16, 1, false><<<sms, THREADS, Cfg<16, 1>::SMEM, cs>>>(a); break;
         }
     }
     cudaError_t e = cudaGetLastError();

@@ -21,6 +21,8 @@
 
 #include <stdint.h>
 
+#include "fp.h"
+
 #ifdef __CUDACC__
 #define VA_HD __host__ __device__ __forceinline__
 #else
@@ -69,6 +71,20 @@ VA_HD int va_launch_can_split(long long max_keys, int n_heads) {
     const int rt_min = (n_heads + VA_ROWS - 1) / VA_ROWS;
     const int keys = max_keys > (1 << 30) ? (1 << 30) : (int)max_keys;
     return keys > 0 && va_split_target(keys, rt_min) > 1;
+}
+
+/* The FP8 latent cache (KDT_KV_FP8_SCALED at d_v 512: 656-byte rows of 512 e4m3 latents, 4 fp32
+ * scales, one per 128 latents, then 64 bf16 rope values). The portable kernel turns each key row
+ * into the same bf16 tile row the bf16 cache gives: chunk c < 64 (latents 8c .. 8c + 7) is
+ * bf16(e4m3 x scale[c / 16]) from the 8 code bytes at va_fp8_src(c); chunk c >= 64 is the rope's
+ * 16 bytes at va_fp8_src(c), copied. Exact wherever e4m3 x scale fits bf16 (a power-of-two scale
+ * in bf16's range); otherwise rounded to nearest even, the dequantization FlashMLA's FP8 path
+ * also does before its bf16 products. */
+enum { VA_FP8_ROW = 656, VA_FP8_SCALES = 512, VA_FP8_ROPE = 528 };
+VA_HD int va_fp8_src(int c) { return c < 64 ? 8 * c : VA_FP8_ROPE + 16 * (c - 64); }
+VA_HD int va_fp8_scale_idx(int c) { return c >> 4; }
+VA_HD void va_fp8_chunk(const uint8_t codes[8], float scale, uint16_t out[8]) {
+    for (int i = 0; i < 8; i++) out[i] = kdt_f32_to_bf16(kdt_e4m3_to_f32(codes[i]) * scale);
 }
 
 /* Byte offset of chunk c (0..71) of row r in a swizzled [rows][576] bf16 tile. */
