@@ -200,8 +200,11 @@ int bench_verify_attn(const bench_opts *o) {
     b.no_split = ns && ns[0] == '1';
     cudaStream_t stream;
     BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    printf("path: %s (KDT_VERIFY_ATTN=mma|wgmma picks one)%s\n", kdt_verify_attn_cuda_path(),
-           b.no_split ? "; no workspace: no stream is split (KDT_BENCH_VA_NOSPLIT=1)" : "");
+    const char *cfg = getenv("KDT_VA_PORTABLE_CFG"), *lim = getenv("KDT_GPU_SMEM_LIMIT");
+    printf("path: %s (KDT_VERIFY_ATTN=mma|wgmma picks one)%s%s%s%s%s\n", kdt_verify_attn_cuda_path(),
+           b.no_split ? "; no workspace: no stream is split (KDT_BENCH_VA_NOSPLIT=1)" : "",
+           cfg && *cfg ? "; portable configuration KDT_VA_PORTABLE_CFG=" : "", cfg && *cfg ? cfg : "",
+           lim && *lim ? "; shared memory capped, KDT_GPU_SMEM_LIMIT=" : "", lim && *lim ? lim : "");
     printf("H = 64, d_qk 576, d_v 512, page 64; graph replay of one call, L2 flushed before each; "
            "floor = max(FLOPs / %.0f TFLOP/s, bytes / %.0f GB/s)\n", VA_GEMM_TFLOPS, g_bench_device.copy_gbps);
     printf("%3s %6s %4s %10s %8s %8s %9s %7s %10s %7s\n", "S", "P", "q", "us", "TFLOP/s", "GB/s", "floor_us",
