@@ -49,6 +49,58 @@ static inline tm_spec tm_default_spec(void) {
     return s;
 }
 
+/* A random small spec the loader accepts: every dimension drawn (even rope), q_lora or none, YaRN
+ * (random factor, betas, mscales, original window) or default RoPE, group routing (n_group
+ * dividing the experts, topk_group and top-k any the groups can supply), 0-2 shared experts,
+ * 0..all dense first layers, norm_topk either way, eps, theta, routed scaling, pair or half-split
+ * rotation, bf16 or fp32 weights, one or two shards (tests/test_model_forward.c against its fp64
+ * reference, tests/gpu/test_model_gpu.c against the CPU). */
+static inline tm_spec tm_random_spec(uint64_t *rng) {
+    tm_spec s = tm_default_spec();
+    s.vocab = 40 + t_rand_int(rng, 90);
+    s.hidden = 8 * (2 + t_rand_int(rng, 5));
+    s.inter = 8 * (1 + t_rand_int(rng, 8));
+    s.moe_inter = 8 * (1 + t_rand_int(rng, 4));
+    s.layers = 1 + t_rand_int(rng, 3);
+    s.heads = 1 + t_rand_int(rng, 4);
+    s.q_lora = t_rand_int(rng, 2) ? 8 * (1 + t_rand_int(rng, 4)) : 0;
+    s.kv_lora = 8 * (1 + t_rand_int(rng, 3));
+    s.nope = 2 * (1 + t_rand_int(rng, 6));
+    s.rope = 2 * (1 + t_rand_int(rng, 6));
+    s.v = 2 * (1 + t_rand_int(rng, 8));
+    static const int groups[3] = {1, 2, 4};
+    s.n_group = groups[t_rand_int(rng, 3)];
+    const int per_group = 2 + t_rand_int(rng, 3);
+    s.experts = s.n_group * per_group;
+    s.topk_group = 1 + t_rand_int(rng, s.n_group);
+    s.topk = 1 + t_rand_int(rng, s.topk_group * per_group);
+    s.shared = t_rand_int(rng, 3);
+    s.first_dense = t_rand_int(rng, s.layers + 1);
+    s.norm_topk = t_rand_int(rng, 2);
+    s.rsf = 1.0 + 2.0 * t_rand_unit(rng);
+    s.eps = t_rand_int(rng, 2) ? 1e-6 : 1e-5;
+    s.theta = t_rand_int(rng, 2) ? 10000.0 : 50000.0 * (1 + t_rand_int(rng, 20));
+    s.yarn = t_rand_int(rng, 2);
+    s.factor = 1.0 + 7.0 * t_rand_unit(rng);
+    s.beta_fast = 8 + t_rand_int(rng, 25);
+    s.beta_slow = 1 + t_rand_int(rng, 2);
+    s.mscale = t_rand_int(rng, 2);
+    s.mscale_all_dim = t_rand_int(rng, 2) ? 0.0 : t_rand_unit(rng);
+    s.orig_max = 32 << t_rand_int(rng, 3);
+    s.no_interleave = t_rand_int(rng, 2);
+    s.bf16 = t_rand_int(rng, 2);
+    s.shards = t_rand_int(rng, 2) ? 2 : 1;
+    s.seed = t_rand_u64(rng);
+    return s;
+}
+
+/* A one-line description of a random spec for test output. */
+static inline void tm_spec_label(const tm_spec *s, int i, char *out, size_t n) {
+    snprintf(out, n, "random spec %d (L%d H%d q%d kv%d r%d E%d/G%d/g%d/k%d sh%d %s%s)", i, s->layers, s->heads,
+             s->q_lora, s->kv_lora, s->rope, s->experts, s->n_group, s->topk_group, s->topk, s->shared,
+             s->yarn ? "yarn" : "rope", s->no_interleave ? " half" : "");
+}
+
 /* ---- one tensor list --------------------------------------------------------------------- */
 typedef struct tm_tensor {
     char name[192];

@@ -24,6 +24,9 @@
  *   the same bits.
  * Bad inputs: clear errors, nothing changed. Device outputs are poisoned before every call and
  * every produced row is checked (finite logits, argmax in range, padding rows untouched).
+ * Random small specs (tm_random_spec, the CPU test's generator; rope widened where d_c + rope is
+ * not a multiple of 8, which the GPU refuses by name): the same accuracy rule on a random prompt,
+ * decode batch invariance and verify == decode, bitwise.
  * KDT_TEST_QUICK=1 (sanitizer runs) does fewer cases and skips the Kimi-dimension checkpoint. */
 #include <cuda_runtime_api.h>
 
@@ -796,6 +799,83 @@ done:
     free(prefix); free(n_nodes); free(roots); free(ids); free(hist);
 }
 
+/* ---- random specs --------------------------------------------------------------------------- */
+/* the GPU forward of `dir`'s checkpoint against its bf16 twin on a random prompt (rows at a routing
+ * near tie excused), then the bitwise contracts */
+static void check_random_spec(const char *dir, const char *label, uint64_t seed) {
+    fixture f;
+    memset(&f, 0, sizeof f);
+    f.cpu = load_dir(dir);
+    if (!f.cpu || !make_twin(f.cpu, dir, f.twin_dir, sizeof f.twin_dir) || !(f.twin = load_dir(f.twin_dir)) ||
+        !(f.g = to_gpu(f.cpu))) {
+        CHECK_MSG(0, "%s: could not load, twin or upload", label);
+        fixture_close(&f);
+        return;
+    }
+    const kdt_model_config *c = &f.cpu->cfg;
+    const int V = c->vocab_size, n = 37;
+    uint64_t rng = seed;
+    int32_t toks[37], am[37];
+    for (int i = 0; i < n; i++) toks[i] = t_rand_int(&rng, V);
+    float *lc = xmalloc((size_t)n * V * 4), *lg = xmalloc((size_t)n * V * 4);
+    kdt_kv_cache *ck = new_ckv(f.twin, 2, 1);
+    kdt_model_outputs oc = {lc, NULL, 0, 0, NULL, NULL};
+    CHECK_EQ_INT(kdt_model_prefill(f.twin, ck, 0, toks, n, &oc), KDT_OK);
+    kdt_kv_cache_free(ck);
+    kdt_gpu_runner *r = new_runner(f.g, 64, 0, 0, 0);
+    kdt_gpu_kv *gk = new_gkv(f.g, 2, 1);
+    CHECK(r && gk);
+    if (r && gk) {
+        fill_nan(lg, (size_t)n * V);
+        poison_device(r);
+        kdt_model_outputs og = {lg, am, 0, 0, NULL, NULL};
+        CHECK_EQ_INT(kdt_gpu_prefill(r, gk, 0, toks, n, &og), KDT_OK);
+        CHECK(all_finite(lg, (size_t)n * V));
+        uint8_t excused[37];
+        const int n_ex = ref_forward(f.twin, toks, n, excused, NULL);
+        double le, lm;
+        max_err_rows(lg, lc, n, V, excused, &le, &lm);
+        printf("  %s: max |logit err| %.3g of %.3g (%.1e); %d rows excused\n", label, le, lm, lm > 0 ? le / lm : 0.0,
+               n_ex);
+        CHECK_MSG(le <= REL_TOL * lm, "%s: logits error %.3g > %.0e * %.3g", label, le, REL_TOL, lm);
+    }
+    kdt_gpu_kv_free(gk);
+    kdt_gpu_runner_free(r);
+    free(lc), free(lg);
+    gmodel m = {f.cpu, f.g};
+    decode_invariance(&m, 3, seed ^ 1);
+    verify_vs_decode(&m, 3, 6, 0, seed ^ 2);
+    fixture_close(&f);
+}
+
+static void test_random_specs_gpu(void) {
+    uint64_t rng = t_fuzz_seed(0x6bec5);
+    const int n = t_fuzz_iters(quick ? 2 : 8);
+    int refusal_checked = 0;
+    for (int it = 0; it < n; it++) {
+        tm_spec s = tm_random_spec(&rng);
+        char label[160], dir[600];
+        if (!refusal_checked && (s.kv_lora + s.rope) % 8) { /* refused by name, before any upload */
+            refusal_checked = 1;
+            tm_mkdtemp(dir, sizeof dir);
+            tm_write_model(dir, &s);
+            kdt_model *m = load_dir(dir);
+            kdt_gpu_model *g = NULL;
+            const kdt_status st = m ? kdt_model_to_gpu(m, NULL, &g) : KDT_ERR_IO;
+            CHECK_MSG(st == KDT_ERR_UNSUPPORTED && g == NULL && strstr(kdt_last_error(), "kv_lora_rank"),
+                      "d_c %d + rope %d: %s: %s", s.kv_lora, s.rope, kdt_status_name(st), kdt_last_error());
+            kdt_model_free(m);
+            tm_rmdir(dir);
+        }
+        while ((s.kv_lora + s.rope) % 8) s.rope += 2; /* what the GPU supports */
+        tm_spec_label(&s, it, label, sizeof label);
+        tm_mkdtemp(dir, sizeof dir);
+        tm_write_model(dir, &s);
+        check_random_spec(dir, label, s.seed);
+        tm_rmdir(dir);
+    }
+}
+
 static void test_decode_batch_invariance(void) {
     const char *names[] = {"kimi_tiny", "dsv3_tiny"};
     for (int k = 0; k < 2; k++) {
@@ -1541,6 +1621,7 @@ int main(void) {
     T_RUN(test_fused_swiglu);
     T_RUN(test_shared_apart);
     T_RUN(test_kimi_dims);
+    T_RUN(test_random_specs_gpu);
     return t_summary();
 }
 #else
