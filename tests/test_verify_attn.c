@@ -233,8 +233,8 @@ static void run_and_check(va_case *c, int causal) {
 }
 
 static void test_small_dims_random_trees(void) {
-    for (int seed = 1; seed <= 6; seed++) {
-        uint64_t rs = 1000 + seed;
+    for (int seed = 1, seeds = t_fuzz_iters(6); seed <= seeds; seed++) {
+        uint64_t rs = t_fuzz_seed(1000 + (uint64_t)seed);
         const int S = 3, max_nodes = 20;
         int prefix[3], n[3];
         for (int s = 0; s < S; s++) {
@@ -907,13 +907,13 @@ static void emu_run(const va_case *c, int BN, emu_cta *C) {
  * power-of-two scales (then exact: the tile equals the bf16 cache with the same values) and for
  * arbitrary ones (rounded to nearest even). NaN codes stay NaN. */
 static void test_fp8_tile_rows(void) {
-    uint64_t seed = 60;
+    uint64_t seed = t_fuzz_seed(60);
     unsigned char row[VA_FP8_ROW];
     CHECK_EQ_INT((int)kdt_kv_row_bytes(KDT_KV_FP8_SCALED, VA_D_QK, VA_D_V), VA_FP8_ROW);
     CHECK_EQ_INT(VA_FP8_SCALES, VA_D_V);
     CHECK_EQ_INT(VA_FP8_ROPE, VA_D_V + 4 * (VA_D_V / KDT_KV_FP8_GROUP));
     int bad = 0, exact = 0;
-    for (int trial = 0; trial < 200; trial++) {
+    for (int trial = 0, trials = t_fuzz_iters(200); trial < trials; trial++) {
         const int pow2 = trial % 2 == 0;
         float sc[VA_D_V / KDT_KV_FP8_GROUP];
         uint16_t want[VA_D_QK];
@@ -950,7 +950,7 @@ static void test_fp8_tile_rows(void) {
                     exact += kdt_bf16_to_f32(got[j]) == kdt_e4m3_to_f32(row[j]) * sc[j / KDT_KV_FP8_GROUP];
     }
     CHECK_EQ_INT(bad, 0);
-    CHECK(exact > 100 * 500); /* 100 power-of-two rows, ~508 finite codes each */
+    CHECK(exact > t_fuzz_iters(200) / 2 * 500); /* the power-of-two rows, ~508 finite codes each */
 }
 
 static void test_cuda_kernel_emulation(void) {
