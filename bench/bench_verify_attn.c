@@ -7,6 +7,9 @@
  * random page permutation, q / kv random normal (never zeros). Floors: FLOPs
  * 2*S*q*H*(P+q)*(576+512) over 687 TFLOP/s (sustained bf16 GEMM measured on this H200 kind,
  * h200-anchors.md) and bytes (KV once, q, out, lse) over the copy bandwidth bench_kernels measured.
+ * KDT_BENCH_VA_FP8=1 times the FP8 latent cache instead (656-byte rows of random finite e4m3 codes,
+ * power-of-two scales, bf16 rope; the portable kernel's opt-in loader, so it sets KDT_VA_FP8=1);
+ * the bytes floor then counts 656 bytes per key.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -57,7 +60,9 @@ typedef struct va_bench {
     int max_S, max_q, max_P, pool_pages;
     int no_split; /* KDT_BENCH_VA_NOSPLIT=1: no workspace, so no stream is split (what the splits
                    * and their merge cost, by difference) */
+    int fp8;      /* KDT_BENCH_VA_FP8=1: the FP8 cache d_kv8 instead of d_kv */
     uint16_t *d_q, *d_kv, *d_out;
+    unsigned char *d_kv8;
     float *d_lse;
     int32_t *d_table, *d_prefix, *d_n;
     uint64_t *d_mask;
@@ -92,7 +97,9 @@ static int fill_device(uint16_t *dst, size_t n, const uint16_t *d_block, size_t 
 }
 
 static int bench_alloc(va_bench *b, int max_S, int max_q, int max_P) {
+    const int fp8 = b->fp8; /* the one field the caller sets first */
     memset(b, 0, sizeof *b);
+    b->fp8 = fp8;
     b->max_S = max_S, b->max_q = max_q, b->max_P = max_P;
     const int pages_per_stream = (max_P + max_q + VA_PAGE - 1) / VA_PAGE;
     b->pool_pages = max_S * pages_per_stream;
@@ -116,11 +123,42 @@ static int bench_alloc(va_bench *b, int max_S, int max_q, int max_P) {
     free(h);
     if (fill_device(b->d_q, nq, d_block, block) || fill_device(b->d_kv, nkv, d_block + 7, block - 7)) return 1;
     BENCH_CUDA(cudaFree(d_block));
+    if (b->fp8) { /* 24,576 distinct rows (16 MB), tiled over the pool */
+        const size_t rb = kdt_kv_row_bytes(KDT_KV_FP8_SCALED, VA_DQK, VA_DV), rows = (size_t)b->pool_pages * VA_PAGE;
+        const size_t brows = 24576;
+        unsigned char *hb = (unsigned char *)malloc(brows * rb), *d_b8 = NULL;
+        uint16_t *rope = (uint16_t *)malloc(2 * (size_t)(VA_DQK - VA_DV));
+        if (!hb || !rope) return 1;
+        uint64_t seed = 777;
+        for (size_t r = 0; r < brows; r++) {
+            unsigned char *row = hb + r * rb;
+            for (int j = 0; j < VA_DV; j++) {
+                uint8_t c;
+                do c = (uint8_t)mix64(&seed);
+                while ((c & 0x7f) == 0x7f); /* finite codes only */
+                row[j] = c;
+            }
+            const float sc = 1.0f / 128.0f; /* values up to 3.5, RMS ~0.8 */
+            for (int g = 0; g < VA_DV / KDT_KV_FP8_GROUP; g++) memcpy(row + VA_DV + 4 * g, &sc, 4);
+            bench_fill_normal_bf16(rope, VA_DQK - VA_DV, 99 + r, 1.0f);
+            memcpy(row + VA_DV + 4 * (VA_DV / KDT_KV_FP8_GROUP), rope, 2 * (size_t)(VA_DQK - VA_DV));
+        }
+        BENCH_CUDA(cudaMalloc((void **)&b->d_kv8, rows * rb));
+        BENCH_CUDA(cudaMalloc((void **)&d_b8, brows * rb));
+        BENCH_CUDA(cudaMemcpy(d_b8, hb, brows * rb, cudaMemcpyHostToDevice));
+        for (size_t r = 0; r < rows; r += brows) {
+            const size_t n = rows - r < brows ? rows - r : brows;
+            BENCH_CUDA(cudaMemcpy(b->d_kv8 + r * rb, d_b8, n * rb, cudaMemcpyDeviceToDevice));
+        }
+        BENCH_CUDA(cudaFree(d_b8));
+        free(hb), free(rope);
+    }
     return 0;
 }
 
 static void bench_free(va_bench *b) {
     cudaFree(b->d_q), cudaFree(b->d_kv), cudaFree(b->d_out), cudaFree(b->d_lse);
+    if (b->d_kv8) cudaFree(b->d_kv8);
     cudaFree(b->d_table), cudaFree(b->d_prefix), cudaFree(b->d_n), cudaFree(b->d_mask);
     if (b->d_ws) cudaFree(b->d_ws);
 }
@@ -159,6 +197,7 @@ static int bench_shape(va_bench *b, int S, int P, int q, uint64_t seed) {
     p->block_table = b->d_table, p->max_pages = pages, p->prefix_len = b->d_prefix, p->n_nodes = b->d_n;
     p->anc_mask = b->d_mask, p->out = b->d_out, p->lse = b->d_lse;
     p->workspace = b->no_split ? NULL : b->d_ws, p->workspace_bytes = b->no_split ? 0 : b->ws_bytes;
+    if (b->fp8) p->kv_cache = b->d_kv8, p->kv_format = KDT_KV_FP8_SCALED;
     return 0;
 }
 
@@ -166,7 +205,8 @@ static int bench_shape(va_bench *b, int S, int P, int q, uint64_t seed) {
 static int bench_row(va_bench *b, const bench_opts *o, cudaStream_t stream, int S, int P, int q) {
     if (bench_shape(b, S, P, q, (uint64_t)S * 1000003u + (uint64_t)P * 31u + (uint64_t)q)) return 1;
     const double flops = 2.0 * S * q * VA_H * (double)(P + q) * (VA_DQK + VA_DV);
-    const double bytes = (double)S * (P + q) * VA_DQK * 2 + (double)S * q * VA_H * (VA_DQK * 2 + VA_DV * 2 + 4);
+    const double key_bytes = (double)kdt_kv_row_bytes(b->fp8 ? KDT_KV_FP8_SCALED : KDT_KV_BF16, VA_DQK, VA_DV);
+    const double bytes = (double)S * (P + q) * key_bytes + (double)S * q * VA_H * (VA_DQK * 2 + VA_DV * 2 + 4);
     const double floor_us = fmax(flops / (VA_GEMM_TFLOPS * 1e12), bytes / (g_bench_device.copy_gbps * 1e9)) * 1e6;
     /* about 0.15 s of samples, at least 5 */
     const double guess_us = fmax(10.0, flops / 250e12 * 1e6);
@@ -195,14 +235,21 @@ int bench_verify_attn(const bench_opts *o) {
     static const int Ss[] = {1, 8, 64}, Ps[] = {256, 1024, 4096, 16384}, qs[] = {9, 33, 65};
     static const int quick[][3] = {{1, 256, 9}, {1, 4096, 33}, {8, 1024, 65}, {64, 4096, 33}, {64, 16384, 1}};
     va_bench b;
+    const char *f8 = getenv("KDT_BENCH_VA_FP8");
+    const int fp8 = f8 && f8[0] == '1';
+    if (fp8) setenv("KDT_VA_FP8", "1", 1); /* the loader is opt-in until a GPU run has checked it */
+    memset(&b, 0, sizeof b);
+    b.fp8 = fp8; /* bench_alloc reads it */
     if (bench_alloc(&b, 64, 65, 16384)) return 1;
     const char *ns = getenv("KDT_BENCH_VA_NOSPLIT");
     b.no_split = ns && ns[0] == '1';
     cudaStream_t stream;
     BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const char *cfg = getenv("KDT_VA_PORTABLE_CFG"), *lim = getenv("KDT_GPU_SMEM_LIMIT");
-    printf("path: %s (KDT_VERIFY_ATTN=mma|wgmma picks one)%s%s%s%s%s\n", kdt_verify_attn_cuda_path(),
+    printf("path: %s (KDT_VERIFY_ATTN=mma|wgmma picks one)%s%s%s%s%s%s\n",
+           b.fp8 ? "portable (mma.sync): the FP8 cache" : kdt_verify_attn_cuda_path(),
            b.no_split ? "; no workspace: no stream is split (KDT_BENCH_VA_NOSPLIT=1)" : "",
+           b.fp8 ? "; KDT_BENCH_VA_FP8=1: 656-byte e4m3 rows" : "",
            cfg && *cfg ? "; portable configuration KDT_VA_PORTABLE_CFG=" : "", cfg && *cfg ? cfg : "",
            lim && *lim ? "; shared memory capped, KDT_GPU_SMEM_LIMIT=" : "", lim && *lim ? lim : "");
     printf("H = 64, d_qk 576, d_v 512, page 64; graph replay of one call, L2 flushed before each; "
