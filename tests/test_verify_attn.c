@@ -37,6 +37,7 @@ typedef struct va_case {
     uint64_t *mask;    /* [S][max_nodes][words] */
     uint16_t *q;       /* [S][max_nodes][H][dqk] */
     uint16_t *kv;      /* [n_pages][page_size][dqk] */
+    unsigned char *kv8; /* NULL, or the same keys as FP8 rows (case_to_fp8): the emulation loads these */
     uint16_t *out;     /* [S][max_nodes][H][dv] */
     float *lse;        /* [S][max_nodes][H] */
     float scale;
@@ -44,7 +45,7 @@ typedef struct va_case {
 
 static void case_free(va_case *c) {
     free(c->prefix), free(c->n_nodes), free(c->parent), free(c->table), free(c->mask);
-    free(c->q), free(c->kv), free(c->out), free(c->lse);
+    free(c->q), free(c->kv), free(c->kv8), free(c->out), free(c->lse);
     memset(c, 0, sizeof *c);
 }
 
@@ -656,9 +657,67 @@ static void emu_load_kv(const va_case *c, int s, int t0, int ke, int BN, uint8_t
     for (int r = 0; r < BN; r++)
         for (int ch = 0; ch < VA_QK_CHUNKS; ch++) {
             uint8_t *dst = img + va_swz(r, ch);
-            if (t0 + r < ke) memcpy(dst, kv_row(c, s, t0 + r) + ch * 8, 16);
-            else memset(dst, 0, 16);
+            if (t0 + r >= ke) {
+                memset(dst, 0, 16);
+            } else if (c->kv8) { /* the FP8 loader (load_kv_tile_fp8): convert or copy each chunk */
+                const int t = t0 + r, page = c->table[s * c->max_pages + t / c->page_size];
+                const unsigned char *row = c->kv8 + ((size_t)page * c->page_size + t % c->page_size) * VA_FP8_ROW;
+                if (ch < 64) {
+                    float sc;
+                    uint16_t h[8];
+                    memcpy(&sc, row + VA_FP8_SCALES + 4 * va_fp8_scale_idx(ch), 4);
+                    va_fp8_chunk(row + va_fp8_src(ch), sc, h);
+                    memcpy(dst, h, 16);
+                } else {
+                    memcpy(dst, row + va_fp8_src(ch), 16);
+                }
+            } else {
+                memcpy(dst, kv_row(c, s, t0 + r) + ch * 8, 16);
+            }
         }
+}
+
+/* The nearest e4m3 code to x (ties to the even code), by bisection over the finite codes sorted by
+ * value; |x| beyond 448 saturates. For the FP8 cases' caches only. */
+static uint8_t e4m3_nearest(float x) {
+    static float val[127];
+    static int ready;
+    if (!ready) { /* codes 0x00 .. 0x7e are the non-negative finite values, ascending */
+        for (int b = 0; b < 127; b++) val[b] = kdt_e4m3_to_f32((uint8_t)b);
+        ready = 1;
+    }
+    const float a = fabsf(x);
+    int lo = 0, hi = 126;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (val[mid] <= a) lo = mid;
+        else hi = mid;
+    }
+    int b = a - val[lo] < val[hi] - a || (a - val[lo] == val[hi] - a && !(lo & 1)) ? lo : hi;
+    if (a >= val[126]) b = 126;
+    return (uint8_t)(b | (x < 0 ? 0x80 : 0));
+}
+
+/* The case's keys as FP8 rows (Kimi dims): per 128 latents a scale that maps the group's max |v|
+ * to 448 (pow2: rounded up to a power of two, so e4m3 x scale is exact in bf16), codes the nearest
+ * e4m3 to v / scale, the rope columns as they are. */
+static void case_to_fp8(va_case *c, int pow2) {
+    const size_t rows = (size_t)c->n_pages * c->page_size;
+    c->kv8 = malloc(rows * VA_FP8_ROW);
+    for (size_t r = 0; r < rows; r++) {
+        const uint16_t *bf = c->kv + r * VA_D_QK;
+        unsigned char *row = c->kv8 + r * VA_FP8_ROW;
+        for (int g = 0; g < VA_D_V / KDT_KV_FP8_GROUP; g++) {
+            float mx = 0.f;
+            for (int j = g * KDT_KV_FP8_GROUP; j < (g + 1) * KDT_KV_FP8_GROUP; j++) mx = fmaxf(mx, fabsf(kdt_bf16_to_f32(bf[j])));
+            float sc = mx > 0.f ? mx / 448.0f : 1.0f;
+            if (pow2) sc = ldexpf(1.0f, (int)ceilf(log2f(sc)));
+            memcpy(row + VA_FP8_SCALES + 4 * g, &sc, 4);
+            for (int j = g * KDT_KV_FP8_GROUP; j < (g + 1) * KDT_KV_FP8_GROUP; j++)
+                row[j] = e4m3_nearest(kdt_bf16_to_f32(bf[j]) / sc);
+        }
+        memcpy(row + VA_FP8_ROPE, bf + VA_D_V, 2 * (VA_D_QK - VA_D_V));
+    }
 }
 
 /* One item: rows [g0, g0+64) of stream s over keys [kb, ke). Writes per row the normalized
@@ -962,6 +1021,11 @@ static void test_cuda_kernel_emulation(void) {
         {32, 5, 300, 16, TREE_STAR},    /* BN 16 with splits */
         {64, 1, 0, 64, TREE_RANDOM},    /* decode with nothing committed */
     };
+    /* and the FP8 loader's tiles (case_to_fp8) against the twin reading the FP8 rows: power-of-two
+     * scales (the tile holds the exact values) and max / 448 scales (bf16(e4m3 x scale) rounded) */
+    static const struct { int H, n, prefix, BN, pow2; } fp8_cases[] = {
+        {64, 9, 130, 64, 1}, {16, 5, 1100, 16, 1}, {64, 9, 130, 64, 0}, {128, 1, 2100, 16, 0}, {8, 33, 70, 64, 0},
+    };
     emu_cta *C = malloc(sizeof *C);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const int prefix[1] = {cases[i].prefix}, n[1] = {cases[i].n};
@@ -995,6 +1059,69 @@ static void test_cuda_kernel_emulation(void) {
         free(ref), free(got), free(lref), free(lgot);
         case_free(&c);
     }
+    /* FP8: the kernel dequantizes each tile to bf16(e4m3 x scale) and runs the bf16 kernel on it.
+     * So the emulated FP8 path must equal, bitwise, the emulated bf16 path over the cache of those
+     * bf16 values, and be within the usual tolerance of the twin on that cache; with power-of-two
+     * scales the values are exact, and the twin reading the FP8 rows gives the same bits. With
+     * max / 448 scales the dequantization rounds, and the distance to exact FP8 arithmetic (the twin
+     * reading the FP8 rows) is printed as a measurement: the bf16 path's tolerance does not cover it. */
+    double dist_exact[2] = {0, 0};
+    for (size_t i = 0; i < sizeof fp8_cases / sizeof fp8_cases[0]; i++) {
+        const int prefix[1] = {fp8_cases[i].prefix}, n[1] = {fp8_cases[i].n}, pow2 = fp8_cases[i].pow2;
+        va_case c;
+        case_make(&c, 400 + i, 1, fp8_cases[i].H, n[0] + 1, 576, 512, 64, prefix, n, TREE_RANDOM);
+        case_to_fp8(&c, pow2);
+        const size_t keys = (size_t)c.n_pages * c.page_size, rows = (size_t)c.n_nodes[0] * c.H;
+        for (size_t r = 0; r < keys; r++) /* the bf16 cache of the dequantized values */
+            for (int ch = 0; ch < 64; ch++) {
+                const unsigned char *row = c.kv8 + r * VA_FP8_ROW;
+                float sc;
+                memcpy(&sc, row + VA_FP8_SCALES + 4 * va_fp8_scale_idx(ch), 4);
+                va_fp8_chunk(row + va_fp8_src(ch), sc, c.kv + r * VA_D_QK + 8 * ch);
+            }
+        double *ref = malloc(sizeof(double) * rows * 512), *got = malloc(sizeof(double) * rows * 512);
+        uint16_t *out8 = malloc(2 * rows * 512), *exact8 = malloc(2 * rows * 512), *twin_bf = malloc(2 * rows * 512);
+        float *lref = malloc(sizeof(float) * rows), *l8 = malloc(sizeof(float) * rows);
+        kdt_verify_attn_params p = case_params(&c);
+        case_poison(&c);
+        CHECK(kdt_verify_attn_cpu(&p) == KDT_OK); /* twin on the dequantized bf16 cache */
+        for (size_t e = 0; e < rows * 512; e++) ref[e] = kdt_bf16_to_f32(c.out[e]);
+        memcpy(twin_bf, c.out, 2 * rows * 512);
+        memcpy(lref, c.lse, sizeof(float) * rows);
+        p.kv_cache = c.kv8, p.kv_format = KDT_KV_FP8_SCALED;
+        case_poison(&c);
+        CHECK(kdt_verify_attn_cpu(&p) == KDT_OK); /* twin on the FP8 rows: exact e4m3 x scale */
+        memcpy(exact8, c.out, 2 * rows * 512);
+        if (pow2) /* exact values: the twin reads the FP8 rows and the bf16 cache alike */
+            CHECK_MSG(!memcmp(exact8, twin_bf, 2 * rows * 512), "FP8 case %zu: the twin differs on exact values", i);
+        case_poison(&c);
+        memset(C, 0, sizeof *C);
+        emu_run(&c, fp8_cases[i].BN, C); /* emulated FP8 loader */
+        memcpy(out8, c.out, 2 * rows * 512), memcpy(l8, c.lse, sizeof(float) * rows);
+        CHECK_EQ_INT(C->bad_addr, 0);
+        CHECK_EQ_INT(C->conflicts, 0);
+        unsigned char *kv8 = c.kv8;
+        c.kv8 = NULL;
+        case_poison(&c);
+        memset(C, 0, sizeof *C);
+        emu_run(&c, fp8_cases[i].BN, C); /* emulated bf16 loader over the dequantized cache */
+        c.kv8 = kv8;
+        CHECK_MSG(!memcmp(out8, c.out, 2 * rows * 512) && !memcmp(l8, c.lse, sizeof(float) * rows),
+                  "FP8 case %zu: the FP8 tiles differ from the bf16 tiles of the same values", i);
+        for (size_t e = 0; e < rows * 512; e++) got[e] = kdt_bf16_to_f32(out8[e]);
+        const double err = t_rel_err(got, ref, rows * 512);
+        double lerr = 0;
+        for (size_t e = 0; e < rows; e++) lerr = fmax(lerr, fabs(l8[e] - lref[e]) / fmax(1.0, fabs(lref[e])));
+        CHECK_MSG(err <= 2e-3 && lerr <= 1e-4, "FP8 case %zu (H %d n %d P %d BN %d, %s scales): rel err %.3g, lse err %.3g",
+                  i, fp8_cases[i].H, n[0], prefix[0], fp8_cases[i].BN, pow2 ? "power-of-two" : "max/448", err, lerr);
+        for (size_t e = 0; e < rows * 512; e++) ref[e] = kdt_bf16_to_f32(exact8[e]);
+        const double dist = t_rel_err(got, ref, rows * 512);
+        dist_exact[pow2] = fmax(dist_exact[pow2], dist);
+        free(ref), free(got), free(out8), free(exact8), free(twin_bf), free(lref), free(l8);
+        case_free(&c);
+    }
+    printf("  FP8 tiles in the emulated kernel: distance to exact FP8 arithmetic %.3g (power-of-two scales), "
+           "%.3g (max / 448 scales: the bf16 dequantization's rounding)\n", dist_exact[1], dist_exact[0]);
     free(C);
 }
 

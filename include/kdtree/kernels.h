@@ -212,10 +212,12 @@ typedef enum kdt_kv_format {
     KDT_KV_BF16 = 0,       /* d_qk bf16: [c_kv (d_v) | k_pe (d_qk - d_v)]; 1152 B at 576 */
     KDT_KV_FP8_SCALED = 1, /* d_v e4m3 latents, d_v / 128 fp32 scales (latent j is e4m3 * scale[j / 128]),
                             * then d_qk - d_v bf16 rope values: 656 B at 576 / 512, the layout of
-                            * FlashMLA's and vLLM's FP8 MLA caches. The CPU reference reads it; on
-                            * the GPU the portable kernel does (dequantized to bf16 tiles), behind
-                            * KDT_VA_FP8=1 until a GPU run has checked it (KDT_ERR_UNSUPPORTED
-                            * without); the sm_90a kernel reads KDT_KV_BF16 only */
+                            * FlashMLA's and vLLM's FP8 MLA caches. The CPU reference reads it
+                            * exactly; on the GPU the portable kernel does, dequantizing each key to
+                            * bf16(e4m3 x scale) (so it matches the bf16 path over those values;
+                            * exact FP8 arithmetic is ~4e-3 away with max/448 scales, exact for
+                            * power-of-two ones), behind KDT_VA_FP8=1 until a GPU run has checked it
+                            * (KDT_ERR_UNSUPPORTED without); the sm_90a kernel reads KDT_KV_BF16 only */
 } kdt_kv_format;
 /* Bytes of one cache row of `format` (0 if the format or the dimensions are invalid for it). */
 size_t kdt_kv_row_bytes(int32_t kv_format, int32_t d_qk, int32_t d_v);
