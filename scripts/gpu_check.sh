@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# gpu_check.sh - the one GPU script: on a GPU host, build for sm_90a (plus the portable sm_80
-# path), run every GPU test, run them again under compute-sanitizer (memcheck, racecheck), run
+# gpu_check.sh - the one GPU script: on a GPU host, build for its GPU (sm_90a plus the portable
+# sm_80 path on a Hopper, sm_120 on an RTX PRO 6000 Blackwell, sm_80 on Ampere; KDT_CUDA_ARCHS
+# overrides), run every GPU test, run them again under compute-sanitizer (memcheck, racecheck), run
 # build/bench_kernels, bench_model, the engine bench and a 64-client server load (ar / ddtree /
 # auto), and print a short summary table last.
 #   scripts/gpu_check.sh [--no-sanitizer] [--no-bench] [--quick-bench] [--only-tests REGEX] [--experiments]
@@ -46,11 +47,21 @@ if [ -n "${KDT_PREBUILT:-}" ]; then
   echo "using prebuilt binaries in $BUILD"
 else
   BUILD=build-gpu
+  # the GPU's own architecture (compute capability from nvidia-smi), so its SASS is built, not JIT'ed
+  CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
+  case "$CAP" in
+    9.*) ARCHS="90a;80" ;;
+    12.*) ARCHS="120" ;;
+    8.*) ARCHS="80" ;;
+    *) ARCHS="90a;80;120" ;;
+  esac
+  ARCHS=${KDT_CUDA_ARCHS:-$ARCHS}
+  echo "building for CUDA architectures $ARCHS (compute capability ${CAP:-unknown})"
   if command -v cmake >/dev/null 2>&1; then
-    cmake -S . -B $BUILD -DCMAKE_BUILD_TYPE=Release -DKDT_CUDA_ARCHS="90a;80" >"$LOG/build.log" 2>&1 &&
+    cmake -S . -B $BUILD -DCMAKE_BUILD_TYPE=Release -DKDT_CUDA_ARCHS="$ARCHS" >"$LOG/build.log" 2>&1 &&
       cmake --build $BUILD -j "$(nproc)" >>"$LOG/build.log" 2>&1 || { tail -40 "$LOG/build.log"; echo "BUILD FAILED"; exit 1; }
   else
-    scripts/build_nvcc.sh --out $BUILD --archs "90a 80" >"$LOG/build.log" 2>&1 || { tail -40 "$LOG/build.log"; echo "BUILD FAILED"; exit 1; }
+    scripts/build_nvcc.sh --out $BUILD --archs "${ARCHS//;/ }" >"$LOG/build.log" 2>&1 || { tail -40 "$LOG/build.log"; echo "BUILD FAILED"; exit 1; }
   fi
 fi
 echo "build: $(( $(date +%s) - t0 )) s"
