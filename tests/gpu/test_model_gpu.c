@@ -800,6 +800,18 @@ done:
 }
 
 /* ---- random specs --------------------------------------------------------------------------- */
+/* n random tokens (drawn from *rng) into toks, and the CPU model's prefill logits over them [n][V] */
+static float *random_prompt_cpu(const kdt_model *m, int n, uint64_t *rng, int32_t *toks) {
+    const int V = m->cfg.vocab_size;
+    for (int i = 0; i < n; i++) toks[i] = t_rand_int(rng, V);
+    float *lc = xmalloc((size_t)n * V * 4);
+    kdt_kv_cache *ck = new_ckv(m, (n + 63) / 64 + 1, 1);
+    kdt_model_outputs oc = {lc, NULL, 0, 0, NULL, NULL};
+    CHECK_EQ_INT(kdt_model_prefill(m, ck, 0, toks, n, &oc), KDT_OK);
+    kdt_kv_cache_free(ck);
+    return lc;
+}
+
 /* the GPU forward of `dir`'s checkpoint against its bf16 twin on a random prompt (rows at a routing
  * near tie excused), then the bitwise contracts */
 static void check_random_spec(const char *dir, const char *label, uint64_t seed) {
@@ -812,16 +824,10 @@ static void check_random_spec(const char *dir, const char *label, uint64_t seed)
         fixture_close(&f);
         return;
     }
-    const kdt_model_config *c = &f.cpu->cfg;
-    const int V = c->vocab_size, n = 37;
-    uint64_t rng = seed;
+    const int V = f.cpu->cfg.vocab_size, n = 37;
     int32_t toks[37], am[37];
-    for (int i = 0; i < n; i++) toks[i] = t_rand_int(&rng, V);
-    float *lc = xmalloc((size_t)n * V * 4), *lg = xmalloc((size_t)n * V * 4);
-    kdt_kv_cache *ck = new_ckv(f.twin, 2, 1);
-    kdt_model_outputs oc = {lc, NULL, 0, 0, NULL, NULL};
-    CHECK_EQ_INT(kdt_model_prefill(f.twin, ck, 0, toks, n, &oc), KDT_OK);
-    kdt_kv_cache_free(ck);
+    uint64_t rng = seed;
+    float *lc = random_prompt_cpu(f.twin, n, &rng, toks), *lg = xmalloc((size_t)n * V * 4);
     kdt_gpu_runner *r = new_runner(f.g, 64, 0, 0, 0);
     kdt_gpu_kv *gk = new_gkv(f.g, 2, 1);
     CHECK(r && gk);
@@ -1505,12 +1511,7 @@ static void test_kimi_dims(void) {
     /* accuracy: weights are bf16-exact, so the CPU model is the twin */
     int32_t toks[24];
     uint64_t rng = 99;
-    for (int i = 0; i < n; i++) toks[i] = t_rand_int(&rng, V);
-    float *lc = xmalloc((size_t)n * V * 4), *lg = xmalloc((size_t)n * V * 4);
-    kdt_kv_cache *ck = new_ckv(m.cpu, 2, 1);
-    kdt_model_outputs oc = {lc, NULL, 0, 0, NULL, NULL};
-    CHECK_EQ_INT(kdt_model_prefill(m.cpu, ck, 0, toks, n, &oc), KDT_OK);
-    kdt_kv_cache_free(ck);
+    float *lc = random_prompt_cpu(m.cpu, n, &rng, toks), *lg = xmalloc((size_t)n * V * 4);
     kdt_gpu_runner *r = new_runner(m.g, 64, 40, 2, 0);
     kdt_gpu_kv *gk = new_gkv(m.g, 2, 1);
     kdt_model_outputs og = {lg, NULL, 0, 0, NULL, NULL};
