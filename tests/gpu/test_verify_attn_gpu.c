@@ -433,7 +433,8 @@ static unsigned char *fp8_rows(gcase *c, uint64_t seed, int pow2) {
         unsigned char *row = k8 + r * rb;
         uint16_t *bf = c->kv + r * 576;
         for (int g = 0; g < 4; g++) {
-            const float sc = ldexpf(pow2 ? 1.0f : (float)(1.0 + t_rand_unit(&seed)), -8 + t_rand_int(&seed, 3));
+            const float mant = pow2 ? 1.0f : (float)(1.0 + t_rand_unit(&seed));
+            const float sc = ldexpf(mant, -8 + t_rand_int(&seed, 3));
             memcpy(row + 512 + 4 * g, &sc, 4);
             for (int j = 128 * g; j < 128 * (g + 1); j++) {
                 uint8_t b;
