@@ -374,7 +374,11 @@ static inline void et_random_ops(kdt_engine *e, const et_ro_setup *su, int ops, 
             memcpy(prompt, su->prompts[i], sizeof(int32_t) * (size_t)n_prompt);
             const int malformed = kind == 4 ? 1 + t_rand_int(&rng, 6) : 0;
             switch (malformed) {
-            case 1: prompt[t_rand_int(&rng, n_prompt)] = t_rand_int(&rng, 2) ? su->vocab : -1; break; /* token id */
+            case 1: { /* a token id out of range (two draws, in this order: a seed replays anywhere) */
+                const int at = t_rand_int(&rng, n_prompt);
+                prompt[at] = t_rand_int(&rng, 2) ? su->vocab : -1;
+                break;
+            }
             case 2: n_prompt = 0; break;
             case 3: p.spec = KDT_SPEC_DDTREE, p.budget = 65; break; /* ar / chain ignore the budget */
             case 4: p.max_new_tokens = 0; break;
