@@ -72,24 +72,18 @@ mapfile -t TESTS < <(ls "$BUILD"/gpu_test_* 2>/dev/null | grep -E "${ONLY:-.}" |
 [ ${#TESTS[@]} -gt 0 ] || { echo "no GPU tests found in $BUILD"; exit 1; }
 declare -A RES MEM RACE SECS SMALLRES
 fail=0
-for t in "${TESTS[@]}"; do
-  n=$(basename "$t")
-  s=$(date +%s)
-  if timeout "${KDT_TEST_LIMIT:-600}" "$t" >"$LOG/$n.log" 2>&1; then RES[$n]=pass; else RES[$n]=FAIL; fail=1; fi
-  SECS[$n]=$(( $(date +%s) - s ))
-  echo "--- $n: ${RES[$n]} (${SECS[$n]} s): $(tail -1 "$LOG/$n.log")"
-  [ "${RES[$n]}" = pass ] || tail -30 "$LOG/$n.log"
-done
-if [ $SMALL = 1 ]; then
+# every test once; with --small-smem again as a 99 KB part
+for lim in "" $([ $SMALL = 1 ] && echo 101376); do
   for t in "${TESTS[@]}"; do
     n=$(basename "$t")
+    log="$LOG/$n${lim:+.smem99k}.log"
     s=$(date +%s)
-    if KDT_GPU_SMEM_LIMIT=101376 timeout "${KDT_TEST_LIMIT:-600}" "$t" >"$LOG/$n.smem99k.log" 2>&1; then SMALLRES[$n]=pass
-    else SMALLRES[$n]=FAIL; fail=1; fi
-    echo "--- $n with KDT_GPU_SMEM_LIMIT=101376: ${SMALLRES[$n]} ($(( $(date +%s) - s )) s): $(tail -1 "$LOG/$n.smem99k.log")"
-    [ "${SMALLRES[$n]}" = pass ] || tail -30 "$LOG/$n.smem99k.log"
+    if env ${lim:+KDT_GPU_SMEM_LIMIT=$lim} timeout "${KDT_TEST_LIMIT:-600}" "$t" >"$log" 2>&1; then r=pass; else r=FAIL; fail=1; fi
+    if [ -n "$lim" ]; then SMALLRES[$n]=$r; else RES[$n]=$r; SECS[$n]=$(( $(date +%s) - s )); fi
+    echo "--- $n${lim:+ with KDT_GPU_SMEM_LIMIT=$lim}: $r ($(( $(date +%s) - s )) s): $(tail -1 "$log")"
+    [ $r = pass ] || tail -30 "$log"
   done
-fi
+done
 # KDT_EXP_PARTS (default "model,probes,va,layer") picks the experiment parts, so a run that would
 # pass the device's 10-minute call limit can be split into two calls
 EXP_PARTS=",${KDT_EXP_PARTS:-model,probes,va,layer},"
