@@ -195,6 +195,21 @@ static inline void et_run_free(et_run *r) {
 }
 
 /* Adds all prompts (params[i]) and steps until every stream finished. Returns the first error. */
+/* After a failed add or step: cancels the run's streams still in the engine and lets them report,
+ * so one failure stays one test's failure instead of filling the slots of every test after it. The
+ * error message of the failure is kept (kdt_last_error). */
+static inline kdt_status et_abandon(kdt_engine *e, const et_run *r, int32_t n_added, kdt_status st) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", kdt_last_error());
+    for (int32_t i = 0; i < n_added; i++) (void)kdt_engine_cancel(e, r->ids[i]);
+    kdt_stream_event ev[64];
+    for (int guard = 0; guard < 8 && kdt_engine_busy(e); guard++) {
+        int32_t n_ev = 0;
+        (void)kdt_engine_step(e, ev, 64, &n_ev);
+    }
+    return kdt_fail(st, "%s", msg);
+}
+
 static inline kdt_status et_run_batch(kdt_engine *e, int32_t n, int32_t *const *prompts,
                                       const int32_t *n_prompt, const kdt_gen_params *params,
                                       et_run *r) {
@@ -210,14 +225,14 @@ static inline kdt_status et_run_batch(kdt_engine *e, int32_t n, int32_t *const *
     for (int32_t i = 0; i < n; i++) {
         r->out[i] = calloc((size_t)r->cap + 1, sizeof(int32_t));
         kdt_status st = kdt_engine_add(e, prompts[i], n_prompt[i], &params[i], &r->ids[i]);
-        if (st != KDT_OK) return st;
+        if (st != KDT_OK) return et_abandon(e, r, i, st);
     }
     kdt_stream_event ev[64];
     int guard = 0;
     while (kdt_engine_busy(e)) {
         int32_t n_ev = 0;
         kdt_status st = kdt_engine_step(e, ev, 64, &n_ev);
-        if (st != KDT_OK) return st;
+        if (st != KDT_OK) return et_abandon(e, r, n, st);
         r->rounds++;
         for (int32_t k = 0; k < n_ev; k++) {
             int32_t i = 0;

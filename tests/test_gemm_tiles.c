@@ -13,7 +13,8 @@
  * bits equal to the row-major ones (the GPU test checks that end to end). Also the bulk loader's
  * mbarrier protocol across a CTA's passes (test_bulk_pipeline_protocol) and the grouped GEMM's
  * CTAs-per-SM choice for the launch shapes of a Kimi layer and the tiny model
- * (test_grouped_policy). */
+ * (test_grouped_policy), and that every pool the grouped launches get on any SM size runs their
+ * pipeline (test_v2_pools). */
 #include <stdint.h>
 #include <string.h>
 
@@ -186,10 +187,55 @@ static void test_grouped_policy(void) {
     CHECK_NEAR(gt_wave_efficiency(5, 0), 0.0, 0.0);
 }
 
+/* The pools a grouped launch gets (gt_v2_grouped_k) on every SM size from 49 KB to 228 KB, for each
+ * runner pool (gpu_gemm.cu's POOL_BYTES) and each k the policy asks for: a pool smaller than the
+ * runner's, holding the 64 x 65 fp32 tile, >= 3 stages of 8-row passes and >= 2 stages of every
+ * pass up to its cap with either W loader (v2_pass indexes stage 1: one stage ran past the pool,
+ * compute-sanitizer on the H200 at KDT_GPU_SMEM_LIMIT=101376, session 25). Then the parts by name. */
+static void test_v2_pools(void) {
+    static const int runner_pools[3] = {55296, 82944, 115712};
+    int bad = 0, smaller = 0;
+    for (int per_sm = 49152 + 1024; per_sm <= 233472; per_sm += 512)
+        for (int rp = 0; rp < 3; rp++) {
+            if (runner_pools[rp] + 1024 > per_sm) continue; /* the runner's pool must fit one CTA */
+            for (int k = 3; k <= 5; k++) {
+                const int used = gt_v2_grouped_k(k, per_sm, runner_pools[rp]);
+                if (used == 2) continue;
+                smaller++;
+                const int pool = gt_pool_per_sm(per_sm, used), cap = gt_v2_cap(pool);
+                bad += used > k || used < 3 || pool >= runner_pools[rp] || pool < 64 * 65 * 4 || used * (pool + 1024) > per_sm;
+                bad += cap < 16 || gt_v2_stages(8, pool) < 3 || gt_v2_stages_bulk(8, pool) < 3;
+                for (int m = 1; m <= cap; m++)
+                    bad += gt_v2_stages(gt_v2_tile_rows(m), pool) < 2 || gt_v2_stages_bulk(gt_v2_tile_rows(m), pool) < 2;
+            }
+        }
+    CHECK_EQ_INT(bad, 0);
+    CHECK(smaller > 0);
+    /* rows per pass: the three runner pools, the H200's 5-per-SM pool, one that runs nothing */
+    CHECK_EQ_INT(gt_v2_cap(115712), 64);
+    CHECK_EQ_INT(gt_v2_cap(82944), 32);
+    CHECK_EQ_INT(gt_v2_cap(55296), 16);
+    CHECK_EQ_INT(gt_v2_cap(45568), 16);
+    CHECK_EQ_INT(gt_v2_cap(20000), 0);
+    CHECK_EQ_INT(gt_v2_stages(8, 19456), 1); /* the 100 KB SM's 5-per-SM pool: one stage */
+    /* H100 / H200 (228 KB per SM, runner pool 115,712): 5 and 4 as asked, 45,568 / 57,344 B */
+    CHECK_EQ_INT(gt_v2_grouped_k(5, 233472, 115712), 5);
+    CHECK_EQ_INT(gt_pool_per_sm(233472, 5), 45568);
+    CHECK_EQ_INT(gt_v2_grouped_k(4, 233472, 115712), 4);
+    CHECK_EQ_INT(gt_pool_per_sm(233472, 4), 57344);
+    /* A100 (164 KB, runner pool 82,944): 5's pool holds 2 stages of 8 rows -> 4 */
+    CHECK_EQ_INT(gt_v2_grouped_k(5, 167936, 82944), 4);
+    /* RTX PRO 6000 Blackwell, sm_86 / 89 (100 KB, runner pool 82,944): the runner's pool */
+    CHECK_EQ_INT(gt_v2_grouped_k(5, 102400, 82944), 2);
+    CHECK_EQ_INT(gt_v2_grouped_k(4, 102400, 82944), 2);
+    CHECK_EQ_INT(gt_v2_grouped_k(3, 102400, 82944), 2);
+}
+
 int main(void) {
     T_RUN(test_tiled_layout);
     T_RUN(test_tile_starts);
     T_RUN(test_bulk_pipeline_protocol);
     T_RUN(test_grouped_policy);
+    T_RUN(test_v2_pools);
     return t_summary();
 }

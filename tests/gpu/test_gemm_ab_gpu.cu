@@ -107,7 +107,34 @@ static bool same(const void *a, const void *b, size_t bytes, const char *what) {
     return false;
 }
 
-static const int STAGES = 4;
+/* The runner's stages on this device, as the model picks them (kdt_gpu_gemm_stages): 4 on an H100 /
+ * H200, 3 on a 99 KB part (KDT_GPU_SMEM_LIMIT=101376 emulates one), so every pool below is one the
+ * device takes. */
+static int g_stages = 4;
+static int pick_stages() {
+    int optin = 0, per_sm = 0;
+    CK(kdt_smem_optin(0, &optin));
+    CK(kdt_smem_per_sm(0, &per_sm));
+    for (int s = 4; s >= 2; s--)
+        if (2 * pool_bytes(s) + 2048 <= per_sm && pool_bytes(s) <= optin) return s;
+    for (int s = 4; s >= 2; s--)
+        if (pool_bytes(s) <= optin) return s;
+    return 2;
+}
+/* v1's instance for g_stages (v1 is templated on its stages) */
+#define V1_LAUNCH(kernel, grid, arg)                                                                  \
+    do {                                                                                              \
+        if (g_stages == 2) v1::kernel<2><<<grid, THREADS, 2 * v1::STAGE_BYTES>>>(arg);                \
+        else if (g_stages == 3) v1::kernel<3><<<grid, THREADS, 3 * v1::STAGE_BYTES>>>(arg);           \
+        else v1::kernel<4><<<grid, THREADS, 4 * v1::STAGE_BYTES>>>(arg);                              \
+    } while (0)
+/* The grouped policy's smallest pool on this device: 5 CTAs per SM on an H100 / H200; fewer, or
+ * the runner's, where 5's pool would not run the pipeline (gt_v2_grouped_k) */
+static V2Cfg smallest_grouped_pool(int per_sm) {
+    const V2Cfg cd = v2_config(g_stages);
+    const int k = gt_v2_grouped_k(5, per_sm, cd.pool);
+    return k > 2 ? v2_config_pool(pool_per_sm(per_sm, k)) : cd;
+}
 
 /* v3 schedules the bitwise checks run under: {on, kb, cps, bal} (0 = automatic) */
 static const V3Tune V3_CONFIGS[] = {{1, 0, 0, 1}, {1, 2, 0, 1}, {1, 4, 0, 1}, {1, 1, 1, 1},
@@ -137,27 +164,27 @@ static bool launch_grouped3(const kdt_grouped_args &a) {
 
 static void launch_gemm(const kdt_gemm_args &a, bool v1) {
     const dim3 grid((unsigned)((a.n + BN - 1) / BN), (unsigned)a.splits, (unsigned)(a.batch > 0 ? a.batch : 1));
-    if (v1) v1::gemm_kernel<STAGES><<<grid, THREADS, STAGES * v1::STAGE_BYTES>>>(a);
+    if (v1) V1_LAUNCH(gemm_kernel, grid, a);
     else {
-        const V2Cfg c = v2_config(STAGES);
+        const V2Cfg c = v2_config(g_stages);
         v2_gemm_kernel<W_ROWS><<<grid, THREADS, c.pool>>>(a, c);
     }
     CK(cudaGetLastError());
 }
 static void launch_grouped(const kdt_grouped_args &a, bool v1) {
     const dim3 grid((unsigned)((a.n_max + BN - 1) / BN), (unsigned)(a.grid_items > 0 ? a.grid_items : 1));
-    if (v1) v1::grouped_kernel<STAGES><<<grid, THREADS, STAGES * v1::STAGE_BYTES>>>(a);
+    if (v1) V1_LAUNCH(grouped_kernel, grid, a);
     else {
-        const V2Cfg c = v2_config(STAGES);
+        const V2Cfg c = v2_config(g_stages);
         v2_grouped_kernel<0, W_ROWS><<<grid, THREADS, c.pool>>>(a, c);
     }
     CK(cudaGetLastError());
 }
 static void launch_head(const kdt_head_args &a, bool v1) {
     const dim3 grid((unsigned)((a.w.rows + BN - 1) / BN));
-    if (v1) v1::head_kernel<STAGES><<<grid, THREADS, STAGES * v1::STAGE_BYTES>>>(a);
+    if (v1) V1_LAUNCH(head_kernel, grid, a);
     else {
-        const V2Cfg c = v2_config(STAGES);
+        const V2Cfg c = v2_config(g_stages);
         v2_head_kernel<<<grid, THREADS, c.pool>>>(a, c);
     }
     CK(cudaGetLastError());
@@ -231,14 +258,14 @@ static void dense_case(const DenseCase &dc, uint64_t seed) {
         int major = 0;
         CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
         const dim3 grid((unsigned)((t.n + BN - 1) / BN), (unsigned)t.splits, (unsigned)(t.batch > 0 ? t.batch : 1));
-        const V2Cfg c = v2_config(STAGES);
+        const V2Cfg c = v2_config(g_stages);
         float *yt = dalloc<float>(ybytes / 4);
         for (int v = 0; v < (major >= 9 ? 3 : 2); v++) {
             static const char *names[3] = {"launcher", "cp.async", "bulk"};
             poison(yt, ybytes);
             t.y = yt;
             if (v == 0) {
-                if (kdt_gemm_launch(&t, STAGES, 0) != KDT_OK) n_fail++;
+                if (kdt_gemm_launch(&t, g_stages, 0) != KDT_OK) n_fail++;
             } else if (v == 1) {
                 v2_gemm_kernel<W_TILED><<<grid, THREADS, c.pool>>>(t, c);
             } else {
@@ -420,10 +447,10 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
     snprintf(what, sizeof what, "grouped down D=%d I=%d E=%d items=%d pairs=%d grid_items=%d", D, I, E, n_items, pairs,
              grid_items);
     same(z1, z2, b1, what);
-    {   /* the wave-shaping instance (5 CTAs per SM, 3-stage pool, 16-row passes): v1's bits too */
+    {   /* the wave-shaping instance (5 CTAs per SM on an H200: 3-stage pool, 16-row passes): v1's bits */
         int per_sm = 0;
         CK(kdt_smem_per_sm(0, &per_sm));
-        const V2Cfg c5 = v2_config_pool(pool_per_sm(per_sm, 5));
+        const V2Cfg c5 = smallest_grouped_pool(per_sm);
         const dim3 grid((unsigned)((a.n_max + BN - 1) / BN), (unsigned)(a.grid_items > 0 ? a.grid_items : 1));
         poison(y2, b0);
         poison(z2, b1);
@@ -472,7 +499,7 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
         int per_sm = 0, major = 0;
         CK(kdt_smem_per_sm(0, &per_sm));
         CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
-        const V2Cfg cd = v2_config(STAGES), c5 = v2_config_pool(pool_per_sm(per_sm, 5));
+        const V2Cfg cd = v2_config(g_stages), c5 = smallest_grouped_pool(per_sm);
         const dim3 ga((unsigned)((at.n_max + BN - 1) / BN), (unsigned)(at.grid_items > 0 ? at.grid_items : 1));
         const dim3 gb((unsigned)((bt.n_max + BN - 1) / BN), ga.y);
         for (int v = 0; v < 5; v++) {
@@ -482,7 +509,7 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
             poison(z2, b1);
             switch (v) {
             case 0:
-                if (kdt_grouped_launch(&at, STAGES, 0) != KDT_OK || kdt_grouped_launch(&bt, STAGES, 0) != KDT_OK) n_fail++;
+                if (kdt_grouped_launch(&at, g_stages, 0) != KDT_OK || kdt_grouped_launch(&bt, g_stages, 0) != KDT_OK) n_fail++;
                 break;
             case 1:
                 v2_grouped_kernel<0, W_TILED><<<ga, THREADS, cd.pool>>>(at, cd);
@@ -892,6 +919,10 @@ static void wave_timing() {
         for (int k : ks) {
             const int pool = pool_per_sm(per_sm, k);
             const V2Cfg c = v2_config_pool(pool);
+            if (c.cap == 0 || v2_stages(8, pool) < 2 || v2_stages_bulk(8, pool) < 2) { /* a 99 KB part's small pools */
+                printf(" | k%d: a %d B pool runs no pass", k, pool);
+                continue;
+            }
             int occ = 0;
             if (k > 4 && wl == W_ROWS) CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v2_grouped_kernel<5, W_ROWS>, THREADS, c.pool));
             else if (k > 4 && wl == W_TILED) CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v2_grouped_kernel<5, W_TILED>, THREADS, c.pool));
@@ -946,6 +977,10 @@ static void wave_timing() {
         for (int k = 2; k <= 4; k++) {
             const int pool = pool_per_sm(per_sm, k);
             const V2Cfg c = v2_config_pool(pool);
+            if (c.cap == 0 || v2_stages(8, pool) < 2 || v2_stages_bulk(8, pool) < 2) { /* a 99 KB part's small pools */
+                printf(" | k%d: a %d B pool runs no pass", k, pool);
+                continue;
+            }
             int occ = 0;
             CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, v2_gemm_kernel<W_ROWS>, THREADS, c.pool));
             const double us = time_us([&] { v2_gemm_kernel<W_ROWS><<<grid, THREADS, c.pool>>>(g, c); CK(cudaGetLastError()); }, 9);
@@ -1110,9 +1145,13 @@ int main(int argc, char **argv) {
     g_sweep = do_timing && argc > 2 && strcmp(argv[2], "--sweep") == 0;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    printf("device: %s, %d SMs; v2 pool %d B, rows per pass %d\n", prop.name, prop.multiProcessorCount,
-           v2_config(STAGES).pool, v2_config(STAGES).cap);
-    if (kdt_gemm_init(STAGES) != KDT_OK) return 2;
+    g_stages = pick_stages();
+    int per_sm = 0;
+    CK(kdt_smem_per_sm(0, &per_sm));
+    printf("device: %s, %d SMs; v2 pool %d B (%d stages), rows per pass %d; smallest grouped pool %d B\n", prop.name,
+           prop.multiProcessorCount, v2_config(g_stages).pool, g_stages, v2_config(g_stages).cap,
+           smallest_grouped_pool(per_sm).pool);
+    if (kdt_gemm_init(g_stages) != KDT_OK) return 2;
     g_v3 = v3_dev() != nullptr;
     v3_tune() = V3_CONFIGS[0];
     printf("v3 (persistent weight streaming): %s\n", g_v3 ? "runs" : "unavailable: skipped");

@@ -19,8 +19,10 @@
 
 #ifdef __CUDACC__
 #define GT_HD __host__ __device__ __forceinline__
+#define GT_HDC __host__ __device__ constexpr /* usable in gpu_gemm.cu's static_asserts */
 #else
 #define GT_HD static inline
+#define GT_HDC static inline
 #endif
 
 enum {
@@ -62,6 +64,63 @@ GT_HD int gt_grouped_per_sm(int rows, int64_t items, int64_t pairs, int64_t ctas
         return n_sm > 0 && gt_wave_efficiency(ctas, 4 * (int64_t)n_sm) >
                                gt_wave_efficiency(ctas, 5 * (int64_t)n_sm) + 0.1 ? 4 : 5;
     return pairs > 16 * items ? 2 : 4; /* <= 16 rows per item on average: 16-row passes */
+}
+
+/* ---- v2's shared-memory pool (gpu_gemm.cu, "v2: the default kernels") ----------------------------
+ * A pass of R rows (8, or the pass's rows rounded up to 16, at most 64) needs the hi / lo double
+ * buffer (2 x 2 planes x R x 72 bf16) and S stages of W [64][72] bf16 + X [R][64] fp32; the bulk
+ * W loader adds one mbarrier per stage up front and copies W unpadded (8 KB). The pipeline keeps
+ * block it + 1 in flight while block it is computed, so a pass needs S >= 2 (with S = 1 it would
+ * index stage 1, past the pool). */
+enum {
+    GT_V2_ROWS = 64,            /* rows per pass the kernels are compiled for */
+    GT_V2_XCP = GT_BK + 8,      /* bf16 per hi / lo row (144 B) */
+    GT_V2_W_STAGE = GT_BN * (GT_BK + 8) * 2, /* 9216 B */
+    GT_V2_X_ROW = GT_BK * 4,    /* bytes per staged fp32 X row */
+    GT_V2_MAX_STAGES = 10,
+    GT_V2_BAR_BYTES = 128,      /* the bulk loader's mbarriers */
+    GT_V2_W_STAGE_BULK = GT_BN * GT_BK * 2 /* 8192 B */
+};
+GT_HDC int gt_v2_tile_rows(int m) { return m <= 8 ? 8 : (m + 15) & ~15; }
+GT_HDC int gt_v2_xc_bytes(int R) { return 2 * 2 * R * GT_V2_XCP * 2; }
+GT_HDC int gt_v2_stage_bytes(int R) { return GT_V2_W_STAGE + R * GT_V2_X_ROW; }
+GT_HDC int gt_v2_stage_bytes_bulk(int R) { return GT_V2_W_STAGE_BULK + R * GT_V2_X_ROW; }
+/* stages a pool holds for R-row passes (negative: not even the hi / lo buffers fit) */
+GT_HD int gt_v2_stages(int R, int pool) {
+    const int s = (pool - gt_v2_xc_bytes(R)) / gt_v2_stage_bytes(R);
+    return s > GT_V2_MAX_STAGES ? GT_V2_MAX_STAGES : s;
+}
+GT_HD int gt_v2_stages_bulk(int R, int pool) {
+    const int s = (pool - GT_V2_BAR_BYTES - gt_v2_xc_bytes(R)) / gt_v2_stage_bytes_bulk(R);
+    return s > GT_V2_MAX_STAGES ? GT_V2_MAX_STAGES : s;
+}
+/* Rows per pass of a pool: the most (multiple of 16, <= 64) that still leave 3 stages, else 2,
+ * so the weight stream always has a block in flight while one is computed; 0 when not even 16
+ * rows get 2 stages (the pool runs nothing). */
+GT_HD int gt_v2_cap(int pool) {
+    for (int want = 3; want >= 2; want--)
+        for (int r = GT_V2_ROWS; r >= 16; r -= 16)
+            if (gt_v2_stages(r, pool) >= want) return r;
+    return 0;
+}
+/* The pool of k CTAs per SM: an equal share of the SM's shared memory, less the 1 KB the runtime
+ * reserves per CTA, in 128-byte units. */
+GT_HD int gt_pool_per_sm(int smem_per_sm, int k) { return (smem_per_sm / k - 1024) / 128 * 128; }
+/* CTAs per SM a grouped launch that asks for k (gt_grouped_per_sm) gets on an SM of smem_per_sm
+ * bytes: k, or fewer where k's pool would not keep 3 stages of 8-row passes (what made the
+ * smaller pools pay: gpu_gemm.cu, v2_config_grouped) and 2 of its widest pass, with either W
+ * loader, or not hold the argmax / SwiGLU tile (64 x 65 fp32); 2 (the runner's pool of
+ * runner_pool bytes) when no k >= 3 does or k's pool would not be smaller. A 100 KB SM (sm_120,
+ * sm_86 / 89) gets 2: its 3-per-SM pool holds 2 stages of 8 rows, 1 of 16. */
+GT_HD int gt_v2_grouped_k(int k, int smem_per_sm, int runner_pool) {
+    for (; k >= 3; k--) {
+        const int pool = gt_pool_per_sm(smem_per_sm, k), cap = gt_v2_cap(pool);
+        if (pool >= runner_pool) return 2;
+        if (GT_V2_ROWS * (GT_BN + 1) * 4 > pool || cap < 16) continue;
+        if (gt_v2_stages(8, pool) >= 3 && gt_v2_stages_bulk(8, pool) >= 3 && gt_v2_stages_bulk(cap, pool) >= 2)
+            return k;
+    }
+    return 2;
 }
 
 #endif

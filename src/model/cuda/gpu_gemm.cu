@@ -357,35 +357,30 @@ __global__ void __launch_bounds__(THREADS) head_kernel(const kdt_head_args a) {
  * other hi / lo buffer while the tensor cores work: one __syncthreads per block. Rows m_valid..R-1
  * of the hi / lo planes are zero for the whole pass. With R = 8 the A fragment's rows 8..15 are the
  * zero registers and one ldmatrix.x4 fetches hi and lo; otherwise two ldmatrix.x4 per m-tile. */
-constexpr int V2_ROWS = 64;                      /* rows per pass the kernels are compiled for */
+constexpr int V2_ROWS = GT_V2_ROWS;              /* rows per pass the kernels are compiled for */
 constexpr int V2_MT = V2_ROWS / 16;              /* m-tiles: 4 (store_acc's layout) */
 constexpr int V2_XROWS = V2_ROWS / 8;            /* X rows per thread: (tid >> 4) + 8 i */
 constexpr int V2_WP = BK + 8;                    /* bf16 per W row in shared memory (144 B) */
-constexpr int V2_XCP = BK + 8;                   /* bf16 per hi / lo row (144 B) */
-constexpr int V2_W_STAGE = BN * V2_WP * 2;       /* 9216 B */
-constexpr int V2_X_ROW = BK * 4;                 /* bytes per staged fp32 X row (256 B; one warp
-                                                    reads two whole rows: conflict-free) */
-constexpr int V2_MAX_STAGES = 10;
+constexpr int V2_XCP = GT_V2_XCP;                /* bf16 per hi / lo row (144 B) */
+constexpr int V2_W_STAGE = GT_V2_W_STAGE;        /* 9216 B; an X row is 256 B (GT_V2_X_ROW: one warp
+                                                    reads two whole rows, conflict-free) */
+constexpr int V2_MAX_STAGES = GT_V2_MAX_STAGES;
+static_assert(V2_W_STAGE == BN * V2_WP * 2, "W stage: 64 padded rows");
 static_assert(V2_MT == 4, "store_acc covers 4 m-tiles");
 
-__host__ __device__ constexpr int v2_tile_rows(int m) { return m <= 8 ? 8 : (m + 15) & ~15; }
-__host__ __device__ constexpr int v2_xc_bytes(int R) { return 2 * 2 * R * V2_XCP * 2; }
-__host__ __device__ constexpr int v2_stage_bytes(int R) { return V2_W_STAGE + R * V2_X_ROW; }
-__host__ __device__ inline int v2_stages(int R, int pool) {
-    const int s = (pool - v2_xc_bytes(R)) / v2_stage_bytes(R);
-    return s > V2_MAX_STAGES ? V2_MAX_STAGES : s;
-}
+/* the pool arithmetic lives in gemm_tiles.cuh (plain C: tests/test_gemm_tiles.c checks it) */
+__host__ __device__ constexpr int v2_tile_rows(int m) { return gt_v2_tile_rows(m); }
+__host__ __device__ constexpr int v2_xc_bytes(int R) { return gt_v2_xc_bytes(R); }
+__host__ __device__ constexpr int v2_stage_bytes(int R) { return gt_v2_stage_bytes(R); }
+__host__ __device__ inline int v2_stages(int R, int pool) { return gt_v2_stages(R, pool); }
 /* The bulk-copy W loader (KDT_GEMM_BULK_W=1, tiled weights only): the pool starts with one
  * mbarrier per stage, and a W stage is the tiled block verbatim, [64][64] bf16 with the layout's
  * XOR swizzle (8192 B, no padding: the swizzle keeps ldmatrix conflict-free). Never fewer stages
  * than v2_stages gives the same pool. */
-constexpr int V2_BAR_BYTES = 128;
-constexpr int V2_W_STAGE_BULK = BN * BK * 2;     /* 8192 B */
-__host__ __device__ constexpr int v2_stage_bytes_bulk(int R) { return V2_W_STAGE_BULK + R * V2_X_ROW; }
-__host__ __device__ inline int v2_stages_bulk(int R, int pool) {
-    const int s = (pool - V2_BAR_BYTES - v2_xc_bytes(R)) / v2_stage_bytes_bulk(R);
-    return s > V2_MAX_STAGES ? V2_MAX_STAGES : s;
-}
+constexpr int V2_BAR_BYTES = GT_V2_BAR_BYTES;
+constexpr int V2_W_STAGE_BULK = GT_V2_W_STAGE_BULK; /* 8192 B */
+__host__ __device__ constexpr int v2_stage_bytes_bulk(int R) { return gt_v2_stage_bytes_bulk(R); }
+__host__ __device__ inline int v2_stages_bulk(int R, int pool) { return gt_v2_stages_bulk(R, pool); }
 static_assert(V2_MAX_STAGES * 8 <= V2_BAR_BYTES, "one mbarrier per stage");
 
 /* Launch configuration: dynamic shared memory of the launch and rows per pass (<= V2_ROWS). */
@@ -1230,18 +1225,12 @@ __global__ void __launch_bounds__(NTHREADS, P::GROUPED ? 2 : 3) v3_kernel(const 
 
 } // namespace v3
 
-/* Rows per pass for a pool: the most (multiple of 16, <= 64) that still leave 3 stages (2 when
- * nothing does), so the weight stream always has a block in flight while one is computed. */
+/* Rows per pass for a pool (gt_v2_cap): cap 0 when the pool runs nothing, which every caller
+ * that builds a pool from a device's size checks (v2_config_grid, v2_config_per_sm). */
 V2Cfg v2_config_pool(int pool) {
     V2Cfg c;
     c.pool = pool;
-    c.cap = 16;
-    for (int want = 3; want >= 2; want--)
-        for (int r = V2_ROWS; r >= 16; r -= 16)
-            if (v2_stages(r, c.pool) >= want) {
-                c.cap = r;
-                return c;
-            }
+    c.cap = gt_v2_cap(pool);
     return c;
 }
 V2Cfg v2_config(int stages) { return v2_config_pool(pool_bytes(stages)); }
@@ -1260,9 +1249,7 @@ DevSm dev_sm() {
     }
     return d;
 }
-/* The pool of k CTAs per SM: an equal share of the SM's shared memory, less the 1 KB the runtime
- * reserves per CTA, in 128-byte units. */
-int pool_per_sm(int smem_per_sm, int k) { return (smem_per_sm / k - 1024) / 128 * 128; }
+int pool_per_sm(int smem_per_sm, int k) { return gt_pool_per_sm(smem_per_sm, k); }
 
 /* Wave shaping of a dense GEMM (scheduling only: the pool and rows per pass never reach the
  * chain). The runner's pool puts two CTAs on an SM; a grid a little larger than two per SM (o_proj
@@ -1283,7 +1270,8 @@ V2Cfg v2_config_grid(int stages, int64_t ctas, int m_max, int k_max = 4, int *pe
         const int pool = pool_per_sm(per_sm, k);
         if (pool >= c.pool) return c;
         const V2Cfg ck = v2_config_pool(pool);
-        if (ck.cap >= rows && v2_stages(v2_tile_rows(rows), pool) >= 3 && V2_ROWS * (BN + 1) * 4 <= pool) {
+        if (ck.cap >= rows && v2_stages(v2_tile_rows(rows), pool) >= 3 && v2_stages_bulk(v2_tile_rows(rows), pool) >= 3 &&
+            V2_ROWS * (BN + 1) * 4 <= pool) {
             if (per_sm_used) *per_sm_used = k;
             return ck;
         }
@@ -1341,14 +1329,16 @@ int grouped_per_sm_env() {
     static const int k = env_int("KDT_GEMM_GROUPED_PER_SM", 2, 5);
     return k;
 }
-/* The pool of k CTAs per SM, or the runner's (per_sm_used 2) when k <= 2, the device query
- * failed or that pool would not be smaller. */
+/* The pool of k CTAs per SM, fewer where k's pool is too small for the pipeline (gt_v2_grouped_k:
+ * a 100 KB SM's 5-per-SM pool held 1 stage and its passes ran past the pool), or the runner's
+ * (per_sm_used 2) when k <= 2, the device query failed or no smaller pool runs. */
 V2Cfg v2_config_per_sm(int stages, int k, const DevSm &d, int *per_sm_used) {
     const V2Cfg c = v2_config(stages);
     *per_sm_used = 2;
     if (k <= 2 || d.smem_per_sm <= 0) return c;
+    k = gt_v2_grouped_k(k, d.smem_per_sm, c.pool);
+    if (k <= 2) return c;
     const int pool = pool_per_sm(d.smem_per_sm, k);
-    if (pool >= c.pool || V2_ROWS * (BN + 1) * 4 > pool) return c;
     *per_sm_used = k;
     V2Cfg ck = v2_config_pool(pool);
     /* passes as long as 2 stages still fit (32 rows at 4 per SM instead of 16), for items of many
