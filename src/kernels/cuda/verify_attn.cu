@@ -1574,6 +1574,13 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
     if (a.prof) g_va_prof_nth = a.prof_item;
     a.use_tma = 0;
 
+    /* at most one CTA per item: S * (most row tiles) * (most splits) bounds the item count (NaN
+     * fills included), so CTAs that would only walk the list and leave are never started. A CTA's
+     * items do not depend on which CTA runs them, so this is scheduling only (the same bits). */
+    const long long rt_max = ((long long)p->max_nodes * p->n_heads + ROWS - 1) / ROWS;
+    const long long item_bound = (long long)p->n_streams * rt_max * (a.slot_capacity > 0 ? VA_MAX_SPLITS : 1);
+    const int grid = item_bound < sms ? (int)item_bound : sms;
+
     cudaStream_t cs = (cudaStream_t)stream;
     int use_wgmma = 0;
     st = choose_path(who, &use_wgmma);
@@ -1599,27 +1606,27 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
         const char *fused_env = getenv("KDT_VA_FUSED");
         const int fused = fused_env && !strcmp(fused_env, "1") && a.scale_log2 > 0.f;
         if (use_seesaw && fused) {
-            if (a.prof) verify_attn_seesaw_kernel<true, true><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
-            else verify_attn_seesaw_kernel<false, true><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
+            if (a.prof) verify_attn_seesaw_kernel<true, true><<<grid, THREADS, SS_SMEM, cs>>>(a, kv_map);
+            else verify_attn_seesaw_kernel<false, true><<<grid, THREADS, SS_SMEM, cs>>>(a, kv_map);
         } else if (use_seesaw) {
-            if (a.prof) verify_attn_seesaw_kernel<true><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
-            else verify_attn_seesaw_kernel<false><<<sms, THREADS, SS_SMEM, cs>>>(a, kv_map);
+            if (a.prof) verify_attn_seesaw_kernel<true><<<grid, THREADS, SS_SMEM, cs>>>(a, kv_map);
+            else verify_attn_seesaw_kernel<false><<<grid, THREADS, SS_SMEM, cs>>>(a, kv_map);
         } else if (fused) {
-            if (a.prof) verify_attn_sm90_kernel<true, true><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
-            else verify_attn_sm90_kernel<false, true><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
+            if (a.prof) verify_attn_sm90_kernel<true, true><<<grid, THREADS, W_SMEM, cs>>>(a, kv_map);
+            else verify_attn_sm90_kernel<false, true><<<grid, THREADS, W_SMEM, cs>>>(a, kv_map);
         } else if (a.prof) {
-            verify_attn_sm90_kernel<true><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
+            verify_attn_sm90_kernel<true><<<grid, THREADS, W_SMEM, cs>>>(a, kv_map);
         } else {
-            verify_attn_sm90_kernel<false><<<sms, THREADS, W_SMEM, cs>>>(a, kv_map);
+            verify_attn_sm90_kernel<false><<<grid, THREADS, W_SMEM, cs>>>(a, kv_map);
         }
     } else {
         switch (cfg * 2 + fp8) {
-        case 2 * CFG_BN64_2STAGE: verify_attn_kernel<64, 2, false><<<sms, THREADS, Cfg<64, 2>::SMEM, cs>>>(a); break;
-        case 2 * CFG_BN64_2STAGE + 1: verify_attn_kernel<64, 2, true><<<sms, THREADS, Cfg<64, 2>::SMEM, cs>>>(a); break;
-        case 2 * CFG_BN64_1STAGE: verify_attn_kernel<64, 1, false><<<sms, THREADS, Cfg<64, 1>::SMEM, cs>>>(a); break;
-        case 2 * CFG_BN64_1STAGE + 1: verify_attn_kernel<64, 1, true><<<sms, THREADS, Cfg<64, 1>::SMEM, cs>>>(a); break;
-        case 2 * CFG_BN16_1STAGE + 1: verify_attn_kernel<16, 1, true><<<sms, THREADS, Cfg<16, 1>::SMEM, cs>>>(a); break;
-        default: verify_attn_kernel<16, 1, false><<<sms, THREADS, Cfg<16, 1>::SMEM, cs>>>(a); break;
+        case 2 * CFG_BN64_2STAGE: verify_attn_kernel<64, 2, false><<<grid, THREADS, Cfg<64, 2>::SMEM, cs>>>(a); break;
+        case 2 * CFG_BN64_2STAGE + 1: verify_attn_kernel<64, 2, true><<<grid, THREADS, Cfg<64, 2>::SMEM, cs>>>(a); break;
+        case 2 * CFG_BN64_1STAGE: verify_attn_kernel<64, 1, false><<<grid, THREADS, Cfg<64, 1>::SMEM, cs>>>(a); break;
+        case 2 * CFG_BN64_1STAGE + 1: verify_attn_kernel<64, 1, true><<<grid, THREADS, Cfg<64, 1>::SMEM, cs>>>(a); break;
+        case 2 * CFG_BN16_1STAGE + 1: verify_attn_kernel<16, 1, true><<<grid, THREADS, Cfg<16, 1>::SMEM, cs>>>(a); break;
+        default: verify_attn_kernel<16, 1, false><<<grid, THREADS, Cfg<16, 1>::SMEM, cs>>>(a); break;
         }
     }
     cudaError_t e = cudaGetLastError();
