@@ -194,7 +194,6 @@ static inline void et_run_free(et_run *r) {
     memset(r, 0, sizeof *r);
 }
 
-/* Adds all prompts (params[i]) and steps until every stream finished. Returns the first error. */
 /* After a failed add or step: cancels the run's streams still in the engine and lets them report,
  * so one failure stays one test's failure instead of filling the slots of every test after it. The
  * error message of the failure is kept (kdt_last_error). */
@@ -210,6 +209,7 @@ static inline kdt_status et_abandon(kdt_engine *e, const et_run *r, int32_t n_ad
     return kdt_fail(st, "%s", msg);
 }
 
+/* Adds all prompts (params[i]) and steps until every stream finished. Returns the first error. */
 static inline kdt_status et_run_batch(kdt_engine *e, int32_t n, int32_t *const *prompts,
                                       const int32_t *n_prompt, const kdt_gen_params *params,
                                       et_run *r) {

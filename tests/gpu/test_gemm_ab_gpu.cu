@@ -115,11 +115,7 @@ static int pick_stages() {
     int optin = 0, per_sm = 0;
     CK(kdt_smem_optin(0, &optin));
     CK(kdt_smem_per_sm(0, &per_sm));
-    for (int s = 4; s >= 2; s--)
-        if (2 * pool_bytes(s) + 2048 <= per_sm && pool_bytes(s) <= optin) return s;
-    for (int s = 4; s >= 2; s--)
-        if (pool_bytes(s) <= optin) return s;
-    return 2;
+    return kdt_gemm_stages_for(per_sm, optin);
 }
 /* v1's instance for g_stages (v1 is templated on its stages) */
 #define V1_LAUNCH(kernel, grid, arg)                                                                  \

@@ -79,11 +79,7 @@ static int32_t max_row_splits(int32_t max_keys) {
 int32_t kdt_gpu_gemm_stages(const kdt_gpu_model *g) {
     int per_sm = 0;
     kdt_smem_per_sm(g->device, &per_sm);
-    for (int32_t s = 4; s >= 2; s--)
-        if (2 * kdt_gemm_smem_bytes(s) + 2048 <= (size_t)per_sm && kdt_gemm_smem_bytes(s) <= g->smem_optin) return s;
-    for (int32_t s = 4; s >= 2; s--)
-        if (kdt_gemm_smem_bytes(s) <= g->smem_optin) return s;
-    return 2;
+    return kdt_gemm_stages_for(per_sm, (int)g->smem_optin);
 }
 
 static int hg64_supported(const kdt_gpu_model *g) {

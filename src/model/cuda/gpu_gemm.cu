@@ -1569,6 +1569,14 @@ extern "C" void kdt_gpu_row_padding(int32_t *first, int32_t *step) {
 
 extern "C" size_t kdt_gemm_smem_bytes(int32_t stages) { return (size_t)pool_bytes(stages); }
 
+extern "C" int32_t kdt_gemm_stages_for(int smem_per_sm, int smem_optin) {
+    for (int32_t s = 4; s >= 2; s--)
+        if (2 * pool_bytes(s) + 2048 <= smem_per_sm && pool_bytes(s) <= smem_optin) return s;
+    for (int32_t s = 4; s >= 2; s--)
+        if (pool_bytes(s) <= smem_optin) return s;
+    return 2;
+}
+
 extern "C" void kdt_gemm_plan(int32_t n, int32_t ldw, int32_t batch, int32_t *splits, int32_t *k_chunk) {
     const int64_t tiles = (int64_t)((n + BN - 1) / BN) * (batch > 0 ? batch : 1);
     const int32_t kblocks = ldw / BK;

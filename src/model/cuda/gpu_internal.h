@@ -350,6 +350,8 @@ size_t kdt_attn_smem_bytes(int32_t heads_per_item, int32_t dc, int32_t dq);
 /* GEMM pipeline stages for this device: 4 when two CTAs of 4 fit an SM (H100/H200), else what
  * fits (results never depend on it). Used by the runner and the GPU drafter. */
 int32_t kdt_gpu_gemm_stages(const kdt_gpu_model *g);
+/* The same choice from a device's shared memory per SM and per block (opt-in). */
+int32_t kdt_gemm_stages_for(int smem_per_sm, int smem_optin);
 
 /* Raise the shared-memory limits of the kernel instances a runner uses (before any capture). */
 kdt_status kdt_gemm_init(int32_t stages);
