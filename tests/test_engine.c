@@ -256,6 +256,44 @@ static void test_cancel(void) {
     kdt_engine_free(e);
 }
 
+/* A device that failed for good (kdt_engine_fault; on the GPU found by probing the context after
+ * a failed step, which no CPU test can provoke, so the state is planted): the next step ends
+ * every stream with an error event, frees their KV pages and fails with KDT_ERR_CUDA naming the
+ * fault; adds fail the same way and nothing is queued. */
+static void test_device_fault(void) {
+    kdt_engine *e = make_engine(2, 0);
+    if (!e) return;
+    kdt_gen_params p;
+    kdt_gen_params_default(&p);
+    p.max_new_tokens = 20;
+    int32_t a = -1, b = -1;
+    CHECK(kdt_engine_fault(e) == NULL);
+    CHECK(kdt_engine_add(e, g_prompts[4], g_n_prompt[4], &p, &a) == KDT_OK);
+    CHECK(kdt_engine_add(e, g_prompts[5], g_n_prompt[5], &p, &b) == KDT_OK);
+    kdt_stream_event ev[2];
+    int32_t n_ev = 0;
+    CHECK(kdt_engine_step(e, ev, 2, &n_ev) == KDT_OK);
+    CHECK(kdt_engine_cancel(e, b) == KDT_OK); /* b's CANCELLED event is still due */
+    snprintf(e->fault, sizeof e->fault, "the CUDA device failed (planted by the test)");
+    CHECK(kdt_engine_fault(e) != NULL);
+    CHECK(kdt_engine_step(e, ev, 2, &n_ev) == KDT_ERR_CUDA);
+    CHECK(strstr(kdt_last_error(), "planted by the test") != NULL);
+    CHECK_EQ_INT(n_ev, 2);
+    for (int k = 0; k < n_ev; k++)
+        CHECK_EQ_INT(ev[k].finish, ev[k].stream_id == a ? KDT_FINISH_ERROR : KDT_FINISH_CANCELLED);
+    CHECK(!kdt_engine_busy(e));
+    kdt_engine_stats s;
+    kdt_engine_get_stats(e, &s);
+    CHECK_EQ_INT(s.kv_pages_used, 0);
+    int32_t c = -1;
+    CHECK(kdt_engine_add(e, g_prompts[6], g_n_prompt[6], &p, &c) == KDT_ERR_CUDA);
+    CHECK(strstr(kdt_last_error(), "planted by the test") != NULL);
+    CHECK(!kdt_engine_busy(e));
+    CHECK(kdt_engine_step(e, ev, 2, &n_ev) == KDT_ERR_CUDA);
+    CHECK_EQ_INT(n_ev, 0);
+    kdt_engine_free(e);
+}
+
 static void test_bad_input(void) {
     kdt_engine *e = make_engine(2, 64);
     if (!e) return;
@@ -358,6 +396,7 @@ int main(void) {
     T_RUN(test_stop_and_length);
     T_RUN(test_cancel);
     T_RUN(test_bad_input);
+    T_RUN(test_device_fault);
     T_RUN(test_random_ops);
     et_oracle_free(&g_oracle);
     for (int i = 0; i < N_PROMPTS; i++) {

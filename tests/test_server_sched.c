@@ -487,6 +487,47 @@ static void *shutdown_main(void *arg) {
     return NULL;
 }
 
+/* The engine fails for good mid-generation (the mock's injected device fault at its 4th step):
+ * the running request ends with 500, /health's snapshot names the fault, every later request is
+ * refused with 503 engine_failed, and /metrics says kdtree_engine_failed 1. */
+static void test_engine_fault_503(void) {
+    harness h;
+    CHECK(harness_start(&h, (srv_mock_options){.max_streams = 2, .round_ms = 1, .fault_at_step = 4}, 8) == 0);
+    srv_sched_snapshot snap;
+    srv_sched_get_snapshot(&h.sched, &snap);
+    CHECK_EQ_INT(snap.fault[0], 0);
+    result r;
+    run_request(&h, SRV_EP_COMPLETIONS,
+                "{\"prompt\":\"a long story\",\"max_tokens\":200,\"kdtree\":{\"ignore_eos\":true}}", &r);
+    CHECK_EQ_INT(r.status, 500);
+    result_free(&r);
+    srv_sched_get_snapshot(&h.sched, &snap);
+    CHECK(strstr(snap.fault, "injected") != NULL);
+    for (int i = 0; i < 2; i++) { /* refused at submission, however often asked */
+        run_request(&h, SRV_EP_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":3}", &r);
+        CHECK_EQ_INT(r.status, 503);
+        CHECK(r.err.code && !strcmp(r.err.code, "engine_failed"));
+        CHECK(strstr(r.err.message, "restart the server") != NULL);
+        result_free(&r);
+    }
+    /* the health body: valid JSON whatever the fault's text holds */
+    srv_buf b = {0};
+    const srv_health hh = {.status = "engine_failed", .model = "mock", .backend = "mock",
+                           .error = "quote \" backslash \\ newline \n", .max_streams = 2};
+    CHECK(srv_api_health_json(&hh, &b) == 0);
+    json_error_t je;
+    json_t *j = json_loadb(b.data, b.len, 0, &je);
+    CHECK(j && !strcmp(json_string_value(json_object_get(j, "status")), "engine_failed") &&
+          !strcmp(json_string_value(json_object_get(j, "error")), hh.error));
+    json_decref(j);
+    srv_buf_free(&b);
+    srv_buf m = {0};
+    CHECK(srv_metrics_render(&h.metrics, &snap, srv_now(), &m) == 0);
+    CHECK(m.data && strstr(m.data, "\nkdtree_engine_failed 1\n") != NULL);
+    srv_buf_free(&m);
+    harness_stop(&h);
+}
+
 static void test_shutdown(void) {
     harness h;
     CHECK(harness_start(&h, (srv_mock_options){.max_streams = 2, .round_ms = 5}, 8) == 0);
@@ -527,6 +568,7 @@ int main(void) {
     T_RUN(test_queue_full_429);
     T_RUN(test_length_errors);
     T_RUN(test_sampling_seed);
+    T_RUN(test_engine_fault_503);
     T_RUN(test_shutdown);
     return t_summary();
 }

@@ -124,6 +124,13 @@ kdt_status kdt_engine_cancel(kdt_engine *e, int32_t stream_id);
 /* 1 if any stream is active or waiting. */
 int kdt_engine_busy(const kdt_engine *e);
 
+/* NULL while the engine works; else why it never will again in this process: its CUDA device
+ * failed with a sticky error (an illegal address, a kernel trap, a lost device), found after a
+ * failed step. From then on kdt_engine_add and kdt_engine_step fail with KDT_ERR_CUDA and this
+ * text, and the streams still in the engine end with KDT_FINISH_ERROR; only a new process (a new
+ * CUDA context) recovers. A server reports it on /health (503) so an orchestrator restarts it. */
+const char *kdt_engine_fault(const kdt_engine *e);
+
 void kdt_engine_get_stats(const kdt_engine *e, kdt_engine_stats *out);
 
 /* Model facts the front ends need. */

@@ -269,6 +269,7 @@ kdt_status kdt_engine_add(kdt_engine *e, const int32_t *prompt, int32_t n_prompt
     KDT_CHECK_ARG(params != NULL, "kdt_engine_add: params is NULL");
     KDT_CHECK_ARG(n_prompt >= 1, "kdt_engine_add: n_prompt = %d, expected >= 1", n_prompt);
     KDT_CHECK_ARG(prompt != NULL, "kdt_engine_add: prompt is NULL");
+    if (e->fault[0]) return kdt_fail(KDT_ERR_CUDA, "kdt_engine_add: %s", e->fault);
     const int32_t V = e->mc->vocab_size;
     for (int32_t i = 0; i < n_prompt; i++)
         KDT_CHECK_ARG(prompt[i] >= 0 && prompt[i] < V,
@@ -383,6 +384,8 @@ kdt_status kdt_engine_cancel(kdt_engine *e, int32_t stream_id) {
     }
     return kdt_fail(KDT_ERR_INVALID_ARG, "kdt_engine_cancel: no stream with id %d", stream_id);
 }
+
+const char *kdt_engine_fault(const kdt_engine *e) { return e && e->fault[0] ? e->fault : NULL; }
 
 int kdt_engine_busy(const kdt_engine *e) {
     if (!e) return 0;

@@ -32,5 +32,9 @@ void kdt_engine_gpu_release(kdt_engine *e, int32_t slot);
 int32_t kdt_engine_gpu_free_pages(const kdt_engine *e);
 /* "cuda (<device name>)" */
 const char *kdt_engine_gpu_device_name(const kdt_engine *e);
+/* After a failed GPU call: NULL if the CUDA context still works (a refused launch, a host-side
+ * error), else the device's sticky error (an illegal address, a kernel trap, a lost device: every
+ * later CUDA call fails the same way, so the engine can never run again in this process). */
+const char *kdt_engine_gpu_fault(kdt_engine *e);
 
 #endif

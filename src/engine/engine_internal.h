@@ -70,6 +70,7 @@ typedef struct eng_stream {
 
 /* ---- the engine --------------------------------------------------------------------------------- */
 struct kdt_engine {
+    char fault[256];            /* non-empty: the device failed for good (kdt_engine_fault) */
     kdt_model *model;
     const kdt_model_config *mc;
     kdt_kv_cache *kv;

@@ -551,6 +551,19 @@ kdt_status kdt_engine_step(kdt_engine *e, kdt_stream_event *events, int32_t max_
                   max_events, occupied);
     kdt_status first_err = KDT_OK;
 
+    /* a device that failed for good runs nothing again: every stream ends with an error */
+    if (e->fault[0]) {
+        for (int32_t i = 0; i < e->max_streams; i++) {
+            eng_stream *s = &e->streams[i];
+            if (s->state == SLOT_FREE) continue;
+            if (s->state != SLOT_CLOSING) s->finish = KDT_FINISH_ERROR;
+            kdt_round_event(events, n_events, s, e->ev_tokens + (int64_t)i * KDT_MAX_PATH, 0, 0);
+            if (s->state != SLOT_CLOSING) kdt_engine_release_stream(e, i);
+            s->state = SLOT_FREE;
+        }
+        return kdt_fail(KDT_ERR_CUDA, "kdt_engine_step: %s", e->fault);
+    }
+
     /* streams cancelled since the last step report and leave */
     for (int32_t i = 0; i < e->max_streams; i++) {
         eng_stream *s = &e->streams[i];
@@ -610,6 +623,17 @@ kdt_status kdt_engine_step(kdt_engine *e, kdt_stream_event *events, int32_t max_
                 s->state = SLOT_FREE;
             }
             if (first_err == KDT_OK) first_err = st;
+        }
+    }
+    if (first_err == KDT_ERR_CUDA && e->gpu && !e->fault[0]) {
+        /* is the context still usable? A sticky error stays: record it (kdt_engine_fault) */
+        char msg[160];
+        snprintf(msg, sizeof msg, "%s", kdt_last_error());
+        const char *sticky = kdt_engine_gpu_fault(e);
+        if (sticky) {
+            snprintf(e->fault, sizeof e->fault,
+                     "the CUDA device failed (%s; first seen as: %.100s); restart the process", sticky, msg);
+            kdt_fail(KDT_ERR_CUDA, "%s", e->fault);
         }
     }
     return first_err;

@@ -541,6 +541,18 @@ static int dump_into(json_t *root, srv_buf *out) {
     return rc;
 }
 
+int srv_api_health_json(const srv_health *h, srv_buf *out) {
+    json_t *root = json_pack("{s:s, s:s, s:s, s:b, s:i, s:i, s:i, s:i}", "status", h->status, "model", h->model,
+                             "backend", h->backend, "draft", h->draft, "max_context", (json_int_t)h->max_context,
+                             "max_streams", (json_int_t)h->max_streams, "active_streams",
+                             (json_int_t)h->active_streams, "queue_depth", (json_int_t)h->queue_depth);
+    if (root && h->error && json_object_set_new(root, "error", json_string(h->error)) != 0) {
+        json_decref(root);
+        return -1;
+    }
+    return dump_into(root, out);
+}
+
 static json_t *usage_json(const srv_gen_summary *s) {
     return json_pack("{s:i, s:i, s:i}", "prompt_tokens", (json_int_t)s->prompt_tokens,
                      "completion_tokens", (json_int_t)s->completion_tokens, "total_tokens",

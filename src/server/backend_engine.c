@@ -106,6 +106,10 @@ static void eb_get_stats(const void *self, kdt_engine_stats *out) {
     kdt_engine_get_stats(((const engine_backend *)self)->engine, out);
 }
 
+static const char *eb_fault(const void *self) {
+    return kdt_engine_fault(((const engine_backend *)self)->engine);
+}
+
 static void eb_destroy(void *self) {
     engine_backend *b = self;
     if (!b) return;
@@ -171,7 +175,7 @@ kdt_status srv_backend_engine_create(const srv_engine_options *opt, srv_backend 
         .encode = eb_encode, .chat_encode = eb_chat_encode, .detok_new = eb_detok_new,
         .detok_feed = eb_detok_feed, .detok_finish = eb_detok_finish,
         .detok_free = eb_detok_free, .add = eb_add, .step = eb_step, .cancel = eb_cancel,
-        .busy = eb_busy, .get_stats = eb_get_stats, .destroy = eb_destroy};
+        .busy = eb_busy, .get_stats = eb_get_stats, .fault = eb_fault, .destroy = eb_destroy};
     if (bytes) { /* a random test checkpoint: the byte tokenizer's ids and markers */
         sb->encode = srv_bytes_encode;
         sb->chat_encode = srv_bytes_chat_encode;

@@ -50,6 +50,8 @@ typedef struct mock {
     int32_t n_cancelled;
     int32_t ev_tokens[64 * 2 * MOCK_MAX_EV_TOKENS];
     kdt_engine_stats stats;
+    int32_t steps;              /* steps taken (fault_at_step) */
+    int faulted;
 } mock;
 
 static uint64_t mix(uint64_t z) {
@@ -95,6 +97,7 @@ static int is_stop(const mock_stream *s, int32_t t) {
 static kdt_status mock_add(void *self, const int32_t *prompt, int32_t n, const kdt_gen_params *p,
                            int32_t *stream_id) {
     mock *m = self;
+    if (m->faulted) return kdt_fail(KDT_ERR_CUDA, "mock: the device failed earlier (injected)");
     KDT_CHECK_ARG(prompt && n >= 1, "mock: empty prompt");
     KDT_CHECK_ARG(p && p->max_new_tokens >= 1, "mock: max_new_tokens must be >= 1");
     KDT_CHECK_ARG(p->n_stop >= 0 && p->n_stop <= 16, "mock: n_stop = %d", p->n_stop);
@@ -157,6 +160,16 @@ static kdt_status mock_step(void *self, kdt_stream_event *ev, int32_t max_ev, in
     mock *m = self;
     KDT_CHECK_ARG(ev && n_ev && max_ev >= m->o.max_streams, "mock: max_events %d < max_streams %d",
                   max_ev, m->o.max_streams);
+    *n_ev = 0;
+    if (m->o.fault_at_step > 0 && ++m->steps >= m->o.fault_at_step) { /* as kdt_engine_step after a fault */
+        m->faulted = 1;
+        for (int i = 0; i < m->o.max_streams; i++)
+            if (m->streams[i].used) {
+                ev[(*n_ev)++] = (kdt_stream_event){m->streams[i].id, NULL, 0, 0, KDT_FINISH_ERROR};
+                release_stream(m, &m->streams[i]);
+            }
+        return kdt_fail(KDT_ERR_CUDA, "mock: the device failed (injected at step %d)", m->o.fault_at_step);
+    }
     int32_t n = 0, used_tok = 0, active = 0;
     /* final events of cancelled streams, keeping room for every active stream */
     int32_t n_late = m->n_cancelled < max_ev - m->o.max_streams ? m->n_cancelled
@@ -235,6 +248,11 @@ static void mock_get_stats(const void *self, kdt_engine_stats *out) {
     for (int i = 0; i < m->o.max_streams; i++) out->active_streams += m->streams[i].used;
 }
 
+static const char *mock_fault(const void *self) {
+    const mock *m = self;
+    return m->faulted ? "the device failed (injected by the mock backend)" : NULL;
+}
+
 static void mock_destroy(void *self) {
     mock *m = self;
     if (!m) return;
@@ -268,7 +286,7 @@ kdt_status srv_backend_mock_create(const srv_mock_options *opt, srv_backend **ou
         .encode = srv_bytes_encode, .chat_encode = srv_bytes_chat_encode,
         .detok_new = srv_bytes_detok_new, .detok_feed = srv_bytes_detok_feed,
         .detok_finish = srv_bytes_detok_finish, .detok_free = srv_bytes_detok_free, .add = mock_add, .step = mock_step, .cancel = mock_cancel,
-        .busy = mock_busy, .get_stats = mock_get_stats, .destroy = mock_destroy};
+        .busy = mock_busy, .get_stats = mock_get_stats, .fault = mock_fault, .destroy = mock_destroy};
     *out = b;
     return KDT_OK;
 }

@@ -190,14 +190,17 @@ static enum MHD_Result handle_get(conn_ctx *ctx, struct MHD_Connection *c) {
         break;
     case SRV_EP_HEALTH:
         srv_sched_get_snapshot(&srv->sched, &snap);
-        srv_buf_printf(&b,
-                       "{\"status\":\"%s\",\"model\":\"%s\",\"backend\":\"%s\","
-                       "\"draft\":%s,\"max_context\":%d,\"max_streams\":%d,"
-                       "\"active_streams\":%d,\"queue_depth\":%d}",
-                       snap.draining ? "shutting_down" : "ok", srv->model_name, srv->be->kind,
-                       srv->be->has_draft ? "true" : "false", srv->be->max_context,
-                       srv->be->max_streams, snap.active, snap.queue_depth);
-        r = respond_json(ctx, c, snap.draining ? 503 : 200, &b);
+        {   /* 503 while shutting down or once the engine failed for good: an orchestrator's
+             * readiness / liveness probe takes the process out or restarts it */
+            const int failed = snap.fault[0] != 0;
+            const srv_health h = {.status = failed ? "engine_failed" : (snap.draining ? "shutting_down" : "ok"),
+                                  .model = srv->model_name, .backend = srv->be->kind,
+                                  .error = failed ? snap.fault : NULL, .draft = srv->be->has_draft,
+                                  .max_context = srv->be->max_context, .max_streams = srv->be->max_streams,
+                                  .active_streams = snap.active, .queue_depth = snap.queue_depth};
+            srv_api_health_json(&h, &b);
+            r = respond_json(ctx, c, snap.draining || failed ? 503 : 200, &b);
+        }
         break;
     case SRV_EP_METRICS:
         srv_sched_get_snapshot(&srv->sched, &snap);

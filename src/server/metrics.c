@@ -178,5 +178,8 @@ int srv_metrics_render(srv_metrics *m, const srv_sched_snapshot *snap, double no
                  "Rounds the auto mode ran without the drafter (plain decoding measured faster).",
                  (double)es->plain_rounds);
     rc |= scalar(o, "kdtree_draining", "gauge", "1 while the server shuts down.", snap->draining);
+    rc |= scalar(o, "kdtree_engine_failed", "gauge",
+                 "1 once the engine failed for good (its device; /health says why): restart the server.",
+                 snap->fault[0] != 0);
     return rc ? -1 : 0;
 }

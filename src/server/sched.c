@@ -107,6 +107,12 @@ void srv_req_wait(srv_req *r, size_t seen, srv_req_state state_seen, double wait
 
 int srv_sched_submit(srv_sched *s, srv_req *r, srv_error *e) {
     pthread_mutex_lock(&s->mu);
+    if (s->snap.fault[0]) {
+        srv_error_set(e, 503, "server_error", NULL, "engine_failed",
+                      "the engine failed and cannot serve (%s); restart the server", s->snap.fault);
+        pthread_mutex_unlock(&s->mu);
+        return -1;
+    }
     if (s->draining || s->stop) {
         pthread_mutex_unlock(&s->mu);
         srv_error_set(e, 503, "server_error", NULL, "shutting_down",
@@ -260,7 +266,11 @@ static void admit(srv_sched *s) {
                          "the server is idle (%s)", kdt_last_error());
             else if (st == KDT_ERR_INVALID_ARG)
                 snprintf(msg, sizeof msg, "%s", kdt_last_error());
-            else {
+            else if (s->be->fault && s->be->fault(s->be->self)) {
+                status = 503;
+                snprintf(msg, sizeof msg, "the engine failed and cannot serve (%s); restart the server",
+                         s->be->fault(s->be->self));
+            } else {
                 status = 500;
                 snprintf(msg, sizeof msg, "the engine refused the request: %s (%s)",
                          kdt_status_name(st), kdt_last_error());
@@ -352,9 +362,14 @@ static void fail_all_active(srv_sched *s, kdt_status st) {
     snprintf(msg, sizeof msg, "engine step failed: %s (%s)", kdt_status_name(st),
              kdt_last_error());
     fprintf(stderr, "kdtree serve: %s\n", msg);
+    /* a device that failed for good: /health says so and new requests get 503 from now on (set
+     * before the running requests learn of the failure, so none of them sees a healthy server) */
+    const char *fault = s->be->fault ? s->be->fault(s->be->self) : NULL;
+    if (fault) fprintf(stderr, "kdtree serve: the engine cannot run again: %s\n", fault);
     pthread_mutex_lock(&s->mu);
     s->fatal = st;
     snprintf(s->fatal_msg, sizeof s->fatal_msg, "%s", msg);
+    if (fault) snprintf(s->snap.fault, sizeof s->snap.fault, "%s", fault);
     pthread_mutex_unlock(&s->mu);
     for (srv_req *r = s->active; r; r = r->next) {
         if (!r->cancelling) {

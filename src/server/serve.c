@@ -19,7 +19,7 @@
 typedef struct serve_options {
     const char *model, *draft, *tokenizer, *host, *name, *static_dir;
     int port;
-    int32_t max_streams, max_queue, max_context, kv_pages, max_budget, budget, mock_round_ms;
+    int32_t max_streams, max_queue, max_context, kv_pages, max_budget, budget, mock_round_ms, mock_fault_at;
     long long max_body;
     kdt_spec_mode spec;
     kdt_device device;
@@ -57,6 +57,8 @@ static const char usage_text[] =
     "  --shutdown-grace S       seconds running requests may finish after SIGINT/SIGTERM (10)\n"
     "  --idle-timeout S         close a connection idle this long (default 300; 0 = never)\n"
     "  --mock-round-ms N        with --model mock: simulated time per engine round (default 2)\n"
+    "  --mock-fault-at-step N   with --model mock: engine step N fails as a lost GPU would (tests\n"
+    "                           /health's 503 engine_failed; default never)\n"
     "  -v, --verbose            one log line per request on stderr\n"
     "  -h, --help\n";
 
@@ -76,7 +78,7 @@ static int parse_int(const char *opt, const char *s, long long lo, long long hi,
 /* 0 ok, 1 help printed, -1 bad option. */
 static int parse_options(int argc, char **argv, serve_options *o) {
     enum { O_DRAFT = 256, O_TOK, O_NAME, O_HOST, O_PORT, O_STREAMS, O_QUEUE, O_BODY, O_SPEC,
-           O_BUDGET, O_MAXB, O_CTX, O_PAGES, O_DEVICE, O_THREADS, O_STATIC, O_GRACE, O_MOCKMS, O_IDLE };
+           O_BUDGET, O_MAXB, O_CTX, O_PAGES, O_DEVICE, O_THREADS, O_STATIC, O_GRACE, O_MOCKMS, O_MOCKFAULT, O_IDLE };
     static const struct option longopts[] = {
         {"model", required_argument, NULL, 'm'},
         {"draft", required_argument, NULL, O_DRAFT},
@@ -97,6 +99,7 @@ static int parse_options(int argc, char **argv, serve_options *o) {
         {"static-dir", required_argument, NULL, O_STATIC},
         {"shutdown-grace", required_argument, NULL, O_GRACE},
         {"mock-round-ms", required_argument, NULL, O_MOCKMS},
+        {"mock-fault-at-step", required_argument, NULL, O_MOCKFAULT},
         {"idle-timeout", required_argument, NULL, O_IDLE},
         {"verbose", no_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},
@@ -163,6 +166,10 @@ static int parse_options(int argc, char **argv, serve_options *o) {
         case O_MOCKMS:
             if (parse_int("--mock-round-ms", optarg, 0, 60000, &v)) return -1;
             o->mock_round_ms = (int32_t)v;
+            break;
+        case O_MOCKFAULT:
+            if (parse_int("--mock-fault-at-step", optarg, 1, INT32_MAX, &v)) return -1;
+            o->mock_fault_at = (int32_t)v;
             break;
         case O_IDLE:
             if (parse_int("--idle-timeout", optarg, 0, 86400, &v)) return -1;
@@ -242,7 +249,7 @@ int kdt_cli_serve(int argc, char **argv) {
     if (is_mock) {
         srv_mock_options mo = {.max_streams = o.max_streams, .max_context = o.max_context,
                                .kv_pages = o.kv_pages, .round_ms = o.mock_round_ms,
-                               .max_budget = o.max_budget};
+                               .max_budget = o.max_budget, .fault_at_step = o.mock_fault_at};
         st = srv_backend_mock_create(&mo, &be);
     } else {
         srv_engine_options eo = {

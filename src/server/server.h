@@ -123,6 +123,8 @@ typedef struct srv_backend {
     kdt_status (*cancel)(void *self, int32_t stream_id);
     int (*busy)(const void *self);
     void (*get_stats)(const void *self, kdt_engine_stats *out);
+    /* NULL while the backend works, else why it never will again (kdt_engine_fault) */
+    const char *(*fault)(const void *self);
 
     void (*destroy)(void *self);
 } srv_backend;
@@ -133,6 +135,8 @@ typedef struct srv_mock_options {
     int32_t kv_pages;           /* pages of 64 tokens; default max_streams x max_context / 64 */
     int32_t round_ms;           /* sleep per step, simulating compute (default 2) */
     int32_t max_budget;         /* default 64 */
+    int32_t fault_at_step;      /* > 0: that step fails as a lost device would, and every add and
+                                   step after it (tests of the server's engine_failed path) */
 } srv_mock_options;
 
 /* The mock's token ids: bytes are 0..255, then these specials. */
@@ -246,6 +250,13 @@ int srv_api_chunk_sse(srv_endpoint ep, const srv_resp_id *rid, const char *text,
 int srv_api_usage_chunk_sse(srv_endpoint ep, const srv_resp_id *rid, const srv_gen_summary *s,
                             srv_buf *out);
 int srv_api_models_json(const char *model, long long created, srv_buf *out); /* the list */
+/* GET /health's body: status "ok", "shutting_down" or "engine_failed" (then "error" says why). */
+typedef struct srv_health {
+    const char *status, *model, *backend, *error; /* error: NULL unless engine_failed */
+    int draft;
+    int32_t max_context, max_streams, active_streams, queue_depth;
+} srv_health;
+int srv_api_health_json(const srv_health *h, srv_buf *out);
 int srv_api_model_json(const char *model, long long created, srv_buf *out);  /* one model */
 
 /* ---- textout.c: stop strings on streamed text ---------------------------------------------- */
@@ -301,6 +312,7 @@ typedef struct srv_sched_snapshot {
     kdt_engine_stats engine;
     int32_t queue_depth, active, max_queue, max_streams;
     int draining;
+    char fault[256];            /* non-empty: the engine failed for good (backend fault) */
 } srv_sched_snapshot;
 
 /* Appends the whole /metrics page (text format 0.0.4). */

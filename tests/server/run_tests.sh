@@ -309,6 +309,28 @@ if msg=$(shutdown_check 0 '"error"' long 2>&1); then
   ok "SIGTERM with --shutdown-grace 0: the running stream ends with an error event, exit code 0"
 else bad "shutdown without grace: $msg"; fi
 
+# ---- an engine that fails for good (the mock's injected device fault) ---------------------------
+# The running request fails (500 or an error event), /health turns 503 engine_failed with the
+# reason, later requests get 503 engine_failed, /metrics says kdtree_engine_failed 1.
+fault_check() {
+  start_server fault --model mock --mock-round-ms 1 --mock-fault-at-step 5 || { echo "start"; return 1; }
+  local port=$PORT_fault code body
+  code=$(curl -s -o "$OUT/fault_first.body" -w '%{http_code}' "http://127.0.0.1:$port/v1/completions" \
+         -H 'Content-Type: application/json' -d '{"prompt":"a long story","max_tokens":200,"kdtree":{"ignore_eos":true}}')
+  [ "$code" = 500 ] || { echo "the request the fault hit got $code"; return 1; }
+  body=$(curl -s -w ' %{http_code}' "http://127.0.0.1:$port/health")
+  case "$body" in *'"status":"engine_failed"'*'"error":"'*' 503') ;; *) echo "/health: $body"; return 1 ;; esac
+  body=$(curl -s -w ' %{http_code}' "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
+         -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":3}')
+  case "$body" in *'"engine_failed"'*' 503') ;; *) echo "request after the fault: $body"; return 1 ;; esac
+  curl -s "http://127.0.0.1:$port/metrics" | grep -qx 'kdtree_engine_failed 1' || { echo "no kdtree_engine_failed 1"; return 1; }
+  kill -TERM "$PID_fault"; wait "$PID_fault" 2>/dev/null
+  return 0
+}
+if msg=$(fault_check 2>&1); then
+  ok "a failed device: the hit request 500, then /health 503 engine_failed and every request 503"
+else bad "engine fault: $msg"; fi
+
 # the two main servers stop cleanly too
 for name in main small; do
   eval "pid=\${PID_$name:-}"

@@ -302,6 +302,13 @@ const char *kdt_engine_gpu_device_name(const kdt_engine *e) {
     return e && e->gpu ? e->gpu->device_name : "cpu";
 }
 
+const char *kdt_engine_gpu_fault(kdt_engine *e) {
+    if (!e || !e->gpu) return NULL;
+    (void)cudaGetLastError(); /* a non-sticky error of the failed call: cleared */
+    const cudaError_t err = cudaDeviceSynchronize();
+    return err == cudaSuccess ? NULL : cudaGetErrorString(err);
+}
+
 int32_t kdt_engine_gpu_free_pages(const kdt_engine *e) {
     return e && e->gpu ? kdt_gpu_kv_free_pages(e->gpu->kv) : 0;
 }

@@ -11,6 +11,11 @@ kdt_status kdt_engine_gpu_create(kdt_engine *e, int verbose) {
 
 void kdt_engine_gpu_free(kdt_engine *e) { (void)e; }
 
+const char *kdt_engine_gpu_fault(kdt_engine *e) {
+    (void)e;
+    return NULL;
+}
+
 kdt_status kdt_engine_gpu_prefill(kdt_engine *e, int32_t slot, int32_t *first_token) {
     (void)e;
     (void)slot;
