@@ -464,8 +464,8 @@ static void test_cuda_stub_or_args(void) {
         CHECK(kdt_verify_attn_cuda(&p, NULL) == KDT_ERR_NO_CUDA);
     } else {
         CHECK(kdt_verify_attn_cuda(NULL, NULL) == KDT_ERR_INVALID_ARG);
-        /* an FP8 cache: valid arguments, but the CUDA FP8 loader is opt-in (KDT_VA_FP8=1) until a
-         * GPU run has checked it (caught before any device call, so this runs without a GPU) */
+        /* an FP8 cache: valid arguments, but the CUDA FP8 loader is opt-in (KDT_VA_FP8=1) while it
+         * is slow (caught before any device call, so this runs without a GPU) */
         unsetenv("KDT_VA_FP8");
         const int prefix[1] = {70}, n[1] = {3};
         va_case c;
