@@ -8,7 +8,7 @@
  * 2*S*q*H*(P+q)*(576+512) over 687 TFLOP/s (sustained bf16 GEMM measured on this H200 kind,
  * h200-anchors.md) and bytes (KV once, q, out, lse) over the copy bandwidth bench_kernels measured.
  * KDT_BENCH_VA_FP8=1 times the FP8 latent cache instead (656-byte rows of random finite e4m3 codes,
- * power-of-two scales, bf16 rope; the portable kernel's opt-in loader, so it sets KDT_VA_FP8=1);
+ * power-of-two scales, bf16 rope; the portable kernel's loader);
  * the bytes floor then counts 656 bytes per key.
  */
 #include <math.h>
@@ -237,7 +237,6 @@ int bench_verify_attn(const bench_opts *o) {
     va_bench b;
     const char *f8 = getenv("KDT_BENCH_VA_FP8");
     const int fp8 = f8 && f8[0] == '1';
-    if (fp8) setenv("KDT_VA_FP8", "1", 1); /* the loader is opt-in until a GPU run has checked it */
     memset(&b, 0, sizeof b);
     b.fp8 = fp8; /* bench_alloc reads it */
     if (bench_alloc(&b, 64, 65, 16384)) return 1;

@@ -464,15 +464,15 @@ static void test_cuda_stub_or_args(void) {
         CHECK(kdt_verify_attn_cuda(&p, NULL) == KDT_ERR_NO_CUDA);
     } else {
         CHECK(kdt_verify_attn_cuda(NULL, NULL) == KDT_ERR_INVALID_ARG);
-        /* an FP8 cache: valid arguments, but the CUDA FP8 loader is opt-in (KDT_VA_FP8=1) while it
-         * is slow (caught before any device call, so this runs without a GPU) */
-        unsetenv("KDT_VA_FP8");
+        /* an FP8 cache at dimensions the CUDA kernels are not built for (valid for the CPU
+         * reference): refused by name before any device call, so this runs without a GPU */
         const int prefix[1] = {70}, n[1] = {3};
         va_case c;
-        case_make(&c, 57, 1, 2, 3, 576, 512, 64, prefix, n, TREE_RANDOM);
+        case_make(&c, 57, 1, 2, 3, 320, 256, 64, prefix, n, TREE_RANDOM);
         kdt_verify_attn_params p = case_params(&c);
         p.kv_format = KDT_KV_FP8_SCALED; /* the bf16 buffer is large enough for the FP8 rows */
-        CHECK(error_names(kdt_verify_attn_cuda(&p, NULL), KDT_ERR_UNSUPPORTED, "kv_format"));
+        CHECK(kdt_verify_attn_cpu(&p) == KDT_OK);
+        CHECK(error_names(kdt_verify_attn_cuda(&p, NULL), KDT_ERR_UNSUPPORTED, "d_qk"));
         case_free(&c);
     }
 }

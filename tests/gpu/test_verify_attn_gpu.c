@@ -414,7 +414,7 @@ static int rows_all_nan(const gcase *c, int s, int rows) {
     return 1;
 }
 
-/* ---- the FP8 cache (KDT_KV_FP8_SCALED; KDT_VA_FP8=1, the portable kernel) ------------------------
+/* ---- the FP8 cache (KDT_KV_FP8_SCALED: the portable kernel on every device) ------------------------
  * The case's latents are replaced by random finite e4m3 codes times a scale per 128 (2^-8 .. 2^-6:
  * magnitudes up to 7, RMS 0.4 .. 1.6, near the N(0, 1) of the other cases, so the softmax is as
  * peaked as theirs), written twice: as FP8 rows (656 B) and as the bf16 cache of bf16(e4m3 x
@@ -498,7 +498,6 @@ static void check_fp8_case(uint64_t seed, int S, int H, const int *prefix, const
 }
 
 static void test_fp8_cache(void) {
-    setenv("KDT_VA_FP8", "1", 1);
     const int p1[1] = {1000}, n1[1] = {9};
     check_fp8_case(2001, 1, 64, p1, n1, 1);
     const int p2[1] = {4100}, n2[1] = {1}; /* a split decode */
@@ -510,7 +509,6 @@ static void test_fp8_cache(void) {
         const int p4[2] = {20011, 63}, n4[2] = {1, 65};
         check_fp8_case(2004, 2, 8, p4, n4, 1);
     }
-    unsetenv("KDT_VA_FP8");
 }
 
 /* Bad per-stream device data: that stream's rows are NaN, the others are right. */
@@ -574,15 +572,11 @@ static void test_argument_errors(void) {
     setenv("KDT_VERIFY_ATTN", "tensor-cores", 1); /* a path that does not exist */
     CHECK(kdt_verify_attn_cuda(&p, NULL) == KDT_ERR_INVALID_ARG && strstr(kdt_last_error(), "KDT_VERIFY_ATTN"));
     unsetenv("KDT_VERIFY_ATTN");
-    b = p, b.kv_format = KDT_KV_FP8_SCALED; /* the FP8 loader is opt-in */
-    unsetenv("KDT_VA_FP8");
-    CHECK(kdt_verify_attn_cuda(&b, NULL) == KDT_ERR_UNSUPPORTED && strstr(kdt_last_error(), "KDT_VA_FP8"));
     if (is_hopper()) { /* the sm_90a kernel reads bf16 caches only */
-        setenv("KDT_VA_FP8", "1", 1);
+        b = p, b.kv_format = KDT_KV_FP8_SCALED;
         setenv("KDT_VERIFY_ATTN", "wgmma", 1);
         CHECK(kdt_verify_attn_cuda(&b, NULL) == KDT_ERR_UNSUPPORTED && strstr(kdt_last_error(), "wgmma"));
         unsetenv("KDT_VERIFY_ATTN");
-        unsetenv("KDT_VA_FP8");
     }
     setenv("KDT_VA_PORTABLE_CFG", "bn32", 1); /* a configuration that does not exist */
     CHECK(kdt_verify_attn_cuda(&p, NULL) == KDT_ERR_INVALID_ARG && strstr(kdt_last_error(), "KDT_VA_PORTABLE_CFG"));

@@ -344,39 +344,73 @@ __device__ __forceinline__ void load_kv_tile(const VaArgs &a, const int32_t *tab
 }
 
 /* The same tile from an FP8 cache (KDT_KV_FP8_SCALED): each 16-byte chunk is converted in
- * registers (va_fp8_chunk) and stored to the swizzled tile, so the loads are synchronous: the
- * 1-stage configurations expose a tile's load latency either way, the 2-stage one loses its
- * overlap here. Keys >= ke get zeros; a block-table entry out of range sets bad, reads page 0. */
+ * registers and stored to the swizzled tile, so those loads are synchronous (no shared memory
+ * is left for a staging tile): the 1-stage configurations expose a tile's load latency either
+ * way, the 2-stage one loses its overlap here. A thread issues all its loads of the tile (the
+ * row's 4 scales and 16 code words at BN 64, 4 at BN 16) before the first conversion, so their
+ * latencies overlap: one round trip per tile, not one per chunk (the first version chained them:
+ * 2.8-3.7x the bf16 cache's time on the H200, session 25). The rope's bf16 chunks go by cp.async
+ * like the bf16 tile's. Keys >= ke get zeros; a block-table entry out of range sets bad, reads
+ * page 0. */
 __device__ __forceinline__ void va_st_shared_16(uint32_t addr, uint4 v) {
     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                  : "memory");
+}
+/* bf16(e4m3 x scale) of 8 codes: va_fp8_chunk's values. On sm_89+ by the hardware conversions,
+ * which are exact (e4m3 -> f16 -> f32) and round the product to nearest even as va_fp8_chunk
+ * does; only a NaN's payload may differ (still NaN). Elsewhere va_fp8_chunk itself. */
+__device__ __forceinline__ uint4 va_fp8_chunk_dev(uint2 codes, float scale) {
+    uint4 v;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    uint32_t out[4];
+    const uint32_t w[2] = {codes.x, codes.y};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const unsigned short pair = (unsigned short)(w[k >> 1] >> (16 * (k & 1))); /* codes 2k (low), 2k+1 */
+        uint32_t h2;
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(pair));
+        const float lo = __half2float(__ushort_as_half((unsigned short)(h2 & 0xffffu)));
+        const float hi = __half2float(__ushort_as_half((unsigned short)(h2 >> 16)));
+        const __nv_bfloat162 b = __floats2bfloat162_rn(lo * scale, hi * scale); /* .x = lo, the low half */
+        memcpy(&out[k], &b, 4);
+    }
+    v = make_uint4(out[0], out[1], out[2], out[3]);
+#else
+    uint8_t b[8];
+    memcpy(b, &codes, 8);
+    uint16_t h[8];
+    va_fp8_chunk(b, scale, h);
+    memcpy(&v, h, 16);
+#endif
+    return v;
 }
 template <int BN>
 __device__ __forceinline__ void load_kv_tile_fp8(const VaArgs &a, const int32_t *table, int t0, int ke,
                                                  uint32_t dst, int &bad) {
     constexpr int TPR = THREADS / BN;
+    constexpr int NF = 64 / TPR;            /* latent chunks per thread: 16 at BN 64, 4 at BN 16 */
+    constexpr int NR = (8 + TPR - 1) / TPR; /* rope chunks: 2 at BN 64; 1 at BN 16 (threads c0 < 8) */
+    static_assert(16 % TPR == 0, "a thread's chunk j reads scale group (j * TPR) / 16");
     const int r = threadIdx.x / TPR, c0 = threadIdx.x % TPR, t = t0 + r;
-    const unsigned char *row = nullptr;
-    if (t < ke) {
-        int page = __ldg(table + t / a.page_size);
-        if (page < 0 || page >= a.n_pages) bad = 1, page = 0;
-        row = reinterpret_cast<const unsigned char *>(a.kv) + ((long long)page * a.page_size + t % a.page_size) * VA_FP8_ROW;
+    if (t >= ke) {
+#pragma unroll
+        for (int c = c0; c < QK_CHUNKS; c += TPR) va_st_shared_16(dst + va_swz(r, c), make_uint4(0u, 0u, 0u, 0u));
+        return;
     }
-    for (int c = c0; c < QK_CHUNKS; c += TPR) {
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (row && c < 64) {
-            const uint2 codes = __ldg(reinterpret_cast<const uint2 *>(row + va_fp8_src(c)));
-            const float scale = __ldg(reinterpret_cast<const float *>(row + VA_FP8_SCALES) + va_fp8_scale_idx(c));
-            uint8_t b[8];
-            memcpy(b, &codes, 8);
-            uint16_t h[8];
-            va_fp8_chunk(b, scale, h);
-            memcpy(&v, h, 16);
-        } else if (row) {
-            v = __ldg(reinterpret_cast<const uint4 *>(row + va_fp8_src(c)));
-        }
-        va_st_shared_16(dst + va_swz(r, c), v);
-    }
+    int page = __ldg(table + t / a.page_size);
+    if (page < 0 || page >= a.n_pages) bad = 1, page = 0;
+    const unsigned char *row = reinterpret_cast<const unsigned char *>(a.kv) + ((long long)page * a.page_size + t % a.page_size) * VA_FP8_ROW;
+#pragma unroll
+    for (int j = 0; j < NR; j++) /* the rope's bf16, copied by cp.async (the caller commits the group) */
+        if (c0 + j * TPR < 8) va::cp_async_16(dst + va_swz(r, 64 + c0 + j * TPR), row + va_fp8_src(64 + c0 + j * TPR), 16);
+    const float4 sc4 = __ldg(reinterpret_cast<const float4 *>(row + VA_FP8_SCALES));
+    const float sc[4] = {sc4.x, sc4.y, sc4.z, sc4.w};
+    uint2 codes[NF]; /* every load in flight before the first conversion */
+#pragma unroll
+    for (int j = 0; j < NF; j++) codes[j] = __ldg(reinterpret_cast<const uint2 *>(row + va_fp8_src(c0 + j * TPR)));
+#pragma unroll
+    for (int j = 0; j < NF; j++) /* va_fp8_scale_idx(c0 + j * TPR) == (j * TPR) / 16: a constant */
+        va_st_shared_16(dst + va_swz(r, c0 + j * TPR), va_fp8_chunk_dev(codes[j], sc[(j * TPR) >> 4]));
 }
 /* The KV tile of the cache's format (FP8: a template parameter of the kernel). */
 template <int BN, bool FP8>
@@ -1521,19 +1555,14 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
     const char *who = "kdt_verify_attn_cuda";
     kdt_status st = kdt_verify_attn_check_args(p, who);
     if (st != KDT_OK) return st;
-    /* The FP8 cache: the portable kernel's loader (load_kv_tile_fp8), opt-in. It matches the CPU
-     * twin on the H200 (session 25) but runs 2.8-3.7x slower than the bf16 cache (synchronous
-     * loads and a software e4m3 decode: bench/RESULTS.md), so it stays opt-in until it is fast. */
+    /* The FP8 cache runs the portable kernel's loader (load_kv_tile_fp8) on every device: it
+     * matches the bf16 cache bitwise on equal values (H200 session 25, H100 session 26) and takes
+     * 1.02-1.23x its time there (bench/RESULTS.md); on a Hopper that is the portable kernel's
+     * time, ~2.9x the sm_90a kernel's, which reads bf16 caches only. */
     const int fp8 = p->kv_format == KDT_KV_FP8_SCALED;
-    if (fp8) {
-        const char *on = getenv("KDT_VA_FP8");
-        if (!on || strcmp(on, "1") != 0)
-            return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: kv_format = %d (FP8): the CUDA FP8 loader is correct but slow (2.8-3.7x "
-                            "the bf16 cache); KDT_VA_FP8=1 enables it (the portable kernel only)", who, p->kv_format);
-    } else if (p->kv_format != KDT_KV_BF16) {
+    if (!fp8 && p->kv_format != KDT_KV_BF16)
         return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: kv_format = %d: the CUDA kernels read bf16 (%d) and FP8 (%d) caches",
                         who, p->kv_format, KDT_KV_BF16, KDT_KV_FP8_SCALED);
-    }
     if (p->d_qk != D_QK || p->d_v != D_V)
         return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: d_qk = %d, d_v = %d: the CUDA path supports only d_qk = %d, d_v = %d",
                         who, p->d_qk, p->d_v, D_QK, D_V);
