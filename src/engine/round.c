@@ -556,9 +556,11 @@ kdt_status kdt_engine_step(kdt_engine *e, kdt_stream_event *events, int32_t max_
         for (int32_t i = 0; i < e->max_streams; i++) {
             eng_stream *s = &e->streams[i];
             if (s->state == SLOT_FREE) continue;
-            if (s->state != SLOT_CLOSING) s->finish = KDT_FINISH_ERROR;
+            if (s->state != SLOT_CLOSING) { /* a cancelled stream was released and keeps its finish */
+                s->finish = KDT_FINISH_ERROR;
+                kdt_engine_release_stream(e, i);
+            }
             kdt_round_event(events, n_events, s, e->ev_tokens + (int64_t)i * KDT_MAX_PATH, 0, 0);
-            if (s->state != SLOT_CLOSING) kdt_engine_release_stream(e, i);
             s->state = SLOT_FREE;
         }
         return kdt_fail(KDT_ERR_CUDA, "kdt_engine_step: %s", e->fault);

@@ -261,15 +261,15 @@ static void admit(srv_sched *s) {
         if (st != KDT_OK) {
             char msg[256];
             int status = 400;
+            const char *fault = s->be->fault ? s->be->fault(s->be->self) : NULL;
             if (st == KDT_ERR_CAPACITY)
                 snprintf(msg, sizeof msg, "the request does not fit in the KV cache even when "
                          "the server is idle (%s)", kdt_last_error());
             else if (st == KDT_ERR_INVALID_ARG)
                 snprintf(msg, sizeof msg, "%s", kdt_last_error());
-            else if (s->be->fault && s->be->fault(s->be->self)) {
+            else if (fault) {
                 status = 503;
-                snprintf(msg, sizeof msg, "the engine failed and cannot serve (%s); restart the server",
-                         s->be->fault(s->be->self));
+                snprintf(msg, sizeof msg, "the engine failed and cannot serve (%s); restart the server", fault);
             } else {
                 status = 500;
                 snprintf(msg, sizeof msg, "the engine refused the request: %s (%s)",

@@ -1558,11 +1558,9 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
     /* The FP8 cache runs the portable kernel's loader (load_kv_tile_fp8) on every device: it
      * matches the bf16 cache bitwise on equal values (H200 session 25, H100 session 26) and takes
      * 1.02-1.23x its time there (bench/RESULTS.md); on a Hopper that is the portable kernel's
-     * time, ~2.9x the sm_90a kernel's, which reads bf16 caches only. */
+     * time, ~2.9x the sm_90a kernel's, which reads bf16 caches only. Any other format was
+     * refused by kdt_verify_attn_check_args. */
     const int fp8 = p->kv_format == KDT_KV_FP8_SCALED;
-    if (!fp8 && p->kv_format != KDT_KV_BF16)
-        return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: kv_format = %d: the CUDA kernels read bf16 (%d) and FP8 (%d) caches",
-                        who, p->kv_format, KDT_KV_BF16, KDT_KV_FP8_SCALED);
     if (p->d_qk != D_QK || p->d_v != D_V)
         return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: d_qk = %d, d_v = %d: the CUDA path supports only d_qk = %d, d_v = %d",
                         who, p->d_qk, p->d_v, D_QK, D_V);
