@@ -62,7 +62,16 @@ static void test_usage_errors(void) {
     HAS("token ids");
     CHECK_EQ_INT(run("%s generate --model %s --prompt-ids 1,999", g_bin, ET_FIXTURE), 1);
     HAS("999");
+    /* a mistyped directory is named by its flag, before the tokenizer (which defaults to the
+     * model directory) or the engine loads anything */
     CHECK_EQ_INT(run("%s generate --model /nonexistent --prompt-ids 1", g_bin), 1);
+    HAS("--model /nonexistent: No such file or directory");
+    CHECK_EQ_INT(run("%s generate --model /nonexistent --prompt hello", g_bin), 1);
+    HAS("--model /nonexistent: No such file or directory");
+    CHECK_EQ_INT(run("%s generate --model %s/config.json --prompt hello", g_bin, ET_FIXTURE), 1);
+    HAS("not a directory");
+    CHECK_EQ_INT(run("%s generate --model %s --draft /nonexistent-draft --prompt-ids 1", g_bin, ET_FIXTURE), 1);
+    HAS("--draft /nonexistent-draft: No such file or directory");
     CHECK_EQ_INT(run("%s generate --model %s --prompt-ids 1 --device tpu", g_bin, ET_FIXTURE), 1);
     HAS("--device");
     CHECK_EQ_INT(run("%s generate --model %s --prompt-ids 1 --device cuda", g_bin, ET_FIXTURE), 1);
@@ -70,6 +79,10 @@ static void test_usage_errors(void) {
     CHECK_EQ_INT(run("%s bench --model %s", g_bin, ET_FIXTURE), 2);
     int rc = run("%s serve --help", g_bin);
     CHECK(rc == 0 || (rc == 1 && strstr(g_out, "not built")));
+    if (rc == 0) {
+        CHECK_EQ_INT(run("%s serve --model /nonexistent --port 0", g_bin), 1);
+        HAS("--model /nonexistent: No such file or directory");
+    }
 }
 
 static void test_generate_and_bench(void) {

@@ -5,12 +5,33 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int check_dir(const char *cmd, const char *flag, const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        fprintf(stderr, "kdtree %s: %s %s: %s\n", cmd, flag, path, strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "kdtree %s: %s %s: not a directory (a checkpoint directory is expected)\n", cmd, flag,
+                path);
+        return -1;
+    }
+    return 0;
+}
+
+int cli_check_model_dirs(const char *cmd, const cli_engine_args *a) {
+    if (a->model && check_dir(cmd, "--model", a->model) != 0) return -1;
+    if (a->draft && check_dir(cmd, "--draft", a->draft) != 0) return -1;
+    return 0;
 }
 
 kdt_engine *cli_engine_create(const char *cmd, const cli_engine_args *a) {

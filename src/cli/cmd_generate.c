@@ -94,6 +94,8 @@ int cli_generate(int argc, char **argv) {
         return 2;
     }
 
+    if (cli_check_model_dirs(cmd, &ea) != 0) return 1;
+
     int rc = 1;
     int32_t *ids = NULL, n_ids = 0;
     char *file_text = NULL;
