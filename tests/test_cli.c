@@ -34,55 +34,40 @@ static int run(const char *fmt, ...) {
 }
 
 #define HAS(s) CHECK_MSG(strstr(g_out, (s)) != NULL, "output lacks \"%s\":\n%s", (s), g_out)
+/* runs a command line, expects its exit code and a piece of its output */
+#define RUN_HAS(rc, needle, ...) do { CHECK_EQ_INT(run(__VA_ARGS__), (rc)); HAS(needle); } while (0)
 
 static void test_usage_errors(void) {
-    CHECK_EQ_INT(run("%s --version", g_bin), 0);
-    HAS("kdtree 0.1.0");
-    CHECK_EQ_INT(run("%s --help", g_bin), 0);
-    HAS("generate");
+    RUN_HAS(0, "kdtree 0.1.0", "%s --version", g_bin);
+    RUN_HAS(0, "generate", "%s --help", g_bin);
     CHECK_EQ_INT(run("%s", g_bin), 2);
-    CHECK_EQ_INT(run("%s frobnicate", g_bin), 2);
-    HAS("unknown command");
-    CHECK_EQ_INT(run("%s generate --help", g_bin), 0);
-    HAS("--temperature");
+    RUN_HAS(2, "unknown command", "%s frobnicate", g_bin);
+    RUN_HAS(0, "--temperature", "%s generate --help", g_bin);
     HAS("--prompt-ids");
-    CHECK_EQ_INT(run("%s generate --bogus", g_bin), 2);
-    HAS("--bogus");
-    CHECK_EQ_INT(run("%s generate --model %s --prompt-ids 1,2 --budget", g_bin, ET_FIXTURE), 2);
-    HAS("needs a value");
-    CHECK_EQ_INT(run("%s generate --model %s --prompt-ids 1,2 --budget abc", g_bin, ET_FIXTURE), 2);
-    HAS("not an integer");
-    CHECK_EQ_INT(run("%s generate --model %s --prompt-ids 1,2 --top-p 1.5", g_bin, ET_FIXTURE), 2);
-    HAS("--top-p");
-    CHECK_EQ_INT(run("%s generate --prompt-ids 1,2", g_bin), 2);
-    HAS("--model");
-    CHECK_EQ_INT(run("%s generate --model %s --prompt-ids 1,2 --spec ddtree", g_bin, ET_FIXTURE), 2);
-    HAS("--draft");
-    CHECK_EQ_INT(run("%s generate --model %s --prompt-ids 1,x", g_bin, ET_FIXTURE), 1);
-    HAS("token ids");
-    CHECK_EQ_INT(run("%s generate --model %s --prompt-ids 1,999", g_bin, ET_FIXTURE), 1);
-    HAS("999");
+    RUN_HAS(2, "--bogus", "%s generate --bogus", g_bin);
+    RUN_HAS(2, "needs a value", "%s generate --model %s --prompt-ids 1,2 --budget", g_bin,
+            ET_FIXTURE);
+    RUN_HAS(2, "not an integer", "%s generate --model %s --prompt-ids 1,2 --budget abc", g_bin,
+            ET_FIXTURE);
+    RUN_HAS(2, "--top-p", "%s generate --model %s --prompt-ids 1,2 --top-p 1.5", g_bin, ET_FIXTURE);
+    RUN_HAS(2, "--model", "%s generate --prompt-ids 1,2", g_bin);
+    RUN_HAS(2, "--draft", "%s generate --model %s --prompt-ids 1,2 --spec ddtree", g_bin, ET_FIXTURE);
+    RUN_HAS(1, "token ids", "%s generate --model %s --prompt-ids 1,x", g_bin, ET_FIXTURE);
+    RUN_HAS(1, "999", "%s generate --model %s --prompt-ids 1,999", g_bin, ET_FIXTURE);
     /* a mistyped directory is named by its flag, before the tokenizer (which defaults to the
      * model directory) or the engine loads anything */
-    CHECK_EQ_INT(run("%s generate --model /nonexistent --prompt-ids 1", g_bin), 1);
-    HAS("--model /nonexistent: No such file or directory");
-    CHECK_EQ_INT(run("%s generate --model /nonexistent --prompt hello", g_bin), 1);
-    HAS("--model /nonexistent: No such file or directory");
-    CHECK_EQ_INT(run("%s generate --model %s/config.json --prompt hello", g_bin, ET_FIXTURE), 1);
-    HAS("not a directory");
-    CHECK_EQ_INT(run("%s generate --model %s --draft /nonexistent-draft --prompt-ids 1", g_bin, ET_FIXTURE), 1);
-    HAS("--draft /nonexistent-draft: No such file or directory");
-    CHECK_EQ_INT(run("%s generate --model %s --prompt-ids 1 --device tpu", g_bin, ET_FIXTURE), 1);
-    HAS("--device");
-    CHECK_EQ_INT(run("%s generate --model %s --prompt-ids 1 --device cuda", g_bin, ET_FIXTURE), 1);
-    HAS("cuda");
+    const char *no_model = "--model /nonexistent: No such file or directory";
+    RUN_HAS(1, no_model, "%s generate --model /nonexistent --prompt-ids 1", g_bin);
+    RUN_HAS(1, no_model, "%s generate --model /nonexistent --prompt hello", g_bin);
+    RUN_HAS(1, "not a directory", "%s generate --model %s/config.json --prompt hello", g_bin, ET_FIXTURE);
+    RUN_HAS(1, "--draft /nonexistent-draft: No such file or directory",
+            "%s generate --model %s --draft /nonexistent-draft --prompt-ids 1", g_bin, ET_FIXTURE);
+    RUN_HAS(1, "--device", "%s generate --model %s --prompt-ids 1 --device tpu", g_bin, ET_FIXTURE);
+    RUN_HAS(1, "cuda", "%s generate --model %s --prompt-ids 1 --device cuda", g_bin, ET_FIXTURE);
     CHECK_EQ_INT(run("%s bench --model %s", g_bin, ET_FIXTURE), 2);
     int rc = run("%s serve --help", g_bin);
     CHECK(rc == 0 || (rc == 1 && strstr(g_out, "not built")));
-    if (rc == 0) {
-        CHECK_EQ_INT(run("%s serve --model /nonexistent --port 0", g_bin), 1);
-        HAS("--model /nonexistent: No such file or directory");
-    }
+    if (rc == 0) RUN_HAS(1, no_model, "%s serve --model /nonexistent --port 0", g_bin);
 }
 
 static void test_generate_and_bench(void) {

@@ -229,7 +229,8 @@ static int check_dir(const char *flag, const char *path) {
         return -1;
     }
     if (!S_ISDIR(st.st_mode)) {
-        fprintf(stderr, "kdtree serve: %s %s: not a directory (a checkpoint directory is expected)\n", flag, path);
+        fprintf(stderr, "kdtree serve: %s %s: not a directory (a checkpoint directory is expected)\n", flag,
+                path);
         return -1;
     }
     return 0;
