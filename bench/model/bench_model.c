@@ -18,10 +18,13 @@
  *    router weights + KV read and written, over the measured copy bandwidth), time / floor, and
  *    verify / decode(S = 1) time.
  * Timing: CUDA-graph replays, L2 evicted by a 4x-L2 read before each replay, CUDA events around
- * the replay, median of 25 (7 with --quick) after 3 warm-ups. A table is printed last; --md FILE
+ * the replay, median of 25 (7 with --quick) after 3 warm-ups; each Kimi shape draws its inputs
+ * from a seed of its own and starts after 3 s of idle GPU, so its number does not depend on the
+ * shapes before it. A table is printed last; --md FILE
  * writes it as markdown. Needs ~45 GB of GPU memory for part 2 (skipped when it does not fit).
  *
  *   bench_model [--quick] [--md FILE] [--only tiny|kimi]
+ * KDT_BENCH_MODEL_PAUSE_MS=n: idle time before each Kimi shape (default 3000; see pause_before_shape).
  * KDT_BENCH_MODEL_SHAPE=decode,S[,corr] or verify,N[,corr] (corr 0 or 1; default 0) times that
  * Kimi shape alone, then replays it once more between cudaProfilerStart / Stop (for
  * `ncu --profile-from-start off`: the kernels of one pass); with KDT_BENCH_MODEL_STEPS=1 it
@@ -32,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kdtree/model.h"
 
@@ -79,6 +83,24 @@ static uint64_t rnd(void) {
     return z ^ (z >> 31);
 }
 static int rnd_int(int n) { return (int)(rnd() % (uint64_t)n); }
+/* Each Kimi shape draws its tokens and tree from a seed of its own (mode, size, variant), so a
+ * shape's inputs do not depend on which shapes ran before it (KDT_BENCH_MODEL_SHAPE alone or in the
+ * full table: the same routing, the same tree) */
+static void rnd_seed_shape(int mode, int n, int corr) {
+    rng_state = 0x1234567ull + (uint64_t)(mode * 1000 + n * 2 + corr) * 0x100000001b3ull;
+}
+/* The GPU idles KDT_BENCH_MODEL_PAUSE_MS ms (default 3000, 0 = none) before each Kimi shape, so
+ * every shape is timed from the same idle state, as when it runs alone. Without it a shape timed
+ * right after the S = 64 shapes (the power cap's clock-event reason active at 700 W) reads
+ * slower: verify N 9 1,839-1,901 us per layer against 1,578-1,584 alone or paused (session 27,
+ * bench/RESULTS.md), which had read as a machine-dependent N 9. */
+static void pause_before_shape(void) {
+    const char *e = getenv("KDT_BENCH_MODEL_PAUSE_MS");
+    const long ms = e ? atol(e) : 3000;
+    if (ms <= 0) return;
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
 
 static int cmp_double(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
@@ -405,6 +427,8 @@ static void bench_kimi(double copy_gbps) {
         for (int k = 0; k < 3; k++) {
             const int S = Ss[k];
             if (!shape_wanted(1, S, corr)) continue;
+            rnd_seed_shape(1, S, corr);
+            pause_before_shape();
             int32_t tok[64];
             for (int s = 0; s < S; s++) tok[s] = pick_token(corr, s, V);
             BENCH_OK(kdt_gpu_stage_decode(r, kv, S, NULL, tok));
@@ -442,6 +466,8 @@ static void bench_kimi(double copy_gbps) {
         for (int k = 0; k < 4; k++) {
             const int N = Ns[k];
             if (!shape_wanted(2, N, corr)) continue;
+            rnd_seed_shape(2, N, corr);
+            pause_before_shape();
             tree_buf tb;
             random_tree(&tb, N, bench_prefix, corr, V);
             BENCH_OK(kdt_gpu_stage_verify(r, kv, &tb.t, NULL));
