@@ -14,8 +14,9 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int check_dir(const char *cmd, const char *flag, const char *path) {
+int cli_check_dir(const char *cmd, const char *flag, const char *path) {
     struct stat st;
+    if (!path) return 0;
     if (stat(path, &st) != 0) {
         fprintf(stderr, "kdtree %s: %s %s: %s\n", cmd, flag, path, strerror(errno));
         return -1;
@@ -29,9 +30,7 @@ static int check_dir(const char *cmd, const char *flag, const char *path) {
 }
 
 int cli_check_model_dirs(const char *cmd, const cli_engine_args *a) {
-    if (a->model && check_dir(cmd, "--model", a->model) != 0) return -1;
-    if (a->draft && check_dir(cmd, "--draft", a->draft) != 0) return -1;
-    return 0;
+    return cli_check_dir(cmd, "--model", a->model) != 0 || cli_check_dir(cmd, "--draft", a->draft) != 0 ? -1 : 0;
 }
 
 kdt_engine *cli_engine_create(const char *cmd, const cli_engine_args *a) {

@@ -6,6 +6,7 @@
  * --shutdown-grace seconds; a second signal (or the end of the grace) cancels the rest.
  */
 #include "server/server.h"
+#include "cli/cli.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -14,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 typedef struct serve_options {
@@ -219,23 +219,6 @@ static int parse_options(int argc, char **argv, serve_options *o) {
     return 0;
 }
 
-/* A mistyped --model or --draft is named as such before anything loads (the tokenizer, which
- * loads first and defaults to the model directory, would report it as a tokenizer error). */
-static int check_dir(const char *flag, const char *path) {
-    struct stat st;
-    if (!path) return 0;
-    if (stat(path, &st) != 0) {
-        fprintf(stderr, "kdtree serve: %s %s: %s\n", flag, path, strerror(errno));
-        return -1;
-    }
-    if (!S_ISDIR(st.st_mode)) {
-        fprintf(stderr, "kdtree serve: %s %s: not a directory (a checkpoint directory is expected)\n", flag,
-                path);
-        return -1;
-    }
-    return 0;
-}
-
 /* The served name: --served-model-name, else the model directory's last component. */
 static void default_name(const char *model, char *out, size_t cap) {
     size_t n = strlen(model);
@@ -264,7 +247,9 @@ int kdt_cli_serve(int argc, char **argv) {
     srv_backend *be = NULL;
     kdt_status st;
     int is_mock = !strcmp(o.model, "mock");
-    if (!is_mock && (check_dir("--model", o.model) != 0 || check_dir("--draft", o.draft) != 0)) return 1;
+    if (!is_mock &&
+        (cli_check_dir("serve", "--model", o.model) != 0 || cli_check_dir("serve", "--draft", o.draft) != 0))
+        return 1;
     if (is_mock) {
         srv_mock_options mo = {.max_streams = o.max_streams, .max_context = o.max_context,
                                .kv_pages = o.kv_pages, .round_ms = o.mock_round_ms,
