@@ -216,9 +216,9 @@ typedef enum kdt_kv_format {
                             * exactly; on the GPU the portable kernel does, dequantizing each key to
                             * bf16(e4m3 x scale) (so it matches the bf16 path over those values;
                             * exact FP8 arithmetic is ~4e-3 away with max/448 scales, exact for
-                            * power-of-two ones), at 1.02-1.23x the bf16 cache's time in the same
+                            * power-of-two ones), at 1.02-1.24x the bf16 cache's time in the same
                             * kernel. The sm_90a kernel reads KDT_KV_BF16 only, so on a Hopper an
-                            * FP8 cache runs the portable kernel (~2.9x the sm_90a bf16 time) */
+                            * FP8 cache runs the portable kernel (2.5-2.9x the sm_90a bf16 time) */
 } kdt_kv_format;
 /* Bytes of one cache row of `format` (0 if the format or the dimensions are invalid for it). */
 size_t kdt_kv_row_bytes(int32_t kv_format, int32_t d_qk, int32_t d_v);

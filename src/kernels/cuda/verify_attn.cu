@@ -1556,9 +1556,9 @@ extern "C" kdt_status kdt_verify_attn_cuda(const kdt_verify_attn_params *p, void
     kdt_status st = kdt_verify_attn_check_args(p, who);
     if (st != KDT_OK) return st;
     /* The FP8 cache runs the portable kernel's loader (load_kv_tile_fp8) on every device: it
-     * matches the bf16 cache bitwise on equal values (H200 session 25, H100 session 26) and takes
-     * 1.02-1.23x its time there (bench/RESULTS.md); on a Hopper that is the portable kernel's
-     * time, ~2.9x the sm_90a kernel's, which reads bf16 caches only. Any other format was
+     * matches the bf16 cache bitwise on equal values (H200 sessions 25 and 27, H100 session 26)
+     * and takes 1.02-1.24x its time there (bench/RESULTS.md); on a Hopper that is the portable
+     * kernel's time, 2.5-2.9x the sm_90a kernel's, which reads bf16 caches only. Any other format was
      * refused by kdt_verify_attn_check_args. */
     const int fp8 = p->kv_format == KDT_KV_FP8_SCALED;
     if (p->d_qk != D_QK || p->d_v != D_V)
