@@ -577,6 +577,7 @@ typedef struct pass {
     const uint64_t *masks;
     const int32_t *m_dev;
     int32_t step;               /* operations issued so far (kdt_gpu_runner_set_step_limit) */
+    int32_t plain_next;         /* the next GEMM launches without programmatic dependence */
 } pass;
 
 /* 1 when the pass is cut before this step (profiling); else counts and names the step. Once cut,
@@ -626,7 +627,9 @@ static kdt_status gemm_into(pass *p, const char *name, const float *x, int64_t l
     a.k_chunk = k_chunk;
     a.tiled = w->tiled;
     if (step_cut(p, name)) return KDT_OK;
-    return kdt_gemm_launch(&a, p->stages, p->s);
+    const int plain = p->plain_next;
+    p->plain_next = 0;
+    return kdt_gemm_launch_plain(&a, p->stages, p->s, plain);
 }
 static kdt_status gemm(pass *p, const char *name, const float *x, int64_t ldx, int64_t x_batch, int32_t kx,
                        const kdt_gmat *w, int64_t ldy, int64_t y_batch, int32_t *splits, int64_t *split_stride) {
@@ -696,6 +699,12 @@ static kdt_status shared_expert(pass *p, const kdt_gpu_layer *L, int32_t *dn_spl
     q.s = r->side;
     q.part = r->part_sh;
     q.part_floats = r->part_sh_floats;
+    /* its first GEMM launches when post_o has finished, without programmatic dependence: placed at
+     * post_o's trigger (KDT_GPU_SHARED_PDL=1), its CTAs (320 for Kimi) compete for SM slots with the
+     * router GEMM, which is on the critical path. Plain: Kimi 2-layer decode S 1 passes 805-818 us
+     * against 826-868 on an H100 (session 28, docs/model_gpu.md); the cause is inferred, not
+     * profiled. Scheduling only: the same bits. */
+    q.plain_next = !kdt_g_env_is("KDT_GPU_SHARED_PDL", '1');
     int32_t splits;
     int64_t ss;
     kdt_status st = gemm(&q, "shared_gate_up", r->xn, D, 0, D, &L->shared_gu, L->shared_gu.rows, 0, &splits, &ss);
@@ -931,6 +940,7 @@ kdt_status kdt_gpu_run(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_gpu_run_confi
     p.masks = (const uint64_t *)(r->d_stage + r->off_masks);
     p.m_dev = &p.hdr->n_rows;
     p.step = 0;
+    p.plain_next = 0;
     KDT_TRY(run_pass(&p, rc));
     if (r->step_limit == 0) r->n_steps = p.step;
     return KDT_OK;

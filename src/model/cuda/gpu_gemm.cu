@@ -1679,14 +1679,17 @@ void launch_v2(void (*kernel)(KArgs...), dim3 grid, size_t smem, cudaStream_t s,
 }
 
 extern "C" kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cudaStream_t s) {
+    return kdt_gemm_launch_plain(a, stages, s, 0);
+}
+extern "C" kdt_status kdt_gemm_launch_plain(const kdt_gemm_args *a, int32_t stages, cudaStream_t s, int plain) {
     if (a->ldw % BK || a->k_chunk % BK || a->m_max < 1 || a->n < 1)
         return kdt_fail(KDT_ERR_INTERNAL, "GPU GEMM: ld %d, k_chunk %d, m_max %d, n %d", a->ldw, a->k_chunk,
                         a->m_max, a->n);
     const dim3 grid((unsigned)((a->n + BN - 1) / BN), (unsigned)a->splits, (unsigned)(a->batch > 0 ? a->batch : 1));
     if (a->tiled) { /* only v2 reads the tiled layout; KDT_GEMM_BULK_W=1: by bulk copies */
         const V2Cfg c = v2_config_grid(stages, (int64_t)grid.x * grid.y * grid.z, a->m_max);
-        if (bulk_w()) launch_v2(v2_gemm_kernel<W_BULK>, grid, (size_t)c.pool, s, pdl_on(), *a, c);
-        else launch_v2(v2_gemm_kernel<W_TILED>, grid, (size_t)c.pool, s, pdl_on(), *a, c);
+        if (bulk_w()) launch_v2(v2_gemm_kernel<W_BULK>, grid, (size_t)c.pool, s, pdl_on() && !plain, *a, c);
+        else launch_v2(v2_gemm_kernel<W_TILED>, grid, (size_t)c.pool, s, pdl_on() && !plain, *a, c);
         return launch_error("GPU GEMM");
     }
     if (use_v1()) {
@@ -1703,7 +1706,7 @@ extern "C" kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cu
             v3_launch(p3, pl, s);
         } else {
             const V2Cfg c = v2_config_grid(stages, (int64_t)grid.x * grid.y * grid.z, a->m_max);
-            launch_v2(v2_gemm_kernel<W_ROWS>, grid, (size_t)c.pool, s, pdl_on(), *a, c);
+            launch_v2(v2_gemm_kernel<W_ROWS>, grid, (size_t)c.pool, s, pdl_on() && !plain, *a, c);
         }
     }
     return launch_error("GPU GEMM");

@@ -268,6 +268,8 @@ typedef struct kdt_gemm_args {
     int32_t batch, splits, k_chunk;
 } kdt_gemm_args;
 kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cudaStream_t s);
+/* the same, launched without programmatic dependence when plain (a full dependency) */
+kdt_status kdt_gemm_launch_plain(const kdt_gemm_args *a, int32_t stages, cudaStream_t s, int plain);
 
 /* Grouped MoE GEMM over the item list: which = 0 gate/up (X rows gathered by pair_row, K = D,
  * N = 2 i_pad of the item's expert), 1 down (X = h rows in pair order, K = I, N = D). */
