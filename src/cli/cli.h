@@ -43,13 +43,11 @@ typedef struct cli_engine_args {
     int32_t threads; /* CPU threads for the CPU forward, 0 = every core (or OMP_NUM_THREADS) */
 } cli_engine_args;
 
-/* 0 if path (NULL: nothing to check) names an existing directory; else prints "kdtree <cmd>:
- * <flag> <path>: <why>" and returns -1. generate, bench and serve run it on --model and --draft
+/* 0 if model and draft (NULL: nothing to check) name existing directories; else prints
+ * "kdtree <cmd>: --model|--draft <path>: <why>" and returns -1. generate, bench and serve run it
  * before the tokenizer, which defaults to the model directory and would otherwise report a
  * mistyped --model as a tokenizer error. */
-int cli_check_dir(const char *cmd, const char *flag, const char *path);
-/* cli_check_dir of a->model, then of a->draft */
-int cli_check_model_dirs(const char *cmd, const cli_engine_args *a);
+int cli_check_model_dirs(const char *cmd, const char *model, const char *draft);
 /* Creates the engine; on failure prints "kdtree <cmd>: <message>" and returns NULL. */
 kdt_engine *cli_engine_create(const char *cmd, const cli_engine_args *a);
 

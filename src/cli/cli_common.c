@@ -14,7 +14,7 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-int cli_check_dir(const char *cmd, const char *flag, const char *path) {
+static int cli_check_dir(const char *cmd, const char *flag, const char *path) {
     struct stat st;
     if (!path) return 0;
     if (stat(path, &st) != 0) {
@@ -29,8 +29,8 @@ int cli_check_dir(const char *cmd, const char *flag, const char *path) {
     return 0;
 }
 
-int cli_check_model_dirs(const char *cmd, const cli_engine_args *a) {
-    return cli_check_dir(cmd, "--model", a->model) != 0 || cli_check_dir(cmd, "--draft", a->draft) != 0 ? -1 : 0;
+int cli_check_model_dirs(const char *cmd, const char *model, const char *draft) {
+    return cli_check_dir(cmd, "--model", model) != 0 || cli_check_dir(cmd, "--draft", draft) != 0 ? -1 : 0;
 }
 
 kdt_engine *cli_engine_create(const char *cmd, const cli_engine_args *a) {

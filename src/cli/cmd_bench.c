@@ -147,7 +147,7 @@ int cli_bench(int argc, char **argv) {
     int n_budgets = cli_parse_int_list(cmd, "--budgets", budgets_s, budgets, MAX_BUDGETS, 1, 1024);
     if (n_budgets < 0) return 2;
 
-    if (cli_check_model_dirs(cmd, &ea) != 0) return 1;
+    if (cli_check_model_dirs(cmd, ea.model, ea.draft) != 0) return 1;
 
     int rc = 1;
     char *text = cli_read_file(cmd, prompt_file, NULL);

@@ -94,7 +94,7 @@ int cli_generate(int argc, char **argv) {
         return 2;
     }
 
-    if (cli_check_model_dirs(cmd, &ea) != 0) return 1;
+    if (cli_check_model_dirs(cmd, ea.model, ea.draft) != 0) return 1;
 
     int rc = 1;
     int32_t *ids = NULL, n_ids = 0;

@@ -247,9 +247,7 @@ int kdt_cli_serve(int argc, char **argv) {
     srv_backend *be = NULL;
     kdt_status st;
     int is_mock = !strcmp(o.model, "mock");
-    if (!is_mock &&
-        (cli_check_dir("serve", "--model", o.model) != 0 || cli_check_dir("serve", "--draft", o.draft) != 0))
-        return 1;
+    if (!is_mock && cli_check_model_dirs("serve", o.model, o.draft) != 0) return 1;
     if (is_mock) {
         srv_mock_options mo = {.max_streams = o.max_streams, .max_context = o.max_context,
                                .kv_pages = o.kv_pages, .round_ms = o.mock_round_ms,
