@@ -28,7 +28,13 @@
  * KDT_BENCH_MODEL_SHAPE=decode,S[,corr] or verify,N[,corr] (corr 0 or 1; default 0) times that
  * Kimi shape alone, then replays it once more between cudaProfilerStart / Stop (for
  * `ncu --profile-from-start off`: the kernels of one pass); with KDT_BENCH_MODEL_STEPS=1 it
- * also times the pass cut after each of its steps (a per-step breakdown at real clocks). */
+ * also times the pass cut after each of its steps (a per-step breakdown at real clocks).
+ * KDT_BENCH_MODEL_AB=NAME=VALUE[;NAME=VALUE...] with KDT_BENCH_MODEL_REPS=n (1..8): an A/B inside
+ * one process, on the same weights and inputs: the Kimi shapes run n times without the variables
+ * (A) and n times with them set (B), in the order A B B A A B ..., every graph captured afresh
+ * (the forward reads its switches at capture; those read at weight upload, KDT_GPU_TILED_*, do
+ * not change); rows of B are marked "+ab". A process builds the
+ * weights once, so an A/B costs one model build instead of one per reading. */
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -70,10 +76,19 @@ typedef struct row {
     double tok_per_s;
     double us_one;      /* Kimi: the pass cut after its first layer (embedding + 1 layer); 0 otherwise */
     int layers;         /* Kimi: layers in the model (us is then the marginal per-layer time) */
+    int ab;             /* 1: timed with KDT_BENCH_MODEL_AB's variables set */
 } row;
 
-static row rows[64];
+static row rows[256];
 static int n_rows;
+
+static row *new_row(void) {
+    if (n_rows >= (int)(sizeof rows / sizeof rows[0])) {
+        fprintf(stderr, "bench_model: more than %d rows\n", (int)(sizeof rows / sizeof rows[0]));
+        exit(1);
+    }
+    return &rows[n_rows++];
+}
 
 static uint64_t rng_state = 0x1234567;
 static uint64_t rnd(void) {
@@ -200,7 +215,7 @@ static void bench_tiny(const char *name) {
         kdt_gpu_graph *gr;
         BENCH_OK(kdt_gpu_graph_capture(r, kv, &rc, &gr));
         const double us = time_graph(r, gr, quick ? 50 : 200, 0);
-        row *w = &rows[n_rows++];
+        row *w = new_row();
         memset(w, 0, sizeof *w);
         snprintf(w->model, sizeof w->model, "%s", name);
         snprintf(w->mode, sizeof w->mode, "decode");
@@ -377,6 +392,119 @@ static void profile_replay(kdt_gpu_runner *r, kdt_gpu_graph *g) {
     CUDA_OK(cudaProfilerStop());
 }
 
+/* KDT_BENCH_MODEL_AB's variables ("NAME=VALUE;NAME=VALUE") set (on) or unset (off) */
+static void set_ab_env(const char *spec, int on) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", spec);
+    for (char *save = NULL, *t = strtok_r(buf, ";", &save); t; t = strtok_r(NULL, ";", &save)) {
+        char *eq = strchr(t, '=');
+        if (!eq || eq == t) {
+            fprintf(stderr, "bench_model: KDT_BENCH_MODEL_AB=%s: '%s' is not NAME=VALUE\n", spec, t);
+            exit(2);
+        }
+        *eq = 0;
+        if (on) setenv(t, eq + 1, 1);
+        else unsetenv(t);
+    }
+}
+
+/* The Kimi shapes the runner and cache of kb serve (all, or KDT_BENCH_MODEL_SHAPE's one); ab marks
+ * the rows of an A/B's variant */
+typedef struct kimi_bench {
+    kdt_gpu_runner *r;
+    kdt_gpu_kv *kv;
+    const kdt_gpu_weight_bytes *wb;
+    int layers, V, E;
+    double row_bytes, copy_gbps;
+    int samples;
+} kimi_bench;
+static double decode1[2][2]; /* [ab][corr]: decode S = 1 of the latest pass, for verify / decode */
+static void kimi_shapes(const kimi_bench *kb, int ab) {
+    kdt_gpu_runner *r = kb->r;
+    kdt_gpu_kv *kv = kb->kv;
+    const int layers = kb->layers, V = kb->V, E = kb->E, samples = kb->samples;
+    const double row_bytes = kb->row_bytes, copy_gbps = kb->copy_gbps;
+    const int Ss[3] = {1, 8, 64};
+    for (int corr = 0; corr < 2; corr++)
+        for (int k = 0; k < 3; k++) {
+            const int S = Ss[k];
+            if (!shape_wanted(1, S, corr)) continue;
+            rnd_seed_shape(1, S, corr);
+            pause_before_shape();
+            int32_t tok[64];
+            for (int s = 0; s < S; s++) tok[s] = pick_token(corr, s, V);
+            BENCH_OK(kdt_gpu_stage_decode(r, kv, S, NULL, tok));
+            const kdt_gpu_run_config rc = {S, 0, 0, 0, NULL};
+            kdt_gpu_graph *gr;
+            double one;
+            const double us = time_layers(r, kv, &rc, samples, layers, &gr, &one);
+            char dl[64];
+            const double D = distinct_experts(r, E, layers, dl, sizeof dl);
+            const double bytes = (double)D * kb->wb->routed_expert + kb->wb->shared_expert + kb->wb->attention + kb->wb->router +
+                                 S * ((bench_prefix + 1) * row_bytes + row_bytes);
+            row *w = new_row();
+            memset(w, 0, sizeof *w);
+            snprintf(w->model, sizeof w->model, "kimi-k2.6 layer");
+            snprintf(w->mode, sizeof w->mode, "decode");
+            snprintf(w->variant, sizeof w->variant, corr ? "corr0.05" : "random");
+            w->S = S;
+            w->N = 1;
+            w->distinct = (int)(D + 0.5);
+            w->us = us;
+            w->us_one = one;
+            w->layers = layers;
+            w->ab = ab;
+            w->floor_us = bytes / (copy_gbps * 1e3);
+            if (S == 1) decode1[ab][corr] = us;
+            w->ratio_decode = us / decode1[ab][corr];
+            printf("  decode S=%-2d %-8s D=%5.1f %9.1f us/layer  floor %8.1f us  %.2fx  (1-layer pass %.1f us; D by layer %s)\n",
+                   S, w->variant, D, us, w->floor_us, us / w->floor_us, one, dl);
+            profile_replay(r, gr);
+            if (shape_mode) step_profile(r, kv, &rc, samples, us);
+            kdt_gpu_graph_free(gr);
+            for (int s = 0; s < S; s++) BENCH_OK(kdt_gpu_kv_stream_set_length(kv, s, bench_prefix));
+        }
+    const int Ns[4] = {9, 17, 33, 65};
+    for (int corr = 0; corr < 2; corr++)
+        for (int k = 0; k < 4; k++) {
+            const int N = Ns[k];
+            if (!shape_wanted(2, N, corr)) continue;
+            rnd_seed_shape(2, N, corr);
+            pause_before_shape();
+            tree_buf tb;
+            random_tree(&tb, N, bench_prefix, corr, V);
+            BENCH_OK(kdt_gpu_stage_verify(r, kv, &tb.t, NULL));
+            const kdt_gpu_run_config rc = {N, 0, 0, 0, NULL};
+            kdt_gpu_graph *gr;
+            double one;
+            const double us = time_layers(r, kv, &rc, samples, layers, &gr, &one);
+            char dl[64];
+            const double D = distinct_experts(r, E, layers, dl, sizeof dl);
+            const double bytes = (double)D * kb->wb->routed_expert + kb->wb->shared_expert + kb->wb->attention + kb->wb->router +
+                                 (bench_prefix + N) * row_bytes + N * row_bytes;
+            row *w = new_row();
+            memset(w, 0, sizeof *w);
+            snprintf(w->model, sizeof w->model, "kimi-k2.6 layer");
+            snprintf(w->mode, sizeof w->mode, "verify");
+            snprintf(w->variant, sizeof w->variant, corr ? "corr0.05" : "random");
+            w->S = 1;
+            w->N = N;
+            w->distinct = (int)(D + 0.5);
+            w->us = us;
+            w->us_one = one;
+            w->layers = layers;
+            w->ab = ab;
+            w->floor_us = bytes / (copy_gbps * 1e3);
+            w->ratio_decode = us / decode1[ab][corr];
+            printf("  verify N=%-2d %-8s D=%5.1f %9.1f us/layer  floor %8.1f us  %.2fx  (%.2fx decode; 1-layer pass "
+                   "%.1f us; D by layer %s)\n", N, w->variant, D, us, w->floor_us, us / w->floor_us, w->ratio_decode, one, dl);
+            profile_replay(r, gr);
+            if (shape_mode) step_profile(r, kv, &rc, samples, us);
+            kdt_gpu_graph_free(gr);
+            BENCH_OK(kdt_gpu_kv_stream_set_length(kv, 0, bench_prefix));
+        }
+}
+
 static void bench_kimi(double copy_gbps) {
     const char *pe = getenv("KDT_BENCH_MODEL_PREFIX");
     if (pe && atoi(pe) >= 1 && atoi(pe) <= 32768) bench_prefix = atoi(pe);
@@ -421,84 +549,21 @@ static void bench_kimi(double copy_gbps) {
     BENCH_OK(kdt_gpu_kv_create(g, &ko, &kv));
     for (int s = 0; s < Smax; s++) BENCH_OK(kdt_gpu_kv_fill_random(r, kv, s, bench_prefix, 1000 + s));
     const int samples = quick ? 7 : 25;
-    double decode1[2] = {0, 0};
-    const int Ss[3] = {1, 8, 64};
-    for (int corr = 0; corr < 2; corr++)
-        for (int k = 0; k < 3; k++) {
-            const int S = Ss[k];
-            if (!shape_wanted(1, S, corr)) continue;
-            rnd_seed_shape(1, S, corr);
-            pause_before_shape();
-            int32_t tok[64];
-            for (int s = 0; s < S; s++) tok[s] = pick_token(corr, s, V);
-            BENCH_OK(kdt_gpu_stage_decode(r, kv, S, NULL, tok));
-            const kdt_gpu_run_config rc = {S, 0, 0, 0, NULL};
-            kdt_gpu_graph *gr;
-            double one;
-            const double us = time_layers(r, kv, &rc, samples, layers, &gr, &one);
-            char dl[64];
-            const double D = distinct_experts(r, E, layers, dl, sizeof dl);
-            const double bytes = (double)D * wb.routed_expert + wb.shared_expert + wb.attention + wb.router +
-                                 S * ((bench_prefix + 1) * row_bytes + row_bytes);
-            row *w = &rows[n_rows++];
-            memset(w, 0, sizeof *w);
-            snprintf(w->model, sizeof w->model, "kimi-k2.6 layer");
-            snprintf(w->mode, sizeof w->mode, "decode");
-            snprintf(w->variant, sizeof w->variant, corr ? "corr0.05" : "random");
-            w->S = S;
-            w->N = 1;
-            w->distinct = (int)(D + 0.5);
-            w->us = us;
-            w->us_one = one;
-            w->layers = layers;
-            w->floor_us = bytes / (copy_gbps * 1e3);
-            if (S == 1) decode1[corr] = us;
-            w->ratio_decode = us / decode1[corr];
-            printf("  decode S=%-2d %-8s D=%5.1f %9.1f us/layer  floor %8.1f us  %.2fx  (1-layer pass %.1f us; D by layer %s)\n",
-                   S, w->variant, D, us, w->floor_us, us / w->floor_us, one, dl);
-            profile_replay(r, gr);
-            if (shape_mode) step_profile(r, kv, &rc, samples, us);
-            kdt_gpu_graph_free(gr);
-            for (int s = 0; s < S; s++) BENCH_OK(kdt_gpu_kv_stream_set_length(kv, s, bench_prefix));
+    const kimi_bench k = {r, kv, &wb, layers, V, E, row_bytes, copy_gbps, samples};
+    const char *ab = getenv("KDT_BENCH_MODEL_AB");
+    const char *re = getenv("KDT_BENCH_MODEL_REPS");
+    const int reps = re && atoi(re) >= 1 ? (atoi(re) > 8 ? 8 : atoi(re)) : 1;
+    if (!ab || !ab[0]) {
+        for (int i = 0; i < reps; i++) kimi_shapes(&k, 0);
+    } else {
+        for (int i = 0; i < 2 * reps; i++) {
+            const int variant = (i % 4 == 1 || i % 4 == 2); /* A B B A A B B A ... */
+            set_ab_env(ab, variant);
+            printf("  -- %s (%s)\n", variant ? "B" : "A", variant ? ab : "base");
+            kimi_shapes(&k, variant);
         }
-    const int Ns[4] = {9, 17, 33, 65};
-    for (int corr = 0; corr < 2; corr++)
-        for (int k = 0; k < 4; k++) {
-            const int N = Ns[k];
-            if (!shape_wanted(2, N, corr)) continue;
-            rnd_seed_shape(2, N, corr);
-            pause_before_shape();
-            tree_buf tb;
-            random_tree(&tb, N, bench_prefix, corr, V);
-            BENCH_OK(kdt_gpu_stage_verify(r, kv, &tb.t, NULL));
-            const kdt_gpu_run_config rc = {N, 0, 0, 0, NULL};
-            kdt_gpu_graph *gr;
-            double one;
-            const double us = time_layers(r, kv, &rc, samples, layers, &gr, &one);
-            char dl[64];
-            const double D = distinct_experts(r, E, layers, dl, sizeof dl);
-            const double bytes = (double)D * wb.routed_expert + wb.shared_expert + wb.attention + wb.router +
-                                 (bench_prefix + N) * row_bytes + N * row_bytes;
-            row *w = &rows[n_rows++];
-            memset(w, 0, sizeof *w);
-            snprintf(w->model, sizeof w->model, "kimi-k2.6 layer");
-            snprintf(w->mode, sizeof w->mode, "verify");
-            snprintf(w->variant, sizeof w->variant, corr ? "corr0.05" : "random");
-            w->S = 1;
-            w->N = N;
-            w->distinct = (int)(D + 0.5);
-            w->us = us;
-            w->us_one = one;
-            w->layers = layers;
-            w->floor_us = bytes / (copy_gbps * 1e3);
-            w->ratio_decode = us / decode1[corr];
-            printf("  verify N=%-2d %-8s D=%5.1f %9.1f us/layer  floor %8.1f us  %.2fx  (%.2fx decode; 1-layer pass "
-                   "%.1f us; D by layer %s)\n", N, w->variant, D, us, w->floor_us, us / w->floor_us, w->ratio_decode, one, dl);
-            profile_replay(r, gr);
-            if (shape_mode) step_profile(r, kv, &rc, samples, us);
-            kdt_gpu_graph_free(gr);
-            BENCH_OK(kdt_gpu_kv_stream_set_length(kv, 0, bench_prefix));
-        }
+        set_ab_env(ab, 0);
+    }
     kdt_gpu_kv_free(kv);
     kdt_gpu_runner_free(r);
     kdt_gpu_model_free(g);
@@ -527,6 +592,8 @@ static void print_table(FILE *f, int md, const char *dev, double copy_gbps) {
             snprintf(vs, sizeof vs, "%.2f", w->ratio_decode);
         }
         snprintf(tps, sizeof tps, "%.0f", (w->S * (w->mode[0] == 'v' ? w->N : 1)) / (w->us * 1e-6));
+        char var[24];
+        snprintf(var, sizeof var, "%s%s", w->variant, w->ab ? "+ab" : "");
         char nl[16] = "-", one[32] = "-";
         if (w->layers > 0) {
             snprintf(nl, sizeof nl, "%d", w->layers);
@@ -534,9 +601,9 @@ static void print_table(FILE *f, int md, const char *dev, double copy_gbps) {
         }
         if (md)
             fprintf(f, "| %s | %s | %s | %d | %d | %s | %.1f | %s | %s | %s | %s | %s | %s |\n", w->model, w->mode,
-                    w->variant, w->S, w->N, d, w->us, tps, fl, rt, vs, nl, one);
+                    var, w->S, w->N, d, w->us, tps, fl, rt, vs, nl, one);
         else
-            fprintf(f, "%-16s %-7s %-9s %3d %3d %4s %10.1f %11s %10s %10s %9s %2s %10s\n", w->model, w->mode, w->variant,
+            fprintf(f, "%-16s %-7s %-9s %3d %3d %4s %10.1f %11s %10s %10s %9s %2s %10s\n", w->model, w->mode, var,
                     w->S, w->N, d, w->us, tps, fl, rt, vs, nl, one);
     }
     if (md) fprintf(f, "\n");
