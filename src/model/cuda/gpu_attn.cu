@@ -10,9 +10,12 @@
  *
  * attn_partial: one item = (row, split, group of HG heads). Q (HG heads x d_q, bf16) stays in
  * shared memory; 32-key tiles of the cache rows are gathered through the block table with
- * cp.async into a ring of 2 or 3 stages. A CTA walks its items (blockIdx.x, + gridDim.x, ...) as
- * one stream of tiles: the loads run stages - 1 tiles ahead across item boundaries, and the next
- * item's Q is fetched (float4 loads, all in flight) as soon as the last tile of an item is done.
+ * cp.async into a ring of 2 or 3 stages. A CTA walks a contiguous run of items (head-group-major
+ * order, so consecutive items are mostly further splits of one row and head group) as one stream
+ * of tiles: the loads run stages - 1 tiles ahead across item boundaries, and the next item's Q is
+ * fetched (float4 loads, all in flight) as soon as the last tile of an item is done, unless it is
+ * the same row and head group, whose Q is already in place. Instances are compiled for d_q 576
+ * (DeepSeek-V3 / Kimi) besides the runtime-d_q ones: their k-step loop unrolls whole.
  * Per tile: S = Q K^T on tensor cores, each S element the sum of four k-step chains (chain j
  * covers the j-th quarter of the k16 steps in ascending order; S = (c0 + c1) + (c2 + c3): four
  * short dependent mma chains instead of one long one); an online softmax in fp32 (8 threads per
@@ -125,12 +128,14 @@ struct Item {
     int stream, n_prefix, mask_off, mask_words;
 };
 
-/* Fills `it` for item index `item`; false past the last item. */
-__device__ __forceinline__ bool item_at(const kdt_attn_args &a, long long item, long long total, int n_hg,
-                                        int n_rows, Item &it) {
-    if (item >= total) return false;
-    it.gs = (int)(item / n_hg);
-    it.hg = (int)(item % n_hg);
+/* Fills `it` for item index `item` (head-group major: item = hg x total_splits + gs, so a run of
+ * consecutive items is one head group's consecutive splits, mostly of one row: they share Q);
+ * false at or past `end`, the CTA's last item + 1. */
+__device__ __forceinline__ bool item_at(const kdt_attn_args &a, int item, int end, int total_splits, int n_rows,
+                                        Item &it) {
+    if (item >= end) return false;
+    it.hg = item / total_splits;
+    it.gs = item - it.hg * total_splits;
     int lo = 0, hi = n_rows - 1; /* the row holding split gs: last row with split_off <= gs */
     while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;
@@ -180,7 +185,10 @@ __device__ __forceinline__ KeySrc key_src(const kdt_attn_args &a, const Item &it
 }
 
 /* Issues this thread's 16-byte copies of its key into a tile. */
-template <int HG, int W>
+template <int DQ>
+__device__ __forceinline__ int dq_of(const kdt_attn_args &a) { return DQ ? DQ : a.dq; }
+
+template <int HG, int W, int DQ>
 __device__ __forceinline__ void issue_key(const kdt_attn_args &a, uint16_t *tile, int qs, KeySrc s) {
     constexpr int TPK = AttCfg<HG, W>::TPK;
     const int key = threadIdx.x / TPK, sub = threadIdx.x % TPK;
@@ -189,7 +197,8 @@ __device__ __forceinline__ void issue_key(const kdt_attn_args &a, uint16_t *tile
         const int page = s.page < 0 || s.page >= a.n_pages ? 0 : s.page; /* never out of bounds; host validated */
         src = a.kv + ((int64_t)page * a.page_size + s.off) * a.row_stride;
     }
-    const int chunks = a.dq / 8;
+    const int chunks = dq_of<DQ>(a) / 8;
+#pragma unroll
     for (int ch = sub; ch < chunks; ch += TPK)
         cp_async16(tile + key * qs + ch * 8, s.valid ? src + ch * 8 : a.kv, s.valid ? 16 : 0);
 }
@@ -219,11 +228,11 @@ struct RowCol { /* element i of a [rows][n] array as (r, c), stepped by `step` e
 };
 template <int HG>
 __host__ __device__ constexpr bool q_walk() { return HG == 64; }
-template <int HG, int W>
+template <int HG, int W, int DQ>
 __device__ __forceinline__ void q_fetch(const kdt_attn_args &a, const Item &it, int i0, float4 (&v)[QB]) {
     constexpr int THREADS = AttCfg<HG, W>::THREADS;
-    const int dq4 = a.dq / 4, n4 = HG * dq4, h0 = it.hg * HG;
-    const float4 *src = reinterpret_cast<const float4 *>(a.q_abs + ((int64_t)it.r * a.H + h0) * a.dq);
+    const int dq = dq_of<DQ>(a), dq4 = dq / 4, n4 = HG * dq4, h0 = it.hg * HG;
+    const float4 *src = reinterpret_cast<const float4 *>(a.q_abs + ((int64_t)it.r * a.H + h0) * dq);
     RowCol q(i0, dq4, THREADS); /* used with q_walk only */
 #pragma unroll
     for (int j = 0; j < QB; j++, q.next()) {
@@ -233,10 +242,10 @@ __device__ __forceinline__ void q_fetch(const kdt_attn_args &a, const Item &it, 
         v[j] = ok ? t : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 }
-template <int HG, int W>
+template <int HG, int W, int DQ>
 __device__ __forceinline__ void q_store(const kdt_attn_args &a, int i0, const float4 (&v)[QB], uint16_t *Qs, int qs) {
     constexpr int THREADS = AttCfg<HG, W>::THREADS;
-    const int dq4 = a.dq / 4, n4 = HG * dq4;
+    const int dq4 = dq_of<DQ>(a) / 4, n4 = HG * dq4;
     RowCol q(i0, dq4, THREADS); /* used with q_walk only */
 #pragma unroll
     for (int j = 0; j < QB; j++, q.next()) {
@@ -251,13 +260,13 @@ __device__ __forceinline__ void q_store(const kdt_attn_args &a, int i0, const fl
     }
 }
 /* the batches of an item from i0 on (i0 = threadIdx.x: all of them) */
-template <int HG, int W>
+template <int HG, int W, int DQ>
 __device__ __forceinline__ void load_q(const kdt_attn_args &a, const Item &it, int i0, uint16_t *Qs, int qs) {
     constexpr int THREADS = AttCfg<HG, W>::THREADS;
-    for (; i0 < HG * (a.dq / 4); i0 += QB * THREADS) {
+    for (; i0 < HG * (dq_of<DQ>(a) / 4); i0 += QB * THREADS) {
         float4 v[QB];
-        q_fetch<HG, W>(a, it, i0, v);
-        q_store<HG, W>(a, i0, v, Qs, qs);
+        q_fetch<HG, W, DQ>(a, it, i0, v);
+        q_store<HG, W, DQ>(a, i0, v, Qs, qs);
     }
 }
 
@@ -266,7 +275,7 @@ __device__ __forceinline__ void load_q(const kdt_attn_args &a, const Item &it, i
 template <int HG, int W>
 constexpr int att_min_blocks() { return HG == 16 && W == 8 ? 2 : 1; }
 
-template <int HG, int W, int NT>
+template <int HG, int W, int NT, int DQ>
 __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>()))
     attn_partial(const kdt_attn_args a, int stages) {
     using C = AttCfg<HG, W>;
@@ -274,7 +283,8 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
     constexpr int CPW = C::CPW, PLANES = C::PLANES;
     extern __shared__ __align__(16) unsigned char smem[];
     pdl::wait(); /* programmatic dependence (kdt_g_pdl_rows): the previous kernel is done */
-    const int qs = kdt_ap_qs_stride(W, NT, a.dq), dq16 = (a.dq + 15) / 16, kch = (dq16 + QCH - 1) / QCH;
+    const int dq = dq_of<DQ>(a);
+    const int qs = kdt_ap_qs_stride(W, NT, dq), dq16 = (dq + 15) / 16, kch = (dq16 + QCH - 1) / QCH;
     uint16_t *Qs = reinterpret_cast<uint16_t *>(smem);                       /* [HG][qs] */
     uint16_t *Ks = Qs + (size_t)HG * qs;                                      /* [stages][TILE][qs] */
     float *Ss = reinterpret_cast<float *>(Ks + (size_t)stages * TILE * qs);   /* [PLANES][HG][SS] raw */
@@ -284,20 +294,24 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int my_key = tid / TPK;
     const int n_hg = (a.H + HG - 1) / HG;
-    const int n_rows = a.hdr->n_rows;
-    const long long total = (long long)a.hdr->total_splits * n_hg;
+    const int n_rows = a.hdr->n_rows, total_splits = a.hdr->total_splits;
+    /* this CTA's items: a contiguous run [first, end) of the head-group-major order, so that
+     * consecutive items mostly share their row and head group and Q is loaded once per run (a
+     * 65-node verify: ~1.5 Q loads per CTA instead of ~13); scheduling only */
+    const long long total = (long long)total_splits * n_hg; /* < 2^31: the runner bounds rows x splits */
+    const int first = (int)(total * blockIdx.x / gridDim.x), end = (int)(total * (blockIdx.x + 1) / gridDim.x);
 
     /* pad columns [d_q, qs) of Q and of every K stage are never written by the loads: zero them */
     {
-        const int pad = qs - a.dq, n_pad_rows = HG + stages * TILE; /* Ks rows follow the Q rows */
-        for (RowCol q(tid, pad, THREADS); q.r < n_pad_rows; q.next()) Qs[q.r * qs + a.dq + q.c] = 0;
+        const int pad = qs - dq, n_pad_rows = HG + stages * TILE; /* Ks rows follow the Q rows */
+        for (RowCol q(tid, pad, THREADS); q.r < n_pad_rows; q.next()) Qs[q.r * qs + dq + q.c] = 0;
     }
 
     /* producer: the next tile to load (p_tile of item pi) and its key's location, looked up one
      * tile before the copies are issued */
     Item pi;
-    long long p_item = blockIdx.x;
-    bool p_live = item_at(a, p_item, total, n_hg, n_rows, pi);
+    int p_item = first;
+    bool p_live = item_at(a, p_item, end, total_splits, n_rows, pi);
     int p_tile = 0, p_seq = 0;
     KeySrc la = {0, 0, 0};
     if (p_live) la = key_src(a, pi, pi.k_begin + my_key);
@@ -308,11 +322,11 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
 #define KDT_ATT_PRODUCE()                                                                        \
     do {                                                                                         \
         if (p_live) {                                                                            \
-            issue_key<HG, W>(a, Ks + (size_t)(p_seq % stages) * TILE * qs, qs, la);                 \
+            issue_key<HG, W, DQ>(a, Ks + (size_t)(p_seq % stages) * TILE * qs, qs, la);             \
             p_seq++;                                                                             \
             if (++p_tile == pi.n_tiles) {                                                        \
-                p_item += gridDim.x;                                                             \
-                p_live = item_at(a, p_item, total, n_hg, n_rows, pi);                            \
+                p_item++;                                                                        \
+                p_live = item_at(a, p_item, end, total_splits, n_rows, pi);                      \
                 p_tile = 0;                                                                      \
             }                                                                                    \
             if (p_live) la = key_src(a, pi, pi.k_begin + p_tile * TILE + my_key);                \
@@ -322,12 +336,13 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
 
     /* the first batch of Q goes out before the first copies wait for their block-table entries */
     float4 qv[QB];
-    if (c_live) q_fetch<HG, W>(a, ci, tid, qv);
+    if (c_live) q_fetch<HG, W, DQ>(a, ci, tid, qv);
     for (int s = 0; s < stages - 1; s++) KDT_ATT_PRODUCE();
     if (c_live) {
-        q_store<HG, W>(a, tid, qv, Qs, qs);
-        load_q<HG, W>(a, ci, tid + QB * THREADS, Qs, qs);
+        q_store<HG, W, DQ>(a, tid, qv, Qs, qs);
+        load_q<HG, W, DQ>(a, ci, tid + QB * THREADS, Qs, qs);
     }
+    int c_item = first;
 
     float acc[MT][NT][4] = {};
     int c_tile = 0, c_seq = 0;
@@ -359,7 +374,9 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
                 for (int j = 0; j < CPW; j++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) c[p][j][e] = 0.0f;
-#pragma unroll 3
+/* with d_q known (DQ) the k steps unroll whole: immediate ldmatrix offsets, no per-step bound
+ * test or address arithmetic (the same mma sequence, so the same bits) */
+#pragma unroll(DQ ? ((DQ + 15) / 16 + QCH - 1) / QCH : 3)
             for (int i = 0; i < kch; i++) {
 #pragma unroll
                 for (int j = 0; j < CPW; j++) {
@@ -474,7 +491,8 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
          * A thread's two columns go out as one 8-byte store where d_c is even (4 lanes then fill
          * a 32-byte sector; two 4-byte stores used half of each sector they touched and kept the
          * store queue full: ~7 % of the decode kernel's stall samples, H200 ncu, session 13) */
-        const bool pair_store = HG == 16 && (a.dc & 1) == 0; /* 64 heads: it made NT 8 spill */
+        /* 64 heads: it made the runtime-d_q NT 8 instance spill (session 13); the d_q 576 one does not */
+        const bool pair_store = (HG == 16 || DQ != 0) && (a.dc & 1) == 0;
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -500,9 +518,11 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
             }
         }
         /* the next item: every read of Qs for this one was before the S sync above */
-        c_live = item_at(a, ci.gs * (long long)n_hg + ci.hg + gridDim.x, total, n_hg, n_rows, ci);
+        const int prev_r = ci.r, prev_hg = ci.hg;
+        c_live = item_at(a, ++c_item, end, total_splits, n_rows, ci);
         c_tile = 0;
-        if (c_live) load_q<HG, W>(a, ci, tid, Qs, qs);
+        /* Q stays when the next item is the same row and head group (a further split) */
+        if (c_live && (ci.r != prev_r || ci.hg != prev_hg)) load_q<HG, W, DQ>(a, ci, tid, Qs, qs);
     }
 #undef KDT_ATT_PRODUCE
     pdl::launch_dependents(); /* the combine may be placed once every CTA is done with its items */
@@ -603,10 +623,28 @@ int max_stages(int hg, int w, int nt, int dq, const DevLimits &d) {
     return kdt_ap_smem(hg, w, nt, dq, MAX_ST) <= (size_t)d.optin ? MAX_ST : 2;
 }
 
-/* One switch over the instances: f.operator()<HG, W, NT>() for (hg, w, nt), false if none. */
+/* d_q of the instances compiled for one d_q: DeepSeek-V3 / Kimi's 512 + 64, with d_c 512 */
+constexpr int DQ_MLA = 576;
+/* KDT_GPU_ATT_GENERIC=1 (read per launch): the runtime-d_q instances only (the same bits) */
+bool att_generic() {
+    const char *e = getenv("KDT_GPU_ATT_GENERIC");
+    return e != NULL && e[0] == '1';
+}
+
+/* One switch over the instances: f.operator()<HG, W, NT, DQ>() for (hg, w, nt), with DQ = d_q
+ * where an instance is compiled for it (d_q 576 with d_c 512: nt = 64 / w) unless `generic`,
+ * else DQ = 0 (d_q read at run time); false if none. */
 template <class Fn>
-bool att_dispatch(int hg, int w, int nt, Fn &&f) {
-#define F(HG, W, NT) f.template operator()<HG, W, NT>()
+bool att_dispatch(int hg, int w, int nt, int dq, bool generic, Fn &&f) {
+    if (dq == DQ_MLA && !generic && nt * w == 64) {
+        if (hg == 16 && w == 4) f.template operator()<16, 4, 16, DQ_MLA>();
+        else if (hg == 16 && w == 8) f.template operator()<16, 8, 8, DQ_MLA>();
+        else if (hg == 16 && w == 16) f.template operator()<16, 16, 4, DQ_MLA>();
+        else if (hg == 64 && w == 8) f.template operator()<64, 8, 8, DQ_MLA>();
+        else return false;
+        return true;
+    }
+#define F(HG, W, NT) f.template operator()<HG, W, NT, 0>()
     if (hg == 16 && w == 4) {
         switch (nt) {
         case 2: F(16, 4, 2); return true;
@@ -638,9 +676,9 @@ bool att_dispatch(int hg, int w, int nt, Fn &&f) {
 struct SetAttr {
     size_t smem;
     cudaError_t e;
-    template <int HG, int W, int NT>
+    template <int HG, int W, int NT, int DQ>
     void operator()() {
-        e = cudaFuncSetAttribute(attn_partial<HG, W, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        e = cudaFuncSetAttribute(attn_partial<HG, W, NT, DQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     }
 };
 struct LaunchPartial {
@@ -649,9 +687,10 @@ struct LaunchPartial {
     size_t smem;
     int stages;
     cudaStream_t s;
-    template <int HG, int W, int NT>
+    template <int HG, int W, int NT, int DQ>
     void operator()() {
-        pdl::launch(attn_partial<HG, W, NT>, dim3(grid), dim3(AttCfg<HG, W>::THREADS), smem, s, kdt_g_pdl_rows(), *a, stages);
+        pdl::launch(attn_partial<HG, W, NT, DQ>, dim3(grid), dim3(AttCfg<HG, W>::THREADS), smem, s, kdt_g_pdl_rows(), *a,
+                    stages);
     }
 };
 
@@ -763,7 +802,11 @@ extern "C" kdt_status kdt_attn_init(int32_t heads_per_item, int32_t dc, int32_t 
         if (!kdt_ap_w_fits(heads_per_item, w, dc, dq, (size_t)d.optin)) continue;
         const int nt = kdt_ap_pick_nt(w, dc);
         SetAttr f = {kdt_ap_smem(heads_per_item, w, nt, dq, max_stages(heads_per_item, w, nt, dq, d)), cudaSuccess};
-        e = att_dispatch(heads_per_item, w, nt, f) ? f.e : cudaErrorInvalidValue;
+        /* the generic instance too: KDT_GPU_ATT_GENERIC may pick it at any launch */
+        for (int generic = 0; generic < 2 && e == cudaSuccess; generic++) {
+            f.e = cudaSuccess;
+            e = att_dispatch(heads_per_item, w, nt, dq, generic != 0, f) ? f.e : cudaErrorInvalidValue;
+        }
     }
     if (e != cudaSuccess)
         return kdt_fail(KDT_ERR_CUDA, "GPU attention (%d heads per item, d_c %d, d_q %d): %s", heads_per_item, dc,
@@ -797,7 +840,7 @@ extern "C" kdt_status kdt_attn_launch(const kdt_attn_args *a, cudaStream_t s) {
     if (per_sm < 1) per_sm = 1;
     if (grid > per_sm * d.n_sm) grid = per_sm * d.n_sm;
     LaunchPartial f = {a, (unsigned)grid, smem, stages, s};
-    if (!att_dispatch(hg, w, nt, f))
+    if (!att_dispatch(hg, w, nt, a->dq, att_generic(), f))
         return kdt_fail(KDT_ERR_INTERNAL, "GPU attention: no instance for %d heads, %d warps, d_c %d", hg, w, a->dc);
     e = cudaGetLastError();
     if (e == cudaSuccess) {
