@@ -1585,6 +1585,25 @@ static void test_kimi_dims(void) {
         if (w_saved) setenv("KDT_GPU_ATT_WARPS", w_saved, 1);
         else unsetenv("KDT_GPU_ATT_WARPS");
         free(w_saved);
+        /* the runtime-d_q instances (KDT_GPU_ATT_GENERIC=1, read per launch) against the d_q 576
+         * ones these dimensions get by default: 64-head verify, 16-head one-row decode */
+        const char *g_env = getenv("KDT_GPU_ATT_GENERIC");
+        char *g_saved = g_env ? strdup(g_env) : NULL;
+        setenv("KDT_GPU_ATT_GENERIC", "1", 1);
+        {
+            kdt_gpu_kv *kc = new_gkv(m.g, 8, 3);
+            for (int q = 0; q < 3; q++) CHECK_EQ_INT(kdt_gpu_prefill(r64, kc, q, h[q], prefix[q], NULL), KDT_OK);
+            CHECK_EQ_INT(kdt_gpu_verify(r64, kc, &tt.t, NULL, &ob), KDT_OK);
+            for (int q = 0; q < 3; q++)
+                CHECK_MSG(memcmp(a + (size_t)q * 40 * V, b + (size_t)q * 40 * V, (size_t)nn[q] * V * 4) == 0,
+                          "stream %d: the runtime-d_q attention differs from the d_q 576 one", q);
+            CHECK_EQ_INT(kdt_gpu_decode(r16, kc, 1, &s1, &nxt, &odb), KDT_OK);
+            CHECK_MSG(memcmp(da, db, (size_t)V * 4) == 0, "decode: the runtime-d_q attention differs");
+            kdt_gpu_kv_free(kc);
+        }
+        if (g_saved) setenv("KDT_GPU_ATT_GENERIC", g_saved, 1);
+        else unsetenv("KDT_GPU_ATT_GENERIC");
+        free(g_saved);
         free(da); free(db);
         free(a); free(b);
         free_tree(&tt);
