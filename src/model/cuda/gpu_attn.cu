@@ -381,7 +381,11 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
 #pragma unroll
                 for (int j = 0; j < CPW; j++) {
                     const int kk = (c0 + j) * kch + i;
-                    if (kk < dq16) {
+                    /* c0 + j < QCH always, so with d_q / 16 a multiple of QCH (576: 36 = 4 x 9)
+                     * every kk is in range: no per-step test, one straight block of loads and
+                     * mma whose addresses are a base and immediates */
+                    constexpr bool FULL = DQ != 0 && ((DQ + 15) / 16) % QCH == 0;
+                    if (FULL || kk < dq16) {
                         uint32_t bf[2]; /* WARPS is a multiple of TILE / 8: one key tile per warp */
                         ldsm_x2(bf, Kc + ((warp % (TILE / 8)) * 8 + (lane & 7)) * qs + kk * 16 + ((lane >> 3) & 1) * 8);
 #pragma unroll
