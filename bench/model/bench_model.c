@@ -33,8 +33,8 @@
  * one process, on the same weights and inputs: the Kimi shapes run n times without the variables
  * (A) and n times with them set (B), in the order A B B A A B ..., every graph captured afresh
  * (the forward reads its switches at capture; those read at weight upload, KDT_GPU_TILED_*, do
- * not change); rows of B are marked "+ab". A process builds the
- * weights once, so an A/B costs one model build instead of one per reading. */
+ * not change); rows of B are marked "+ab". A process builds the weights once, so an A/B costs one
+ * model build instead of one per reading. */
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -440,7 +440,8 @@ static void kimi_shapes(const kimi_bench *kb, int ab) {
             const double us = time_layers(r, kv, &rc, samples, layers, &gr, &one);
             char dl[64];
             const double D = distinct_experts(r, E, layers, dl, sizeof dl);
-            const double bytes = (double)D * kb->wb->routed_expert + kb->wb->shared_expert + kb->wb->attention + kb->wb->router +
+            const kdt_gpu_weight_bytes *wb = kb->wb;
+            const double bytes = (double)D * wb->routed_expert + wb->shared_expert + wb->attention + wb->router +
                                  S * ((bench_prefix + 1) * row_bytes + row_bytes);
             row *w = new_row();
             memset(w, 0, sizeof *w);
@@ -480,7 +481,8 @@ static void kimi_shapes(const kimi_bench *kb, int ab) {
             const double us = time_layers(r, kv, &rc, samples, layers, &gr, &one);
             char dl[64];
             const double D = distinct_experts(r, E, layers, dl, sizeof dl);
-            const double bytes = (double)D * kb->wb->routed_expert + kb->wb->shared_expert + kb->wb->attention + kb->wb->router +
+            const kdt_gpu_weight_bytes *wb = kb->wb;
+            const double bytes = (double)D * wb->routed_expert + wb->shared_expert + wb->attention + wb->router +
                                  (bench_prefix + N) * row_bytes + N * row_bytes;
             row *w = new_row();
             memset(w, 0, sizeof *w);

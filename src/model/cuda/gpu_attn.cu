@@ -184,10 +184,11 @@ __device__ __forceinline__ KeySrc key_src(const kdt_attn_args &a, const Item &it
     return s;
 }
 
-/* Issues this thread's 16-byte copies of its key into a tile. */
+/* d_q: the instance's compile-time DQ, or the launch's (DQ = 0) */
 template <int DQ>
 __device__ __forceinline__ int dq_of(const kdt_attn_args &a) { return DQ ? DQ : a.dq; }
 
+/* Issues this thread's 16-byte copies of its key into a tile. */
 template <int HG, int W, int DQ>
 __device__ __forceinline__ void issue_key(const kdt_attn_args &a, uint16_t *tile, int qs, KeySrc s) {
     constexpr int TPK = AttCfg<HG, W>::TPK;
