@@ -1336,15 +1336,24 @@ static void test_router_wide(void) {
     router_case(512, 32, 2, 4, 16); /* the limits */
 }
 
+/* A switch set for part of a test: env_save copies its value (NULL: unset), env_restore puts it
+ * back (or unsets it) and frees the copy. */
+static char *env_save(const char *name) {
+    const char *v = getenv(name);
+    return v ? strdup(v) : NULL;
+}
+static void env_restore(const char *name, char *saved) {
+    if (saved) setenv(name, saved, 1);
+    else unsetenv(name);
+    free(saved);
+}
+
 /* gmodel_open with KDT_GPU_TILED_EXPERTS (read at upload) set to `tiled` for this load only. */
 static int gmodel_open_tiled(gmodel *m, const char *dir, int tiled) {
-    const char *te = getenv("KDT_GPU_TILED_EXPERTS");
-    char *te_saved = te ? strdup(te) : NULL;
+    char *te_saved = env_save("KDT_GPU_TILED_EXPERTS");
     setenv("KDT_GPU_TILED_EXPERTS", tiled ? "1" : "0", 1);
     const int ok = gmodel_open(m, dir);
-    if (te_saved) setenv("KDT_GPU_TILED_EXPERTS", te_saved, 1);
-    else unsetenv("KDT_GPU_TILED_EXPERTS");
-    free(te_saved);
+    env_restore("KDT_GPU_TILED_EXPERTS", te_saved);
     return ok;
 }
 
@@ -1562,8 +1571,7 @@ static void test_kimi_dims(void) {
         /* every forced warp count of 16-head items (KDT_GPU_ATT_WARPS, read per launch: 4, 8, 16;
          * the default picks 16 for one-row decodes, 8 otherwise), the prefills included: the
          * same bits as the default */
-        const char *w_env = getenv("KDT_GPU_ATT_WARPS");
-        char *w_saved = w_env ? strdup(w_env) : NULL;
+        char *w_saved = env_save("KDT_GPU_ATT_WARPS");
         int32_t nxt = 7, s1 = 1;
         float *da = xmalloc((size_t)V * 4), *db = xmalloc((size_t)V * 4);
         kdt_model_outputs oda = {da, NULL, 0, 0, NULL, NULL}, odb = {db, NULL, 0, 0, NULL, NULL};
@@ -1582,13 +1590,10 @@ static void test_kimi_dims(void) {
                       w_forced[wi]);
             kdt_gpu_kv_free(kc);
         }
-        if (w_saved) setenv("KDT_GPU_ATT_WARPS", w_saved, 1);
-        else unsetenv("KDT_GPU_ATT_WARPS");
-        free(w_saved);
+        env_restore("KDT_GPU_ATT_WARPS", w_saved);
         /* the runtime-d_q instances (KDT_GPU_ATT_GENERIC=1, read per launch) against the d_q 576
          * ones these dimensions get by default: 64-head verify, 16-head one-row decode */
-        const char *g_env = getenv("KDT_GPU_ATT_GENERIC");
-        char *g_saved = g_env ? strdup(g_env) : NULL;
+        char *g_saved = env_save("KDT_GPU_ATT_GENERIC");
         setenv("KDT_GPU_ATT_GENERIC", "1", 1);
         {
             kdt_gpu_kv *kc = new_gkv(m.g, 8, 3);
@@ -1601,9 +1606,7 @@ static void test_kimi_dims(void) {
             CHECK_MSG(memcmp(da, db, (size_t)V * 4) == 0, "decode: the runtime-d_q attention differs");
             kdt_gpu_kv_free(kc);
         }
-        if (g_saved) setenv("KDT_GPU_ATT_GENERIC", g_saved, 1);
-        else unsetenv("KDT_GPU_ATT_GENERIC");
-        free(g_saved);
+        env_restore("KDT_GPU_ATT_GENERIC", g_saved);
         free(da); free(db);
         free(a); free(b);
         free_tree(&tt);

@@ -375,8 +375,7 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
                 for (int j = 0; j < CPW; j++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) c[p][j][e] = 0.0f;
-/* with d_q known (DQ) the k steps unroll whole: immediate ldmatrix offsets, no per-step bound
- * test or address arithmetic (the same mma sequence, so the same bits) */
+/* with d_q known (DQ) the k steps unroll whole (the same mma sequence, so the same bits) */
 #pragma unroll(DQ ? ((DQ + 15) / 16 + QCH - 1) / QCH : 3)
             for (int i = 0; i < kch; i++) {
 #pragma unroll
@@ -639,9 +638,10 @@ bool att_generic() {
 /* One switch over the instances: f.operator()<HG, W, NT, DQ>() for (hg, w, nt), with DQ = d_q
  * where an instance is compiled for it (d_q 576 with d_c 512: nt = 64 / w) unless `generic`,
  * else DQ = 0 (d_q read at run time); false if none. */
+bool att_fixed_dq(int dq, int w, int nt) { return dq == DQ_MLA && nt * w == 64; }
 template <class Fn>
 bool att_dispatch(int hg, int w, int nt, int dq, bool generic, Fn &&f) {
-    if (dq == DQ_MLA && !generic && nt * w == 64) {
+    if (!generic && att_fixed_dq(dq, w, nt)) {
         if (hg == 16 && w == 4) f.template operator()<16, 4, 16, DQ_MLA>();
         else if (hg == 16 && w == 8) f.template operator()<16, 8, 8, DQ_MLA>();
         else if (hg == 16 && w == 16) f.template operator()<16, 16, 4, DQ_MLA>();
@@ -807,8 +807,9 @@ extern "C" kdt_status kdt_attn_init(int32_t heads_per_item, int32_t dc, int32_t 
         if (!kdt_ap_w_fits(heads_per_item, w, dc, dq, (size_t)d.optin)) continue;
         const int nt = kdt_ap_pick_nt(w, dc);
         SetAttr f = {kdt_ap_smem(heads_per_item, w, nt, dq, max_stages(heads_per_item, w, nt, dq, d)), cudaSuccess};
-        /* the generic instance too: KDT_GPU_ATT_GENERIC may pick it at any launch */
-        for (int generic = 0; generic < 2 && e == cudaSuccess; generic++) {
+        /* the runtime-d_q instance too where a d_q 576 one exists: KDT_GPU_ATT_GENERIC may pick
+         * it at any launch */
+        for (int generic = att_fixed_dq(dq, w, nt) ? 0 : 1; generic < 2 && e == cudaSuccess; generic++) {
             f.e = cudaSuccess;
             e = att_dispatch(heads_per_item, w, nt, dq, generic != 0, f) ? f.e : cudaErrorInvalidValue;
         }
