@@ -499,26 +499,68 @@ __device__ __forceinline__ void v2_convert(const V2Pass &p, const float *xs, uin
     }
 }
 
+/* The W fragment address of k step kk for this lane (WSWZ: W is a swizzled [64][64] tiled block,
+ * gemm_tiles.cuh). B: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)
+ * of the warp's 16 columns -> b[0] b[1] (n8 tile 0), b[2] b[3] (n8 tile 1): v1's b[j][0], b[j][1]. */
+template <int WST, bool WSWZ>
+__device__ __forceinline__ const uint16_t *k64_w_frag(const uint16_t *ws, int kk) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wrow = gt_w_frag_row(warp, lane);
+    return WSWZ ? ws + gt_block_chunk(wrow, gt_w_frag_chunk(lane, kk))
+                : ws + wrow * WST + gt_w_frag_chunk(lane, 0) * 8 + kk * 16;
+}
+
+/* The full-tile body for MT m-tiles, a compile-time count: with no branch between the m-tiles the
+ * scheduler interleaves the 2 MT independent accumulators, where a run-time `mt < mtiles` test
+ * left only two in each basic block and a NOP between every dependent hi / lo pair (ncu, session
+ * 30). Per accumulator the order is still hi then lo, per kk ascending: the same chain. */
+template <int MT, int WST, int XST, bool WSWZ>
+__device__ __forceinline__ void k64_full(const uint16_t *ws, const uint16_t *hi, const uint16_t *lo,
+                                         float (&acc)[V2_MT][2][4]) {
+    const int lane = threadIdx.x & 31;
+    /* A of m-tile mt: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
+     * (rows 8-15, k 8-15) -> a0 a1 a2 a3 */
+    const int xo = (((lane >> 3) & 1) * 8 + (lane & 7)) * XST + (lane >> 4) * 8;
+    const uint16_t *hp = hi + xo, *lp = lo + xo;
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) {
+        uint32_t b[4], ah[MT][4], al[MT][4];
+        ldsm_x4(b, k64_w_frag<WST, WSWZ>(ws, kk));
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            ldsm_x4(ah[mt], hp + mt * 16 * XST + kk * 16);
+            ldsm_x4(al[mt], lp + mt * 16 * XST + kk * 16);
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            mma16816(acc[mt][0], ah[mt], b[0], b[1]);
+            mma16816(acc[mt][1], ah[mt], b[2], b[3]);
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            mma16816(acc[mt][0], al[mt], b[0], b[1]);
+            mma16816(acc[mt][1], al[mt], b[2], b[3]);
+        }
+    }
+}
+
 /* acc[mt][j] += X W^T over one 64-wide K block: per kk, per accumulator, hi then lo (the v1 order).
  * WST / XST: elements per W / X row in shared memory. This is the one place the mma chain of the
- * batch-invariance rule (top of file) is written; v2 and v3 both call it. */
-template <int WST, int XST, bool WSWZ = false>
+ * batch-invariance rule (top of file) is written; v2 and v3 both call it. mtiles: 1..4 (rows of
+ * the pass rounded up to 16, over 16); half: rows 0-7 only. WIDE (instances for launches of more
+ * than 8 rows): the full tiles through k64_full; else a run-time m-tile loop, which keeps the
+ * decode instances' code as it was (the WIDE code in them cost the H200's decode S 1 ~7 us per
+ * layer, session 30). */
+template <int WST, int XST, bool WSWZ = false, bool WIDE = false>
 __device__ __forceinline__ void k64_compute(const uint16_t *ws, const uint16_t *hi, const uint16_t *lo, bool half,
                                             int mtiles, float (&acc)[V2_MT][2][4]) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    /* B: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15) of the warp's
-     * 16 columns -> b[0] b[1] (n8 tile 0), b[2] b[3] (n8 tile 1): v1's b[j][0], b[j][1].
-     * WSWZ: W is a swizzled [64][64] tiled block (gemm_tiles.cuh). */
-    const int wrow = gt_w_frag_row(warp, lane);
-    const uint16_t *wp = ws + wrow * WST + gt_w_frag_chunk(lane, 0) * 8;
-#define K64_W(kk) (WSWZ ? ws + gt_block_chunk(wrow, gt_w_frag_chunk(lane, kk)) : wp + (kk) * 16)
+    const int lane = threadIdx.x & 31;
     if (half) {
         /* rows 0-7 only: matrices hi k 0-7, hi k 8-15, lo k 0-7, lo k 8-15 -> a0, a2 of hi and lo */
         const uint16_t *xp = (lane < 16 ? hi : lo) + (lane & 7) * XST + ((lane >> 3) & 1) * 8;
 #pragma unroll
         for (int kk = 0; kk < BK / 16; kk++) {
             uint32_t b[4], x[4];
-            ldsm_x4(b, K64_W(kk));
+            ldsm_x4(b, k64_w_frag<WST, WSWZ>(ws, kk));
             ldsm_x4(x, xp + kk * 16);
             const uint32_t ah[4] = {x[0], 0u, x[1], 0u}, al[4] = {x[2], 0u, x[3], 0u};
             mma16816(acc[0][0], ah, b[0], b[1]);
@@ -528,13 +570,22 @@ __device__ __forceinline__ void k64_compute(const uint16_t *ws, const uint16_t *
         }
         return;
     }
+    if (WIDE) {
+        switch (mtiles) {
+        case 1: k64_full<1, WST, XST, WSWZ>(ws, hi, lo, acc); break;
+        case 2: k64_full<2, WST, XST, WSWZ>(ws, hi, lo, acc); break;
+        case 3: k64_full<3, WST, XST, WSWZ>(ws, hi, lo, acc); break;
+        default: k64_full<4, WST, XST, WSWZ>(ws, hi, lo, acc); break;
+        }
+        return;
+    }
     /* A of m-tile mt: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
      * (rows 8-15, k 8-15) -> a0 a1 a2 a3 */
     const int xo = (((lane >> 3) & 1) * 8 + (lane & 7)) * XST + (lane >> 4) * 8;
 #pragma unroll
     for (int kk = 0; kk < BK / 16; kk++) {
         uint32_t b[4];
-        ldsm_x4(b, K64_W(kk));
+        ldsm_x4(b, k64_w_frag<WST, WSWZ>(ws, kk));
 #pragma unroll
         for (int mt = 0; mt < V2_MT; mt++) {
             if (mt < mtiles) {
@@ -548,12 +599,12 @@ __device__ __forceinline__ void k64_compute(const uint16_t *ws, const uint16_t *
             }
         }
     }
-#undef K64_W
 }
 
+template <bool WIDE>
 __device__ __forceinline__ void v2_compute(const uint16_t *ws, const uint16_t *hi, const uint16_t *lo, bool half,
                                            int mtiles, float (&acc)[V2_MT][2][4]) {
-    k64_compute<V2_WP, V2_XCP>(ws, hi, lo, half, mtiles, acc);
+    k64_compute<V2_WP, V2_XCP, false, WIDE>(ws, hi, lo, half, mtiles, acc);
 }
 
 /* One pass: acc = the pass's X rows times the CTA's 64 W rows over its K blocks. Ends with the
@@ -588,7 +639,7 @@ __device__ __forceinline__ void v2_prefetch_w(const V2Pass &p, unsigned char *sm
     if (!BULK) cp_async_commit();
 }
 
-template <int WL>
+template <int WL, bool WIDE = false>
 __device__ __forceinline__ void v2_pass(const V2Pass &p, unsigned char *smem, int pool, uint64_t pol,
                                         float (&acc)[V2_MT][2][4], uint32_t &wpar, bool w_pre = false) {
     constexpr bool BULK = WL == W_BULK;
@@ -651,8 +702,8 @@ __device__ __forceinline__ void v2_pass(const V2Pass &p, unsigned char *smem, in
         cp_async_commit();
         uint16_t *cur = xc + (it & 1) * 2 * plane, *nxt = xc + ((it + 1) & 1) * 2 * plane;
         if (it + 1 < nk) v2_convert(p, V2_X(xs), nxt, nxt + plane);
-        if (BULK) k64_compute<BK, V2_XCP, true>(V2_W(cs), cur, cur + plane, half, R >> 4, acc);
-        else v2_compute(V2_W(cs), cur, cur + plane, half, R >> 4, acc);
+        if (BULK) k64_compute<BK, V2_XCP, true, WIDE>(V2_W(cs), cur, cur + plane, half, R >> 4, acc);
+        else v2_compute<WIDE>(V2_W(cs), cur, cur + plane, half, R >> 4, acc);
         cs = cs + 1 == S ? 0 : cs + 1;
         ls = ls + 1 == S ? 0 : ls + 1;
         xs = xs + 1 == S ? 0 : xs + 1;
@@ -687,8 +738,9 @@ __device__ __forceinline__ void v2_set_x_rows(V2Pass &p, const float *x, int64_t
     }
 }
 
-/* WL: how W is read (WLoad; the tiled loaders only for kdt_gemm_args.tiled). Same chain, same bits. */
-template <int WL>
+/* WL: how W is read (WLoad; the tiled loaders only for kdt_gemm_args.tiled); WIDE: launches of more
+ * than 8 rows (k64_compute). Same chain, same bits. */
+template <int WL, bool WIDE = false>
 __global__ void __launch_bounds__(THREADS) v2_gemm_kernel(const kdt_gemm_args a, const V2Cfg c) {
     extern __shared__ __align__(16) unsigned char smem[];
     uint32_t wpar = 0; /* bulk loader: its barriers' phases across passes */
@@ -718,7 +770,7 @@ __global__ void __launch_bounds__(THREADS) v2_gemm_kernel(const kdt_gemm_args a,
         p.m_valid = min(c.cap, M - m0);
         if (a.x_rows) v2_set_x_rows(p, x, a.ldx, m0, Gather{a.x_rows});
         else v2_set_x_rows(p, x, a.ldx, m0, Identity{});
-        v2_pass<WL>(p, smem, c.pool, pol, acc, wpar, pre && m0 == 0);
+        v2_pass<WL, WIDE>(p, smem, c.pool, pol, acc, wpar, pre && m0 == 0);
         if (m0 + c.cap >= M) pdl::launch_dependents(); /* last pass: see v2_grouped_kernel */
         store_acc(acc, y + (int64_t)m0 * a.ldy, a.ldy, p.m_valid, p.n_valid);
     }
@@ -776,10 +828,11 @@ __device__ __forceinline__ V2Pass v2_grouped_w(const kdt_grouped_args &a, const 
 /* MINB: CTAs per SM the registers must allow. 0 (no bound: __launch_bounds__ with a minimum of 1
  * raises ptxas's register use from 124 to 132) is the default instance, 4 CTAs per SM at most;
  * 5 (96 registers, no spills) serves the opt-in wave shaping of decode-sized launches
- * (v2_config_grouped). WL: how W is read (WLoad). The same chain in every instance, so the same
- * bits. */
-template <int MINB, int WL>
-__global__ void __launch_bounds__(THREADS, MINB) v2_grouped_kernel(const kdt_grouped_args a, const V2Cfg c) {
+ * (v2_config_grouped). WL: how W is read (WLoad). WIDE: items of more than 8 rows (k64_compute;
+ * MINB 0 only), bounded to 4 CTAs per SM (128 registers: unbounded, the row-major one took 162).
+ * The same chain in every instance, so the same bits. */
+template <int MINB, int WL, bool WIDE = false>
+__global__ void __launch_bounds__(THREADS, WIDE ? 4 : MINB) v2_grouped_kernel(const kdt_grouped_args a, const V2Cfg c) {
     constexpr bool BULK = WL == W_BULK;
     extern __shared__ __align__(16) unsigned char smem[];
     const int n0 = blockIdx.x * BN;
@@ -812,7 +865,7 @@ __global__ void __launch_bounds__(THREADS, MINB) v2_grouped_kernel(const kdt_gro
             p.m_valid = min(c.cap, rows - m0);
             if (a.which == 0) v2_set_x_rows(p, a.x, a.ldx, p0 + m0, Gather{a.pair_row});
             else v2_set_x_rows(p, a.x, a.ldx, p0 + m0, Identity{});
-            v2_pass<WL>(p, smem, c.pool, pol, acc, wpar, pre && it == (int)blockIdx.y && m0 == 0);
+            v2_pass<WL, WIDE>(p, smem, c.pool, pol, acc, wpar, pre && it == (int)blockIdx.y && m0 == 0);
             if (a.h) /* gate/up with the fused SwiGLU: past the barriers (BULK) */
                 store_swiglu(acc, reinterpret_cast<float *>(smem + (BULK ? V2_BAR_BYTES : 0)),
                              a.h + (int64_t)(p0 + m0) * a.ldh + n0 / 2, a.ldh, p.m_valid,
@@ -1626,12 +1679,18 @@ extern "C" kdt_status kdt_gemm_init(int32_t stages) {
     if (e == cudaSuccess) e = set_smem_v2(v2_gemm_kernel<W_ROWS>, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_gemm_kernel<W_TILED>, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_gemm_kernel<W_BULK>, v2_bytes);
+    if (e == cudaSuccess) e = set_smem_v2(v2_gemm_kernel<W_ROWS, true>, v2_bytes);
+    if (e == cudaSuccess) e = set_smem_v2(v2_gemm_kernel<W_TILED, true>, v2_bytes);
+    if (e == cudaSuccess) e = set_smem_v2(v2_gemm_kernel<W_BULK, true>, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<0, W_ROWS>, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<5, W_ROWS>, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<0, W_TILED>, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<5, W_TILED>, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<0, W_BULK>, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<5, W_BULK>, v2_bytes);
+    if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<0, W_ROWS, true>, v2_bytes);
+    if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<0, W_TILED, true>, v2_bytes);
+    if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<0, W_BULK, true>, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_head_kernel, v2_bytes);
     /* v3: every instance may take the whole opt-in limit (its pool is chosen per launch) */
     if (e == cudaSuccess && v3_dev()) {
@@ -1688,8 +1747,11 @@ extern "C" kdt_status kdt_gemm_launch_plain(const kdt_gemm_args *a, int32_t stag
     const dim3 grid((unsigned)((a->n + BN - 1) / BN), (unsigned)a->splits, (unsigned)(a->batch > 0 ? a->batch : 1));
     if (a->tiled) { /* only v2 reads the tiled layout; KDT_GEMM_BULK_W=1: by bulk copies */
         const V2Cfg c = v2_config_grid(stages, (int64_t)grid.x * grid.y * grid.z, a->m_max);
-        if (bulk_w()) launch_v2(v2_gemm_kernel<W_BULK>, grid, (size_t)c.pool, s, pdl_on() && !plain, *a, c);
-        else launch_v2(v2_gemm_kernel<W_TILED>, grid, (size_t)c.pool, s, pdl_on() && !plain, *a, c);
+        const bool pdl = pdl_on() && !plain, wide = a->m_max > 8;
+        if (bulk_w() && wide) launch_v2(v2_gemm_kernel<W_BULK, true>, grid, (size_t)c.pool, s, pdl, *a, c);
+        else if (bulk_w()) launch_v2(v2_gemm_kernel<W_BULK>, grid, (size_t)c.pool, s, pdl, *a, c);
+        else if (wide) launch_v2(v2_gemm_kernel<W_TILED, true>, grid, (size_t)c.pool, s, pdl, *a, c);
+        else launch_v2(v2_gemm_kernel<W_TILED>, grid, (size_t)c.pool, s, pdl, *a, c);
         return launch_error("GPU GEMM");
     }
     if (use_v1()) {
@@ -1706,7 +1768,8 @@ extern "C" kdt_status kdt_gemm_launch_plain(const kdt_gemm_args *a, int32_t stag
             v3_launch(p3, pl, s);
         } else {
             const V2Cfg c = v2_config_grid(stages, (int64_t)grid.x * grid.y * grid.z, a->m_max);
-            launch_v2(v2_gemm_kernel<W_ROWS>, grid, (size_t)c.pool, s, pdl_on() && !plain, *a, c);
+            if (a->m_max > 8) launch_v2(v2_gemm_kernel<W_ROWS, true>, grid, (size_t)c.pool, s, pdl_on() && !plain, *a, c);
+            else launch_v2(v2_gemm_kernel<W_ROWS>, grid, (size_t)c.pool, s, pdl_on() && !plain, *a, c);
         }
     }
     return launch_error("GPU GEMM");
@@ -1720,6 +1783,12 @@ extern "C" int kdt_grouped_fuses_swiglu(const kdt_grouped_args *a) {
     return !kdt_g_env_is("KDT_GPU_FUSED_SWIGLU", '0') && a->which == 0 && a->tiled;
 }
 
+/* Whether a grouped launch's passes can hold more than 8 rows (the WIDE instances). */
+static bool grouped_wide(const kdt_grouped_args &a, const V2Cfg &c) {
+    const int rows = a.max_item_rows > 0 ? a.max_item_rows : V2_ROWS;
+    return (rows < c.cap ? rows : c.cap) > 8;
+}
+
 extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s) {
     const dim3 grid((unsigned)((a->n_max + BN - 1) / BN), (unsigned)(a->grid_items > 0 ? a->grid_items : 1));
     if (a->h && (a->which != 0 || !a->tiled))
@@ -1730,9 +1799,12 @@ extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stag
         const bool bulk = bulk_w() && per_sm > 2; /* bulk copies only pay at >= 3 CTAs per SM */
         /* gate/up reads nothing before its wait: PDL only hides its launch (with the row kernels) */
         const bool pdl = pdl_on() && (a->which == 1 || kdt_g_pdl_rows());
+        const bool wide = grouped_wide(*a, c);
         if (per_sm > 4 && bulk) launch_v2(v2_grouped_kernel<5, W_BULK>, grid, (size_t)c.pool, s, pdl, *a, c);
         else if (per_sm > 4) launch_v2(v2_grouped_kernel<5, W_TILED>, grid, (size_t)c.pool, s, pdl, *a, c);
+        else if (bulk && wide) launch_v2(v2_grouped_kernel<0, W_BULK, true>, grid, (size_t)c.pool, s, pdl, *a, c);
         else if (bulk) launch_v2(v2_grouped_kernel<0, W_BULK>, grid, (size_t)c.pool, s, pdl, *a, c);
+        else if (wide) launch_v2(v2_grouped_kernel<0, W_TILED, true>, grid, (size_t)c.pool, s, pdl, *a, c);
         else launch_v2(v2_grouped_kernel<0, W_TILED>, grid, (size_t)c.pool, s, pdl, *a, c);
         return launch_error("GPU grouped GEMM");
     }
@@ -1752,6 +1824,7 @@ extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stag
             int per_sm = 2;
             const V2Cfg c = v2_config_grouped(stages, *a, &per_sm);
             if (per_sm > 4) v2_grouped_kernel<5, W_ROWS><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+            else if (grouped_wide(*a, c)) v2_grouped_kernel<0, W_ROWS, true><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
             else v2_grouped_kernel<0, W_ROWS><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
         }
     }
