@@ -509,6 +509,15 @@ __device__ __forceinline__ const uint16_t *k64_w_frag(const uint16_t *ws, int kk
                 : ws + wrow * WST + gt_w_frag_chunk(lane, 0) * 8 + kk * 16;
 }
 
+/* ldmatrix.x4 at a shared-space byte address: a compile-time offset added to one base register
+ * folds into the instruction's immediate, where a generic pointer per load cost an address
+ * conversion and a multiply each (ncu, session 30). */
+__device__ __forceinline__ void ldsm_x4_at(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
 /* The full-tile body for MT m-tiles, a compile-time count: with no branch between the m-tiles the
  * scheduler interleaves the 2 MT independent accumulators, where a run-time `mt < mtiles` test
  * left only two in each basic block and a NOP between every dependent hi / lo pair (ncu, session
@@ -520,15 +529,18 @@ __device__ __forceinline__ void k64_full(const uint16_t *ws, const uint16_t *hi,
     /* A of m-tile mt: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
      * (rows 8-15, k 8-15) -> a0 a1 a2 a3 */
     const int xo = (((lane >> 3) & 1) * 8 + (lane & 7)) * XST + (lane >> 4) * 8;
-    const uint16_t *hp = hi + xo, *lp = lo + xo;
+    const uint32_t hb = smem_u32(hi + xo), lb = smem_u32(lo + xo);
+    uint32_t wa[BK / 16]; /* the W fragment of each k step (swizzled: no common stride) */
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) wa[kk] = smem_u32(k64_w_frag<WST, WSWZ>(ws, kk));
 #pragma unroll
     for (int kk = 0; kk < BK / 16; kk++) {
         uint32_t b[4], ah[MT][4], al[MT][4];
-        ldsm_x4(b, k64_w_frag<WST, WSWZ>(ws, kk));
+        ldsm_x4_at(b, wa[kk]);
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
-            ldsm_x4(ah[mt], hp + mt * 16 * XST + kk * 16);
-            ldsm_x4(al[mt], lp + mt * 16 * XST + kk * 16);
+            ldsm_x4_at(ah[mt], hb + (mt * 16 * XST + kk * 16) * 2);
+            ldsm_x4_at(al[mt], lb + (mt * 16 * XST + kk * 16) * 2);
         }
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
