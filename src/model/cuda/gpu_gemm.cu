@@ -15,6 +15,9 @@
  *                 pool holds as many (W, X) stages as fit (9 for <= 8 rows, 3 for 64), so a CTA
  *                 keeps up to 64 KB of weights in flight; weights stream with an L2 evict-first
  *                 hint. Rows are processed in passes of at most `cap` rows (64 on H100 / H200).
+ *                 Launches of more than 8 rows take WIDE instances, whose full-tile k step is
+ *                 unrolled over a compile-time m-tile count (k64_full); decode launches keep the
+ *                 run-time m-tile loop, whose instances compile as they did before.
  *   v3            (KDT_GEMM_V3=1, dense launch bounds <= 64 rows and grouped launches; opt-in:
  *                 slower than v2 on the H200 so far, see the v3 section) persistent CTAs that
  *                 stream the weights across units with v2's pipeline and a balanced grid;
