@@ -362,6 +362,8 @@ __global__ void __launch_bounds__(THREADS) head_kernel(const kdt_head_args a) {
  * zero registers and one ldmatrix.x4 fetches hi and lo; otherwise two ldmatrix.x4 per m-tile. */
 constexpr int V2_ROWS = GT_V2_ROWS;              /* rows per pass the kernels are compiled for */
 constexpr int V2_MT = V2_ROWS / 16;              /* m-tiles: 4 (store_acc's layout) */
+constexpr int V2_HALF_ROWS = 8;                  /* passes of <= 8 rows take the half path; launches
+                                                    of more take the WIDE instances (k64_compute) */
 constexpr int V2_XROWS = V2_ROWS / 8;            /* X rows per thread: (tid >> 4) + 8 i */
 constexpr int V2_WP = BK + 8;                    /* bf16 per W row in shared memory (144 B) */
 constexpr int V2_XCP = GT_V2_XCP;                /* bf16 per hi / lo row (144 B) */
@@ -373,6 +375,7 @@ static_assert(V2_MT == 4, "store_acc covers 4 m-tiles");
 
 /* the pool arithmetic lives in gemm_tiles.cuh (plain C: tests/test_gemm_tiles.c checks it) */
 __host__ __device__ constexpr int v2_tile_rows(int m) { return gt_v2_tile_rows(m); }
+static_assert(v2_tile_rows(V2_HALF_ROWS) == V2_HALF_ROWS && v2_tile_rows(V2_HALF_ROWS + 1) == 16, "half passes");
 __host__ __device__ constexpr int v2_xc_bytes(int R) { return gt_v2_xc_bytes(R); }
 __host__ __device__ constexpr int v2_stage_bytes(int R) { return gt_v2_stage_bytes(R); }
 __host__ __device__ inline int v2_stages(int R, int pool) { return gt_v2_stages(R, pool); }
@@ -1762,7 +1765,7 @@ extern "C" kdt_status kdt_gemm_launch_plain(const kdt_gemm_args *a, int32_t stag
     const dim3 grid((unsigned)((a->n + BN - 1) / BN), (unsigned)a->splits, (unsigned)(a->batch > 0 ? a->batch : 1));
     if (a->tiled) { /* only v2 reads the tiled layout; KDT_GEMM_BULK_W=1: by bulk copies */
         const V2Cfg c = v2_config_grid(stages, (int64_t)grid.x * grid.y * grid.z, a->m_max);
-        const bool pdl = pdl_on() && !plain, wide = a->m_max > 8;
+        const bool pdl = pdl_on() && !plain, wide = a->m_max > V2_HALF_ROWS;
         if (bulk_w() && wide) launch_v2(v2_gemm_kernel<W_BULK, true>, grid, (size_t)c.pool, s, pdl, *a, c);
         else if (bulk_w()) launch_v2(v2_gemm_kernel<W_BULK>, grid, (size_t)c.pool, s, pdl, *a, c);
         else if (wide) launch_v2(v2_gemm_kernel<W_TILED, true>, grid, (size_t)c.pool, s, pdl, *a, c);
@@ -1783,7 +1786,7 @@ extern "C" kdt_status kdt_gemm_launch_plain(const kdt_gemm_args *a, int32_t stag
             v3_launch(p3, pl, s);
         } else {
             const V2Cfg c = v2_config_grid(stages, (int64_t)grid.x * grid.y * grid.z, a->m_max);
-            if (a->m_max > 8) launch_v2(v2_gemm_kernel<W_ROWS, true>, grid, (size_t)c.pool, s, pdl_on() && !plain, *a, c);
+            if (a->m_max > V2_HALF_ROWS) launch_v2(v2_gemm_kernel<W_ROWS, true>, grid, (size_t)c.pool, s, pdl_on() && !plain, *a, c);
             else launch_v2(v2_gemm_kernel<W_ROWS>, grid, (size_t)c.pool, s, pdl_on() && !plain, *a, c);
         }
     }
@@ -1801,7 +1804,7 @@ extern "C" int kdt_grouped_fuses_swiglu(const kdt_grouped_args *a) {
 /* Whether a grouped launch's passes can hold more than 8 rows (the WIDE instances). */
 static bool grouped_wide(const kdt_grouped_args &a, const V2Cfg &c) {
     const int rows = a.max_item_rows > 0 ? a.max_item_rows : V2_ROWS;
-    return (rows < c.cap ? rows : c.cap) > 8;
+    return (rows < c.cap ? rows : c.cap) > V2_HALF_ROWS;
 }
 
 extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s) {
