@@ -14,7 +14,7 @@
  * mbarrier protocol across a CTA's passes (test_bulk_pipeline_protocol) and the grouped GEMM's
  * CTAs-per-SM choice for the launch shapes of a Kimi layer and the tiny model
  * (test_grouped_policy), and that every pool the grouped launches get on any SM size runs their
- * pipeline (test_v2_pools). */
+ * pipeline (test_v2_pools), and which launches take the WIDE instances (test_wide_choice). */
 #include <stdint.h>
 #include <string.h>
 
@@ -231,11 +231,30 @@ static void test_v2_pools(void) {
     CHECK_EQ_INT(gt_v2_grouped_k(3, 102400, 82944), 2);
 }
 
+/* Which launches take the WIDE instances: any whose passes can hold more than 8 rows, never a
+ * decode launch (<= 8 rows), whatever its pool. */
+static void test_wide_choice(void) {
+    const int dense_cap = gt_v2_cap(gt_pool_per_sm(233472, 2)); /* the runner's pool on an H100 / H200 */
+    CHECK_EQ_INT(dense_cap, 64);
+    CHECK_EQ_INT(gt_v2_wide(1, dense_cap), 0);  /* decode S 1 */
+    CHECK_EQ_INT(gt_v2_wide(8, dense_cap), 0);  /* decode S 8 */
+    CHECK_EQ_INT(gt_v2_wide(9, dense_cap), 1);  /* tree verify N 9 */
+    CHECK_EQ_INT(gt_v2_wide(65, dense_cap), 1); /* N 65: a 64-row pass */
+    CHECK_EQ_INT(gt_v2_wide(1, 16), 0);         /* grouped decode items at 5 per SM */
+    CHECK_EQ_INT(gt_v2_wide(8, 32), 0);
+    CHECK_EQ_INT(gt_v2_wide(9, 16), 1);         /* a verify item of 9 rows */
+    CHECK_EQ_INT(gt_v2_wide(0, 16), 1);         /* rows unknown: up to 64 */
+    CHECK_EQ_INT(gt_v2_wide(0, 8), 0);          /* a pool of 8-row passes never needs it */
+    CHECK_EQ_INT(gt_v2_tile_rows(GT_V2_HALF_ROWS), GT_V2_HALF_ROWS);
+    CHECK_EQ_INT(gt_v2_tile_rows(GT_V2_HALF_ROWS + 1), 16);
+}
+
 int main(void) {
     T_RUN(test_tiled_layout);
     T_RUN(test_tile_starts);
     T_RUN(test_bulk_pipeline_protocol);
     T_RUN(test_grouped_policy);
     T_RUN(test_v2_pools);
+    T_RUN(test_wide_choice);
     return t_summary();
 }

@@ -74,6 +74,7 @@ GT_HD int gt_grouped_per_sm(int rows, int64_t items, int64_t pairs, int64_t ctas
  * index stage 1, past the pool). */
 enum {
     GT_V2_ROWS = 64,            /* rows per pass the kernels are compiled for */
+    GT_V2_HALF_ROWS = 8,        /* passes of <= 8 rows take the half path (rows 0-7 of one m-tile) */
     GT_V2_XCP = GT_BK + 8,      /* bf16 per hi / lo row (144 B) */
     GT_V2_W_STAGE = GT_BN * (GT_BK + 8) * 2, /* 9216 B */
     GT_V2_X_ROW = GT_BK * 4,    /* bytes per staged fp32 X row */
@@ -81,7 +82,16 @@ enum {
     GT_V2_BAR_BYTES = 128,      /* the bulk loader's mbarriers */
     GT_V2_W_STAGE_BULK = GT_BN * GT_BK * 2 /* 8192 B */
 };
-GT_HDC int gt_v2_tile_rows(int m) { return m <= 8 ? 8 : (m + 15) & ~15; }
+GT_HDC int gt_v2_tile_rows(int m) { return m <= GT_V2_HALF_ROWS ? GT_V2_HALF_ROWS : (m + 15) & ~15; }
+/* Whether a launch takes the WIDE kernel instances (gpu_gemm.cu, k64_compute: the full-tile k step
+ * unrolled over the m-tiles): its passes can hold more than GT_V2_HALF_ROWS rows. rows: its bound on
+ * a pass's rows before the pool's cap (dense: m_max; grouped: max_item_rows, 0 = unknown =
+ * GT_V2_ROWS); cap: rows per pass of its pool. Decode launches (<= 8 rows) keep the instances
+ * whose code the WIDE path would change (session 30: +7 us per Kimi layer on an H200). */
+GT_HD int gt_v2_wide(int rows, int cap) {
+    const int r = rows > 0 ? rows : GT_V2_ROWS;
+    return (r < cap ? r : cap) > GT_V2_HALF_ROWS;
+}
 GT_HDC int gt_v2_xc_bytes(int R) { return 2 * 2 * R * GT_V2_XCP * 2; }
 GT_HDC int gt_v2_stage_bytes(int R) { return GT_V2_W_STAGE + R * GT_V2_X_ROW; }
 GT_HDC int gt_v2_stage_bytes_bulk(int R) { return GT_V2_W_STAGE_BULK + R * GT_V2_X_ROW; }

@@ -362,8 +362,8 @@ __global__ void __launch_bounds__(THREADS) head_kernel(const kdt_head_args a) {
  * zero registers and one ldmatrix.x4 fetches hi and lo; otherwise two ldmatrix.x4 per m-tile. */
 constexpr int V2_ROWS = GT_V2_ROWS;              /* rows per pass the kernels are compiled for */
 constexpr int V2_MT = V2_ROWS / 16;              /* m-tiles: 4 (store_acc's layout) */
-constexpr int V2_HALF_ROWS = 8;                  /* passes of <= 8 rows take the half path; launches
-                                                    of more take the WIDE instances (k64_compute) */
+constexpr int V2_HALF_ROWS = GT_V2_HALF_ROWS;    /* passes of <= 8 rows take the half path; launches
+                                                    of more take the WIDE instances (gt_v2_wide) */
 constexpr int V2_XROWS = V2_ROWS / 8;            /* X rows per thread: (tid >> 4) + 8 i */
 constexpr int V2_WP = BK + 8;                    /* bf16 per W row in shared memory (144 B) */
 constexpr int V2_XCP = GT_V2_XCP;                /* bf16 per hi / lo row (144 B) */
@@ -1765,7 +1765,7 @@ extern "C" kdt_status kdt_gemm_launch_plain(const kdt_gemm_args *a, int32_t stag
     const dim3 grid((unsigned)((a->n + BN - 1) / BN), (unsigned)a->splits, (unsigned)(a->batch > 0 ? a->batch : 1));
     if (a->tiled) { /* only v2 reads the tiled layout; KDT_GEMM_BULK_W=1: by bulk copies */
         const V2Cfg c = v2_config_grid(stages, (int64_t)grid.x * grid.y * grid.z, a->m_max);
-        const bool pdl = pdl_on() && !plain, wide = a->m_max > V2_HALF_ROWS;
+        const bool pdl = pdl_on() && !plain, wide = gt_v2_wide(a->m_max, c.cap);
         if (bulk_w() && wide) launch_v2(v2_gemm_kernel<W_BULK, true>, grid, (size_t)c.pool, s, pdl, *a, c);
         else if (bulk_w()) launch_v2(v2_gemm_kernel<W_BULK>, grid, (size_t)c.pool, s, pdl, *a, c);
         else if (wide) launch_v2(v2_gemm_kernel<W_TILED, true>, grid, (size_t)c.pool, s, pdl, *a, c);
@@ -1786,7 +1786,7 @@ extern "C" kdt_status kdt_gemm_launch_plain(const kdt_gemm_args *a, int32_t stag
             v3_launch(p3, pl, s);
         } else {
             const V2Cfg c = v2_config_grid(stages, (int64_t)grid.x * grid.y * grid.z, a->m_max);
-            if (a->m_max > V2_HALF_ROWS) launch_v2(v2_gemm_kernel<W_ROWS, true>, grid, (size_t)c.pool, s, pdl_on() && !plain, *a, c);
+            if (gt_v2_wide(a->m_max, c.cap)) launch_v2(v2_gemm_kernel<W_ROWS, true>, grid, (size_t)c.pool, s, pdl_on() && !plain, *a, c);
             else launch_v2(v2_gemm_kernel<W_ROWS>, grid, (size_t)c.pool, s, pdl_on() && !plain, *a, c);
         }
     }
@@ -1801,12 +1801,6 @@ extern "C" int kdt_grouped_fuses_swiglu(const kdt_grouped_args *a) {
     return !kdt_g_env_is("KDT_GPU_FUSED_SWIGLU", '0') && a->which == 0 && a->tiled;
 }
 
-/* Whether a grouped launch's passes can hold more than 8 rows (the WIDE instances). */
-static bool grouped_wide(const kdt_grouped_args &a, const V2Cfg &c) {
-    const int rows = a.max_item_rows > 0 ? a.max_item_rows : V2_ROWS;
-    return (rows < c.cap ? rows : c.cap) > V2_HALF_ROWS;
-}
-
 extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s) {
     const dim3 grid((unsigned)((a->n_max + BN - 1) / BN), (unsigned)(a->grid_items > 0 ? a->grid_items : 1));
     if (a->h && (a->which != 0 || !a->tiled))
@@ -1817,7 +1811,7 @@ extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stag
         const bool bulk = bulk_w() && per_sm > 2; /* bulk copies only pay at >= 3 CTAs per SM */
         /* gate/up reads nothing before its wait: PDL only hides its launch (with the row kernels) */
         const bool pdl = pdl_on() && (a->which == 1 || kdt_g_pdl_rows());
-        const bool wide = grouped_wide(*a, c);
+        const bool wide = gt_v2_wide(a->max_item_rows, c.cap);
         if (per_sm > 4 && bulk) launch_v2(v2_grouped_kernel<5, W_BULK>, grid, (size_t)c.pool, s, pdl, *a, c);
         else if (per_sm > 4) launch_v2(v2_grouped_kernel<5, W_TILED>, grid, (size_t)c.pool, s, pdl, *a, c);
         else if (bulk && wide) launch_v2(v2_grouped_kernel<0, W_BULK, true>, grid, (size_t)c.pool, s, pdl, *a, c);
@@ -1842,7 +1836,7 @@ extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stag
             int per_sm = 2;
             const V2Cfg c = v2_config_grouped(stages, *a, &per_sm);
             if (per_sm > 4) v2_grouped_kernel<5, W_ROWS><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
-            else if (grouped_wide(*a, c)) v2_grouped_kernel<0, W_ROWS, true><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+            else if (gt_v2_wide(a->max_item_rows, c.cap)) v2_grouped_kernel<0, W_ROWS, true><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
             else v2_grouped_kernel<0, W_ROWS><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
         }
     }
