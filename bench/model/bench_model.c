@@ -422,6 +422,7 @@ static double decode1[2][2]; /* [ab][corr]: decode S = 1 of the latest pass, for
 static void kimi_shapes(const kimi_bench *kb, int ab) {
     kdt_gpu_runner *r = kb->r;
     kdt_gpu_kv *kv = kb->kv;
+    const kdt_gpu_weight_bytes *wb = kb->wb;
     const int layers = kb->layers, V = kb->V, E = kb->E, samples = kb->samples;
     const double row_bytes = kb->row_bytes, copy_gbps = kb->copy_gbps;
     const int Ss[3] = {1, 8, 64};
@@ -440,7 +441,6 @@ static void kimi_shapes(const kimi_bench *kb, int ab) {
             const double us = time_layers(r, kv, &rc, samples, layers, &gr, &one);
             char dl[64];
             const double D = distinct_experts(r, E, layers, dl, sizeof dl);
-            const kdt_gpu_weight_bytes *wb = kb->wb;
             const double bytes = (double)D * wb->routed_expert + wb->shared_expert + wb->attention + wb->router +
                                  S * ((bench_prefix + 1) * row_bytes + row_bytes);
             row *w = new_row();
@@ -481,7 +481,6 @@ static void kimi_shapes(const kimi_bench *kb, int ab) {
             const double us = time_layers(r, kv, &rc, samples, layers, &gr, &one);
             char dl[64];
             const double D = distinct_experts(r, E, layers, dl, sizeof dl);
-            const kdt_gpu_weight_bytes *wb = kb->wb;
             const double bytes = (double)D * wb->routed_expert + wb->shared_expert + wb->attention + wb->router +
                                  (bench_prefix + N) * row_bytes + N * row_bytes;
             row *w = new_row();

@@ -630,10 +630,7 @@ int max_stages(int hg, int w, int nt, int dq, const DevLimits &d) {
 /* d_q of the instances compiled for one d_q: DeepSeek-V3 / Kimi's 512 + 64, with d_c 512 */
 constexpr int DQ_MLA = 576;
 /* KDT_GPU_ATT_GENERIC=1 (read per launch): the runtime-d_q instances only (the same bits) */
-bool att_generic() {
-    const char *e = getenv("KDT_GPU_ATT_GENERIC");
-    return e != NULL && e[0] == '1';
-}
+bool att_generic() { return kdt_g_env_is("KDT_GPU_ATT_GENERIC", '1'); }
 
 /* One switch over the instances: f.operator()<HG, W, NT, DQ>() for (hg, w, nt), with DQ = d_q
  * where an instance is compiled for it (d_q 576 with d_c 512: nt = 64 / w) unless `generic`,
