@@ -753,11 +753,15 @@ __device__ __forceinline__ void v2_pass(const V2Pass &p, unsigned char *smem, in
  * the pre-split X: row r, 8-element chunk c (k = 8c..8c+7) is 16 B of hi then 16 B of lo at byte
  * 32c of row r (row stride ldx floats), i.e. where the fp32 values of those 8 elements would sit. */
 
-/* X block kb into a stage's planes (hi; lo = hi + plane): thread tid copies half (tid & 1: hi, lo)
- * of chunk (tid & 15) >> 1 of its rows (tid >> 4) + 8 i < m_valid; chunks at k >= kx are zeros
- * (the host takes this path only for kx % 8 == 0, so a chunk never straddles kx). */
+/* X block kb into a stage's planes (hi; lo = hi + plane): thread tid copies half (tid >> 3) & 1
+ * (hi, lo) of chunk tid & 7 of its rows (tid >> 4) + 8 i < m_valid; chunks at k >= kx are zeros
+ * (the host takes this path only for kx % 8 == 0, so a chunk never straddles kx). Eight
+ * consecutive threads (one phase of a 16-byte shared store) fill one plane row's 128 B: the
+ * first form alternated hi and lo between neighbours, whose chunks share a bank group (the planes
+ * are R x 144 B apart), and ncu counted twice the ideal shared wavefronts on these copies, the
+ * kernel 9 % slower than the fp32 form (session 31). */
 __device__ __forceinline__ void v2_load_x_hl(const V2Pass &p, uint16_t *hi, int plane, int kb) {
-    const int tid = threadIdx.x, c = (tid & 15) >> 1, lo = tid & 1, k = p.k_begin + kb * BK + c * 8;
+    const int tid = threadIdx.x, c = tid & 7, lo = (tid >> 3) & 1, k = p.k_begin + kb * BK + c * 8;
     uint16_t *dst = hi + lo * plane + c * 8;
 #pragma unroll
     for (int i = 0; i < V2_XROWS; i++) {
