@@ -1970,12 +1970,13 @@ extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stag
 }
 
 /* ---- X pre-split (XHL) on the host ----------------------------------------------------------------
- * KDT_GEMM_XHL=1 (read when a runner is created; default off until measured against the fp32 form
- * on a GPU): the forward converts a WIDE launch's X into bf16 hi / lo once (kdt_gemm_split_x)
- * instead of every CTA converting its own copy, for launches whose weights reach
- * KDT_GEMM_XHL_MIN_MB (default 16: a conversion launch costs ~2-3 us, which only large weight
- * streams repay). Not with KDT_GEMM_V1 / V3 (A/B runs of other kernels). The same bits either way
- * (the v2 / XHL section; test_gemm_ab and the model test check them). */
+ * KDT_GEMM_XHL=1 (read per pass; default off): the forward converts a WIDE launch's X into bf16
+ * hi / lo once (kdt_gemm_split_x) instead of every CTA converting its own copy, for launches whose
+ * weights reach KDT_GEMM_XHL_MIN_MB (default 16: a split launch costs ~1-2 us, which only large
+ * weight streams repay). Not with KDT_GEMM_V1 / V3 (A/B runs of other kernels). The same bits
+ * either way (the v2 / XHL section; test_gemm_ab and the model test check them). Its first form
+ * was 4-16 % slower on the correlated verify (session 31, docs/model_gpu.md: bank conflicts in
+ * v2_load_x_hl, mended since, not yet measured), hence off. */
 namespace {
 __global__ void __launch_bounds__(256) k_split_x(const float *x, int64_t ldx, int c8, const int32_t *m_dev, int m_max,
                                                  float *out, int64_t ldo) {
