@@ -618,20 +618,27 @@ static int step_cut(pass *p, const char *name) {
     } while (0)
 
 /* X pre-split into bf16 hi / lo once for a WIDE launch (gpu_gemm.cu, "v2 with X pre-split";
- * KDT_GEMM_XHL=1 gives the runner its scratch): when the pass has 9..xhl_rows rows, the launch's
- * weights reach kdt_gemm_xhl_min_bytes and its X fits the split (16-byte rows, K a multiple of 8),
- * converts rows [0, M) x columns [0, cols) of x into the stream's scratch (its ld: cols) as a step
- * of the pass and returns 1; else 0 (the GEMM converts per CTA, as without the switch). The same
- * bits either way. rows / m_dev: the X rows (the pass's, or the MoE pairs' for the down GEMM). */
-static int split_x(pass *p, const float *x, int64_t ldx, int32_t cols, int32_t rows, const int32_t *m_dev,
-                   int64_t w_bytes, kdt_status *st) {
-    *st = KDT_OK;
+ * KDT_GEMM_XHL=1, read per pass): when the pass has 9..xhl_rows rows, the launch's weights reach
+ * kdt_gemm_xhl_min_bytes and its X fits the split (16-byte rows, K a multiple of 8), converts rows
+ * [0, rows) x columns [0, cols) of *x into the stream's scratch as a step of the pass, points *x /
+ * *ldx at it and sets *x_hl = 1; else *x_hl = 0 and the GEMM converts per CTA (the same bits);
+ * -1 when the pass is cut here (the caller returns). rows / m_dev: the X rows (the pass's, or the
+ * MoE pairs' for the down GEMM). */
+static kdt_status split_x(pass *p, const float **x, int64_t *ldx, int32_t cols, int32_t rows, const int32_t *m_dev,
+                          int64_t w_bytes, int *x_hl) {
+    *x_hl = 0;
     if (!p->xhl || p->M <= GT_V2_HALF_ROWS || p->M > p->r->xhl_rows || w_bytes < kdt_gemm_xhl_min_bytes() ||
-        cols % 8 || ldx % 4 || ((uintptr_t)x & 15) || (size_t)rows * (size_t)cols > p->xhl_floats)
-        return 0;
-    if (step_cut(p, "x_split")) return -1; /* cut: the caller returns */
-    *st = kdt_gemm_split_x(x, ldx, cols, m_dev, rows, p->xhl, cols, p->s, p->plain_next);
-    return 1;
+        cols % 8 || *ldx % 4 || ((uintptr_t)*x & 15) || (size_t)rows * (size_t)cols > p->xhl_floats)
+        return KDT_OK;
+    if (step_cut(p, "x_split")) {
+        *x_hl = -1;
+        return KDT_OK;
+    }
+    KDT_TRY(kdt_gemm_split_x(*x, *ldx, cols, m_dev, rows, p->xhl, cols, p->s, p->plain_next));
+    *x = p->xhl;
+    *ldx = cols;
+    *x_hl = 1;
+    return KDT_OK;
 }
 
 /* partials of X W^T into y (r->part when NULL) as [splits][M][ldy] (+ y_batch per batch);
@@ -666,17 +673,9 @@ static kdt_status gemm_into(pass *p, const char *name, const float *x, int64_t l
     a.k_chunk = k_chunk;
     a.tiled = w->tiled;
     int x_hl = 0;
-    if (w->batch <= 1 && kx % 8 == 0) {
-        kdt_status st;
-        x_hl = split_x(p, x, ldx, kx, p->M, p->m_dev, (int64_t)w->rows * w->ld * 2, &st);
-        if (x_hl < 0) return KDT_OK;
-        KDT_TRY(st);
-        if (x_hl) {
-            a.x = p->xhl;
-            a.ldx = kx;
-        }
-    }
-    if (step_cut(p, name)) return KDT_OK;
+    if (w->batch <= 1 && kx % 8 == 0)
+        KDT_TRY(split_x(p, &a.x, &a.ldx, kx, p->M, p->m_dev, (int64_t)w->rows * w->ld * 2, &x_hl));
+    if (x_hl < 0 || step_cut(p, name)) return KDT_OK;
     const int plain = p->plain_next;
     p->plain_next = 0;
     return kdt_gemm_launch_x(&a, p->stages, p->s, plain, x_hl);
@@ -850,16 +849,8 @@ static kdt_status moe_routed(pass *p, const kdt_gpu_layer *L, int32_t l, int32_t
     const int64_t expert_bytes = (int64_t)3 * c->moe_intermediate_size * D * 2; /* gate, up, down */
     const int64_t touched = (int64_t)(p->M * K < E ? p->M * K : E);
     int x_hl = 0;
-    if (k8) {
-        kdt_status st;
-        x_hl = split_x(p, r->xn, D, D, p->M, p->m_dev, touched * expert_bytes * 2 / 3, &st);
-        if (x_hl < 0) return KDT_OK;
-        KDT_TRY(st);
-        if (x_hl) {
-            a.x = p->xhl;
-            a.ldx = D;
-        }
-    }
+    if (k8) KDT_TRY(split_x(p, &a.x, &a.ldx, D, p->M, p->m_dev, touched * expert_bytes * 2 / 3, &x_hl));
+    if (x_hl < 0) return KDT_OK;
     PASS_STEP(p, "moe_gate_up", kdt_grouped_launch_x(&a, p->stages, p->s, x_hl));
     if (!fused)
         PASS_STEP(p, "moe_swiglu", kdt_op_swiglu(r->moe_part, 1, 0, ldp, r->moe_counts + 1, max_pairs, r->pair_expert,
@@ -871,17 +862,10 @@ static kdt_status moe_routed(pass *p, const kdt_gpu_layer *L, int32_t l, int32_t
     a.y = r->moe_y;
     a.ldy = D;
     a.n_max = D;
-    x_hl = 0;
-    if (k8) { /* the pairs' rows: their count is the plan's (moe_counts[1]) */
-        kdt_status st;
-        x_hl = split_x(p, r->h, r->ld_h, inter_max, max_pairs, r->moe_counts + 1, touched * expert_bytes / 3, &st);
-        if (x_hl < 0) return KDT_OK;
-        KDT_TRY(st);
-        if (x_hl) {
-            a.x = p->xhl;
-            a.ldx = inter_max;
-        }
-    }
+    x_hl = 0; /* the pairs' rows: their count is the plan's (moe_counts[1]) */
+    if (k8)
+        KDT_TRY(split_x(p, &a.x, &a.ldx, inter_max, max_pairs, r->moe_counts + 1, touched * expert_bytes / 3, &x_hl));
+    if (x_hl < 0) return KDT_OK;
     PASS_STEP(p, "moe_down", kdt_grouped_launch_x(&a, p->stages, p->s, x_hl));
     if (hs == 2) /* the combine reads the shared expert's partials: join first */
         KDT_TRY(stream_after(p->s, r->side, r->ev_join, "GPU forward: shared expert join"));
