@@ -503,31 +503,24 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
         hh = dalloc<float>((size_t)std::max(pairs, 1) * I);
         if (kdt_gemm_split_x(h, ldh, I, d_pairs, std::max(pairs, 1), hh, I, 0, 1) != KDT_OK) n_fail++;
     }
+    /* one launch of g with X = the split xs (ld), out into yo, against ref */
+    auto xhl_one = [&](const kdt_grouped_args &g, float *xs, int ld, float *yo, const float *ref, size_t bytes,
+                       const char *which, const char *how) {
+        if (!xs) return;
+        kdt_grouped_args t = g;
+        t.x = xs;
+        t.ldx = ld;
+        t.y = yo;
+        poison(yo, bytes);
+        if (kdt_grouped_launch_x(&t, g_stages, 0, 1) != KDT_OK) n_fail++;
+        CK(cudaGetLastError());
+        CK(cudaDeviceSynchronize());
+        snprintf(what, sizeof what, "grouped %s, pre-split X (%s), D=%d I=%d E=%d items=%d", which, how, D, I, E, n_items);
+        same(ref, yo, bytes, what);
+    };
     auto xhl_pair = [&](const kdt_grouped_args &ga, const kdt_grouped_args &gb, const char *how) {
-        if (xnh) {
-            kdt_grouped_args ah = ga;
-            ah.x = xnh;
-            ah.ldx = D;
-            ah.y = y2;
-            poison(y2, b0);
-            if (kdt_grouped_launch_x(&ah, g_stages, 0, 1) != KDT_OK) n_fail++;
-            CK(cudaGetLastError());
-            CK(cudaDeviceSynchronize());
-            snprintf(what, sizeof what, "grouped gate/up, pre-split X (%s), D=%d I=%d E=%d items=%d", how, D, I, E, n_items);
-            same(y1, y2, b0, what);
-        }
-        if (hh) {
-            kdt_grouped_args bh = gb;
-            bh.x = hh;
-            bh.ldx = I;
-            bh.y = z2;
-            poison(z2, b1);
-            if (kdt_grouped_launch_x(&bh, g_stages, 0, 1) != KDT_OK) n_fail++;
-            CK(cudaGetLastError());
-            CK(cudaDeviceSynchronize());
-            snprintf(what, sizeof what, "grouped down, pre-split X (%s), D=%d I=%d E=%d items=%d", how, D, I, E, n_items);
-            same(z1, z2, b1, what);
-        }
+        xhl_one(ga, xnh, D, y2, y1, b0, "gate/up", how);
+        xhl_one(gb, hh, I, z2, z1, b1, "down", how);
     };
     xhl_pair(a, b, "row-major");
     {   /* the wave-shaping instance (5 CTAs per SM on an H200: 3-stage pool, 16-row passes): v1's bits */

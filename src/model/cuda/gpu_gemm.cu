@@ -1881,14 +1881,34 @@ void launch_v2(void (*kernel)(KArgs...), dim3 grid, size_t smem, cudaStream_t s,
     pdl::launch(kernel, grid, dim3(THREADS), smem, s, pdl, args...); /* a failure is picked up by launch_error */
 }
 
-extern "C" kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cudaStream_t s) {
-    return kdt_gemm_launch_plain(a, stages, s, 0);
+/* A pre-split X's launch: what both launchers check (their error names the launch). */
+static kdt_status xhl_check(const char *who, const float *x, int64_t ldx, int32_t kx, int rows_gather_ok,
+                            const int32_t *x_rows, int32_t batch) {
+    if (kx % 8 || ldx % 8 || ((uintptr_t)x & 15) || (!rows_gather_ok && x_rows) || batch > 1)
+        return kdt_fail(KDT_ERR_INTERNAL, "%s: a pre-split X needs kx %% 8 == 0 (%d), ldx %% 8 == 0 (%lld), "
+                        "16-byte rows, no row gather, one batch (%d)", who, kx, (long long)ldx, batch);
+    return KDT_OK;
 }
-extern "C" kdt_status kdt_gemm_launch_plain(const kdt_gemm_args *a, int32_t stages, cudaStream_t s, int plain) {
+
+extern "C" kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cudaStream_t s) {
+    return kdt_gemm_launch_x(a, stages, s, 0, 0);
+}
+extern "C" kdt_status kdt_gemm_launch_x(const kdt_gemm_args *a, int32_t stages, cudaStream_t s, int plain,
+                                        int x_hl) {
     if (a->ldw % BK || a->k_chunk % BK || a->m_max < 1 || a->n < 1)
         return kdt_fail(KDT_ERR_INTERNAL, "GPU GEMM: ld %d, k_chunk %d, m_max %d, n %d", a->ldw, a->k_chunk,
                         a->m_max, a->n);
     const dim3 grid((unsigned)((a->n + BN - 1) / BN), (unsigned)a->splits, (unsigned)(a->batch > 0 ? a->batch : 1));
+    if (x_hl) { /* X pre-split: the XHL instances (v2, WIDE), whatever KDT_GEMM_V1 / V3 say */
+        KDT_TRY(xhl_check("GPU GEMM", a->x, a->ldx, a->kx, 0, a->x_rows, a->batch));
+        V2Cfg c = v2_config_grid(stages, (int64_t)grid.x * grid.y * grid.z, a->m_max);
+        c.cap = gt_v2_cap_hl(c.pool, 3); /* >= the fp32 form's (test_gemm_tiles) */
+        const bool pdl = pdl_on() && !plain;
+        if (a->tiled && bulk_w()) launch_v2(v2_gemm_kernel<W_BULK, true, true>, grid, (size_t)c.pool, s, pdl, *a, c);
+        else if (a->tiled) launch_v2(v2_gemm_kernel<W_TILED, true, true>, grid, (size_t)c.pool, s, pdl, *a, c);
+        else launch_v2(v2_gemm_kernel<W_ROWS, true, true>, grid, (size_t)c.pool, s, pdl, *a, c);
+        return launch_error("GPU GEMM (pre-split X)");
+    }
     if (a->tiled) { /* only v2 reads the tiled layout; KDT_GEMM_BULK_W=1: by bulk copies */
         const V2Cfg c = v2_config_grid(stages, (int64_t)grid.x * grid.y * grid.z, a->m_max);
         const bool pdl = pdl_on() && !plain, wide = gt_v2_wide(a->m_max, c.cap);
@@ -1928,9 +1948,27 @@ extern "C" int kdt_grouped_fuses_swiglu(const kdt_grouped_args *a) {
 }
 
 extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s) {
+    return kdt_grouped_launch_x(a, stages, s, 0);
+}
+extern "C" kdt_status kdt_grouped_launch_x(const kdt_grouped_args *a, int32_t stages, cudaStream_t s, int x_hl) {
     const dim3 grid((unsigned)((a->n_max + BN - 1) / BN), (unsigned)(a->grid_items > 0 ? a->grid_items : 1));
     if (a->h && (a->which != 0 || !a->tiled))
         return kdt_fail(KDT_ERR_INTERNAL, "GPU grouped GEMM: a fused SwiGLU needs a gate/up launch over tiled experts");
+    if (x_hl) { /* X pre-split: the XHL instances (v2, WIDE), whatever KDT_GEMM_V1 / V3 say */
+        KDT_TRY(xhl_check("GPU grouped GEMM", a->x, a->ldx, 8, 1, nullptr, 1)); /* the forward checks each K */
+        int per_sm = 2;
+        V2Cfg c = v2_config_grouped(stages, *a, &per_sm);
+        c.cap = gt_v2_cap_hl(c.pool, per_sm > 2 && grouped_cap2() ? 2 : 3);
+        if (!a->tiled) { /* row-major experts: launched plainly, as below */
+            v2_grouped_kernel<0, W_ROWS, true, true><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
+            return launch_error("GPU grouped GEMM (pre-split X)");
+        }
+        const bool bulk = bulk_w() && per_sm > 2;
+        const bool pdl = pdl_on() && (a->which == 1 || kdt_g_pdl_rows());
+        if (bulk) launch_v2(v2_grouped_kernel<0, W_BULK, true, true>, grid, (size_t)c.pool, s, pdl, *a, c);
+        else launch_v2(v2_grouped_kernel<0, W_TILED, true, true>, grid, (size_t)c.pool, s, pdl, *a, c);
+        return launch_error("GPU grouped GEMM (pre-split X)");
+    }
     if (a->tiled) { /* only v2 reads the tiled layout; KDT_GEMM_BULK_W=1: by bulk copies */
         int per_sm = 2;
         const V2Cfg c = v2_config_grouped(stages, *a, &per_sm);
@@ -2025,51 +2063,6 @@ extern "C" kdt_status kdt_gemm_split_x(const float *x, int64_t ldx, int32_t cols
     return launch_error("GPU GEMM: X split");
 }
 
-/* A pre-split X's launch: what both launchers check (their error names the launch). */
-static kdt_status xhl_check(const char *who, const float *x, int64_t ldx, int32_t kx, int rows_gather_ok,
-                            const int32_t *x_rows, int32_t batch) {
-    if (kx % 8 || ldx % 8 || ((uintptr_t)x & 15) || (!rows_gather_ok && x_rows) || batch > 1)
-        return kdt_fail(KDT_ERR_INTERNAL, "%s: a pre-split X needs kx %% 8 == 0 (%d), ldx %% 8 == 0 (%lld), "
-                        "16-byte rows, no row gather, one batch (%d)", who, kx, (long long)ldx, batch);
-    return KDT_OK;
-}
-
-extern "C" kdt_status kdt_gemm_launch_x(const kdt_gemm_args *a, int32_t stages, cudaStream_t s, int plain,
-                                        int x_hl) {
-    if (!x_hl) return kdt_gemm_launch_plain(a, stages, s, plain);
-    if (a->ldw % BK || a->k_chunk % BK || a->m_max < 1 || a->n < 1)
-        return kdt_fail(KDT_ERR_INTERNAL, "GPU GEMM: ld %d, k_chunk %d, m_max %d, n %d", a->ldw, a->k_chunk,
-                        a->m_max, a->n);
-    KDT_TRY(xhl_check("GPU GEMM", a->x, a->ldx, a->kx, 0, a->x_rows, a->batch));
-    const dim3 grid((unsigned)((a->n + BN - 1) / BN), (unsigned)a->splits, (unsigned)(a->batch > 0 ? a->batch : 1));
-    V2Cfg c = v2_config_grid(stages, (int64_t)grid.x * grid.y * grid.z, a->m_max);
-    c.cap = gt_v2_cap_hl(c.pool, 3); /* >= the fp32 form's (test_gemm_tiles) */
-    const bool pdl = pdl_on() && !plain;
-    if (a->tiled && bulk_w()) launch_v2(v2_gemm_kernel<W_BULK, true, true>, grid, (size_t)c.pool, s, pdl, *a, c);
-    else if (a->tiled) launch_v2(v2_gemm_kernel<W_TILED, true, true>, grid, (size_t)c.pool, s, pdl, *a, c);
-    else launch_v2(v2_gemm_kernel<W_ROWS, true, true>, grid, (size_t)c.pool, s, pdl, *a, c);
-    return launch_error("GPU GEMM (pre-split X)");
-}
-
-extern "C" kdt_status kdt_grouped_launch_x(const kdt_grouped_args *a, int32_t stages, cudaStream_t s, int x_hl) {
-    if (!x_hl) return kdt_grouped_launch(a, stages, s);
-    if (a->h && (a->which != 0 || !a->tiled))
-        return kdt_fail(KDT_ERR_INTERNAL, "GPU grouped GEMM: a fused SwiGLU needs a gate/up launch over tiled experts");
-    KDT_TRY(xhl_check("GPU grouped GEMM", a->x, a->ldx, 8, 1, nullptr, 1)); /* the forward checks each K (kd, inter) */
-    const dim3 grid((unsigned)((a->n_max + BN - 1) / BN), (unsigned)(a->grid_items > 0 ? a->grid_items : 1));
-    int per_sm = 2;
-    V2Cfg c = v2_config_grouped(stages, *a, &per_sm);
-    c.cap = gt_v2_cap_hl(c.pool, per_sm > 2 && grouped_cap2() ? 2 : 3);
-    if (!a->tiled) { /* row-major experts: launched plainly, as kdt_grouped_launch does */
-        v2_grouped_kernel<0, W_ROWS, true, true><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
-        return launch_error("GPU grouped GEMM (pre-split X)");
-    }
-    const bool bulk = bulk_w() && per_sm > 2;
-    const bool pdl = pdl_on() && (a->which == 1 || kdt_g_pdl_rows());
-    if (bulk) launch_v2(v2_grouped_kernel<0, W_BULK, true, true>, grid, (size_t)c.pool, s, pdl, *a, c);
-    else launch_v2(v2_grouped_kernel<0, W_TILED, true, true>, grid, (size_t)c.pool, s, pdl, *a, c);
-    return launch_error("GPU grouped GEMM (pre-split X)");
-}
 
 namespace {
 /* [rows][ld] -> [rows / 64][ld / 64][64][64] for rows [0, n) of src into dst (16-byte chunks;

@@ -275,8 +275,9 @@ typedef struct kdt_gemm_args {
     int32_t batch, splits, k_chunk;
 } kdt_gemm_args;
 kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cudaStream_t s);
-/* the same, launched without programmatic dependence when plain (a full dependency) */
-kdt_status kdt_gemm_launch_plain(const kdt_gemm_args *a, int32_t stages, cudaStream_t s, int plain);
+/* the same, launched without programmatic dependence when plain (a full dependency), reading a
+ * pre-split X when x_hl (kdt_gemm_split_x, below) */
+kdt_status kdt_gemm_launch_x(const kdt_gemm_args *a, int32_t stages, cudaStream_t s, int plain, int x_hl);
 
 /* Grouped MoE GEMM over the item list: which = 0 gate/up (X rows gathered by pair_row, K = D,
  * N = 2 i_pad of the item's expert), 1 down (X = h rows in pair order, K = I, N = D). */
@@ -318,7 +319,6 @@ int64_t kdt_gemm_xhl_min_bytes(void); /* a launch's weight bytes that make the s
                                          (KDT_GEMM_XHL_MIN_MB, default 16; read per call) */
 kdt_status kdt_gemm_split_x(const float *x, int64_t ldx, int32_t cols, const int32_t *m_dev, int32_t m_max,
                             float *out, int64_t ld_out, cudaStream_t s, int plain);
-kdt_status kdt_gemm_launch_x(const kdt_gemm_args *a, int32_t stages, cudaStream_t s, int plain, int x_hl);
 kdt_status kdt_grouped_launch_x(const kdt_grouped_args *a, int32_t stages, cudaStream_t s, int x_hl);
 
 /* Rewrites a bf16 weight [rows][ld] (rows % 64 == 0, ld % 64 == 0) in place into the tiled
