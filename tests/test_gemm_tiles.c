@@ -231,61 +231,6 @@ static void test_v2_pools(void) {
     CHECK_EQ_INT(gt_v2_grouped_k(3, 102400, 82944), 2);
 }
 
-/* The pools of passes whose X comes pre-split into bf16 hi / lo (XHL, gpu_gemm.cu): on every pool
- * a grouped or dense launch can get (the sweep of test_v2_pools, plus the runner pools), XHL
- * passes never hold fewer rows than the fp32 form, every pass up to the cap gets >= 2 stages in
- * both W loaders and 8-row passes >= 3, the stages fit the pool behind the bulk loader's
- * barriers, and every plane starts 16-byte aligned (cp.async, bulk copies, ldmatrix rows). Then
- * the sizes the design note quotes (the H100 / H200's 4- and 3-per-SM pools, the runner's). */
-static void test_xhl_pools(void) {
-    static const int runner_pools[3] = {55296, 82944, 115712};
-    int bad = 0, pools = 0;
-    for (int per_sm = 49152 + 1024; per_sm <= 233472; per_sm += 512)
-        for (int rp = 0; rp < 3; rp++) {
-            if (runner_pools[rp] + 1024 > per_sm) continue;
-            for (int k = 2; k <= 5; k++) {
-                const int used = k == 2 ? 2 : gt_v2_grouped_k(k, per_sm, runner_pools[rp]);
-                const int pool = used == 2 ? runner_pools[rp] : gt_pool_per_sm(per_sm, used);
-                for (int min_st = 2; min_st <= 3; min_st++) {
-                    const int cap = gt_v2_cap_hl(pool, min_st);
-                    pools++;
-                    bad += cap < gt_v2_cap(pool) || cap < 16;
-                    bad += gt_v2_stages_hl(8, pool) < 3 || gt_v2_stages_bulk_hl(8, pool) < 3;
-                    for (int m = 1; m <= cap; m++) {
-                        const int R = gt_v2_tile_rows(m), S = gt_v2_stages_hl(R, pool),
-                                  Sb = gt_v2_stages_bulk_hl(R, pool);
-                        bad += S < 2 || Sb < 2;
-                        bad += S * gt_v2_stage_bytes_hl(R) > pool;
-                        bad += GT_V2_BAR_BYTES + Sb * gt_v2_stage_bytes_bulk_hl(R) > pool;
-                        bad += gt_v2_stage_bytes_hl(R) % 16 || gt_v2_stage_bytes_bulk_hl(R) % 16 ||
-                               (R * GT_V2_XCP * 2) % 16; /* the lo plane's start */
-                    }
-                }
-            }
-        }
-    /* any pool (the dense launches pick theirs by CTAs per SM): never fewer rows than the fp32 form */
-    for (int pool = 16384; pool <= 233472; pool += 128)
-        bad += gt_v2_cap_hl(pool, 3) < gt_v2_cap(pool) || gt_v2_cap_hl(pool, 2) < gt_v2_cap_hl(pool, 3);
-    CHECK_EQ_INT(bad, 0);
-    CHECK(pools > 100);
-    CHECK_EQ_INT(gt_v2_stage_bytes_hl(64), 27648);
-    CHECK_EQ_INT(gt_v2_stage_bytes_bulk_hl(64), 26624);
-    /* 4 per SM (57,344 B): two 64-row stages (the fp32 form: 32 rows, KDT_GEMM_GROUPED_CAP2) */
-    CHECK_EQ_INT(gt_v2_cap_hl(57344, 2), 64);
-    CHECK_EQ_INT(gt_v2_stages_hl(64, 57344), 2);
-    CHECK_EQ_INT(gt_v2_stages_bulk_hl(64, 57344), 2);
-    CHECK_EQ_INT(gt_v2_cap_hl(57344, 3), 32);
-    /* 3 per SM (76,800 B): 64 rows at 2 stages, 48 at 3 */
-    CHECK_EQ_INT(gt_pool_per_sm(233472, 3), 76800);
-    CHECK_EQ_INT(gt_v2_cap_hl(76800, 2), 64);
-    CHECK_EQ_INT(gt_v2_cap_hl(76800, 3), 48);
-    /* the runner's pool: 64 rows at 4 stages (the fp32 form: 3) */
-    CHECK_EQ_INT(gt_v2_cap_hl(115712, 3), 64);
-    CHECK_EQ_INT(gt_v2_stages_hl(64, 115712), 4);
-    CHECK_EQ_INT(gt_v2_stages(64, 115712), 3);
-    CHECK_EQ_INT(gt_v2_cap_hl(20000, 2), 0);
-}
-
 /* Which launches take the WIDE instances: any whose passes can hold more than 8 rows, never a
  * decode launch (<= 8 rows), whatever its pool. */
 static void test_wide_choice(void) {
@@ -311,6 +256,5 @@ int main(void) {
     T_RUN(test_grouped_policy);
     T_RUN(test_v2_pools);
     T_RUN(test_wide_choice);
-    T_RUN(test_xhl_pools);
     return t_summary();
 }

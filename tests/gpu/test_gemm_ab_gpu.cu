@@ -5,8 +5,7 @@
  *      grouped MoE GEMM (gate/up gather and down), lm_head (logits + fused argmax), many M;
  *      plus "row alone == row inside a batch" for v2 and v3. v3 runs every dense and grouped case
  *      under several schedules (K blocks per stage block, CTAs per SM, balanced or full grid, rows
- *      per pass), each of which must give v1's bits; so do v2's pre-split X instances (XHL: X
- *      converted once by kdt_gemm_split_x) wherever the forward could use them.
+ *      per pass), each of which must give v1's bits.
  *   2. timing (cudaEvent, L2 flushed by a 512 MB read before every launch, median of reps) of the
  *      Kimi K2.6 decode / verify shapes for v1, v2 and v3, with GB/s of weight bytes; --sweep
  *      adds v3 under each schedule on the decode-sized shapes.
@@ -243,29 +242,6 @@ static void dense_case(const DenseCase &dc, uint64_t seed) {
     snprintf(what, sizeof what, "dense n=%d cols=%d batch=%d kx=%d ldx=%lld gather=%d M=%d splits=%d", dc.n, dc.cols,
              batch, kx, (long long)ldx, dc.gather, dc.M, splits);
     same(y1, y2, ybytes, what);
-    /* X pre-split (the XHL instances, kdt_gemm_split_x): where the forward would use it (more than
-     * 8 rows, one batch, no gather, kx % 8 == 0, 16-byte rows); xh is X in that layout */
-    const bool xhl_case = dc.M > 8 && batch == 1 && !dc.gather && kx % 8 == 0 && ldx % 4 == 0 &&
-                          ((uintptr_t)a.x & 15) == 0;
-    float *xh = nullptr;
-    if (xhl_case) {
-        xh = dalloc<float>((size_t)dc.M * kx);
-        poison(xh, (size_t)dc.M * kx * 4);
-        if (kdt_gemm_split_x(a.x, ldx, kx, d_m, dc.M, xh, kx, 0, 1) != KDT_OK) n_fail++;
-        float *yh = dalloc<float>(ybytes / 4);
-        poison(yh, ybytes);
-        kdt_gemm_args h = a;
-        h.x = xh;
-        h.ldx = kx;
-        h.y = yh;
-        if (kdt_gemm_launch_x(&h, g_stages, 0, 1, 1) != KDT_OK) n_fail++;
-        CK(cudaGetLastError());
-        CK(cudaDeviceSynchronize());
-        char wh[260];
-        snprintf(wh, sizeof wh, "pre-split X (row-major weights): %s", what);
-        same(y1, yh, ybytes, wh);
-        cudaFree(yh);
-    }
     if (dc.n % 64 == 0) {
         /* tiled weights (kdt_gemm_tile64, KDT_GPU_TILED_DENSE): the launcher's choice, then the
          * cp.async and (sm_90+) bulk-copy instances directly: v1's bits */
@@ -295,28 +271,6 @@ static void dense_case(const DenseCase &dc, uint64_t seed) {
             CK(cudaDeviceSynchronize());
             char wtn[260];
             snprintf(wtn, sizeof wtn, "tiled weights (%s): %s", names[v], what);
-            same(y1, yt, ybytes, wtn);
-        }
-        for (int v = 0; xhl_case && v < (major >= 9 ? 3 : 2); v++) { /* the same with X pre-split */
-            static const char *names[3] = {"launcher", "cp.async", "bulk"};
-            kdt_gemm_args th = t;
-            th.x = xh;
-            th.ldx = kx;
-            th.y = yt;
-            poison(yt, ybytes);
-            V2Cfg ch = c;
-            ch.cap = gt_v2_cap_hl(c.pool, 3);
-            if (v == 0) {
-                if (kdt_gemm_launch_x(&th, g_stages, 0, 0, 1) != KDT_OK) n_fail++;
-            } else if (v == 1) {
-                v2_gemm_kernel<W_TILED, true, true><<<grid, THREADS, ch.pool>>>(th, ch);
-            } else {
-                v2_gemm_kernel<W_BULK, true, true><<<grid, THREADS, ch.pool>>>(th, ch);
-            }
-            CK(cudaGetLastError());
-            CK(cudaDeviceSynchronize());
-            char wtn[260];
-            snprintf(wtn, sizeof wtn, "tiled weights (%s), pre-split X: %s", names[v], what);
             same(y1, yt, ybytes, wtn);
         }
         cudaFree(yt);
@@ -385,7 +339,6 @@ static void dense_case(const DenseCase &dc, uint64_t seed) {
     }
     cudaFree(w);
     cudaFree(x);
-    if (xh) cudaFree(xh);
     cudaFree(d_rows);
     cudaFree(d_m);
     cudaFree(y1);
@@ -490,39 +443,6 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
     snprintf(what, sizeof what, "grouped down D=%d I=%d E=%d items=%d pairs=%d grid_items=%d", D, I, E, n_items, pairs,
              grid_items);
     same(z1, z2, b1, what);
-    /* X pre-split (XHL): gate/up's xn rows, and down's h rows where they are 16-byte aligned;
-     * through kdt_grouped_launch_x here, the tiled instances below */
-    float *xnh = nullptr, *hh = nullptr;
-    std::vector<int32_t> xr = {xrows}, pr = {std::max(pairs, 1)};
-    int32_t *d_xr = dint(xr), *d_pairs = dint(pr);
-    if (D % 8 == 0) {
-        xnh = dalloc<float>((size_t)xrows * D);
-        if (kdt_gemm_split_x(xn, D, D, d_xr, xrows, xnh, D, 0, 1) != KDT_OK) n_fail++;
-    }
-    if (h_aligned && I % 8 == 0 && ldh % 4 == 0) {
-        hh = dalloc<float>((size_t)std::max(pairs, 1) * I);
-        if (kdt_gemm_split_x(h, ldh, I, d_pairs, std::max(pairs, 1), hh, I, 0, 1) != KDT_OK) n_fail++;
-    }
-    /* one launch of g with X = the split xs (ld), out into yo, against ref */
-    auto xhl_one = [&](const kdt_grouped_args &g, float *xs, int ld, float *yo, const float *ref, size_t bytes,
-                       const char *which, const char *how) {
-        if (!xs) return;
-        kdt_grouped_args t = g;
-        t.x = xs;
-        t.ldx = ld;
-        t.y = yo;
-        poison(yo, bytes);
-        if (kdt_grouped_launch_x(&t, g_stages, 0, 1) != KDT_OK) n_fail++;
-        CK(cudaGetLastError());
-        CK(cudaDeviceSynchronize());
-        snprintf(what, sizeof what, "grouped %s, pre-split X (%s), D=%d I=%d E=%d items=%d", which, how, D, I, E, n_items);
-        same(ref, yo, bytes, what);
-    };
-    auto xhl_pair = [&](const kdt_grouped_args &ga, const kdt_grouped_args &gb, const char *how) {
-        xhl_one(ga, xnh, D, y2, y1, b0, "gate/up", how);
-        xhl_one(gb, hh, I, z2, z1, b1, "down", how);
-    };
-    xhl_pair(a, b, "row-major");
     {   /* the wave-shaping instance (5 CTAs per SM on an H200: 3-stage pool, 16-row passes): v1's bits */
         int per_sm = 0;
         CK(kdt_smem_per_sm(0, &per_sm));
@@ -613,7 +533,6 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
                      n_items);
             same(z1, z2, b1, what);
         }
-        xhl_pair(at, bt, "tiled, launcher");
         for (auto q : tbufs) cudaFree(q);
         cudaFree(tmp);
         cudaFree(d_ext);
@@ -649,10 +568,6 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
         set_v3(V3_CONFIGS[0]);
     }
     for (auto p : bufs) cudaFree(p);
-    if (xnh) cudaFree(xnh);
-    if (hh) cudaFree(hh);
-    cudaFree(d_xr);
-    cudaFree(d_pairs);
     cudaFree(d_ex);
     cudaFree(d_items);
     cudaFree(d_pr);

@@ -1494,75 +1494,6 @@ static void test_shared_apart(void) {
     shared_apart_case(0);
 }
 
-/* X pre-split for the WIDE GEMMs (KDT_GEMM_XHL=1, opt-in; KDT_GEMM_XHL_MIN_MB=0 so that these
- * small weights take it too): a tree verify of 3 streams (> 8 rows: X split once per launch)
- * equals every node's decode (1 row: each CTA converts its own X) bit for bit, for the Kimi-like
- * fixture and for tiled and row-major experts; a pass really splits (its steps name x_split), and
- * with the switch off it does not. */
-static int count_steps(const kdt_gpu_runner *r, const char *name) {
-    const char *names[KDT_GPU_STEP_NAMES];
-    const int n = kdt_gpu_runner_steps(r, names, KDT_GPU_STEP_NAMES);
-    int k = 0;
-    for (int i = 0; i < n && i < KDT_GPU_STEP_NAMES; i++) k += names[i] && strcmp(names[i], name) == 0;
-    return k;
-}
-static void x_presplit_case(gmodel *m, const char *what, uint64_t seed) {
-    kdt_gpu_runner *r = new_runner(m->g, 64, 16, 0, 0);
-    kdt_gpu_kv *kv = new_gkv(m->g, 8, 1);
-    CHECK(r && kv);
-    if (r && kv) {
-        enum { N = 20 };
-        int32_t toks[N];
-        uint64_t rng = seed;
-        for (int i = 0; i < N; i++) toks[i] = t_rand_int(&rng, m->cpu->cfg.vocab_size);
-        CHECK_EQ_INT(kdt_gpu_prefill(r, kv, 0, toks, N, NULL), KDT_OK);
-        const int splits = count_steps(r, "x_split");
-        printf("  pre-split X, %s: %d splits in a %d-row prefill\n", what, splits, N);
-        CHECK_MSG(splits > 0, "%s: a %d-row pass split no X", what, N);
-    }
-    kdt_gpu_kv_free(kv);
-    kdt_gpu_runner_free(r);
-    verify_vs_decode(m, 3, quick ? 8 : 200, 0, seed);
-}
-static void test_x_presplit(void) {
-    char *on = env_save("KDT_GEMM_XHL"), *min_mb = env_save("KDT_GEMM_XHL_MIN_MB");
-    setenv("KDT_GEMM_XHL", "1", 1);
-    setenv("KDT_GEMM_XHL_MIN_MB", "0", 1);
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/kimi_tiny", FIXTURES);
-    gmodel m;
-    CHECK(gmodel_open(&m, dir));
-    if (m.g) x_presplit_case(&m, "kimi_tiny", 71);
-    gmodel_close(&m);
-    for (int tiled = 1; tiled >= 0 && !quick; tiled--) {
-        tm_spec s = tm_default_spec();
-        s.hidden = 256; s.moe_inter = 48; s.inter = 64; s.heads = 4; s.bf16 = 1; s.seed = 4545 + tiled;
-        char tdir[256];
-        tm_mkdtemp(tdir, sizeof tdir);
-        tm_write_model(tdir, &s);
-        const int ok = gmodel_open_tiled(&m, tdir, tiled);
-        CHECK(ok);
-        if (ok && m.g) x_presplit_case(&m, tiled ? "tiled experts" : "row-major experts", 72 + tiled);
-        gmodel_close(&m);
-        tm_rmdir(tdir);
-    }
-    env_restore("KDT_GEMM_XHL", on);
-    env_restore("KDT_GEMM_XHL_MIN_MB", min_mb);
-    if (!kdt_g_env_is("KDT_GEMM_XHL", '1')) { /* the default: no split */
-        CHECK(gmodel_open(&m, dir));
-        kdt_gpu_runner *r = m.g ? new_runner(m.g, 64, 16, 0, 0) : NULL;
-        kdt_gpu_kv *kv = m.g ? new_gkv(m.g, 8, 1) : NULL;
-        if (r && kv) {
-            int32_t toks[20] = {0};
-            CHECK_EQ_INT(kdt_gpu_prefill(r, kv, 0, toks, 20, NULL), KDT_OK);
-            CHECK_EQ_INT(count_steps(r, "x_split"), 0);
-        }
-        kdt_gpu_kv_free(kv);
-        kdt_gpu_runner_free(r);
-        gmodel_close(&m);
-    }
-}
-
 static void test_kimi_dims(void) {
     if (quick) {
         printf("  (skipped under KDT_TEST_QUICK)\n");
@@ -1712,7 +1643,6 @@ int main(void) {
     T_RUN(test_router_wide);
     T_RUN(test_fused_swiglu);
     T_RUN(test_shared_apart);
-    T_RUN(test_x_presplit);
     T_RUN(test_kimi_dims);
     T_RUN(test_random_specs_gpu);
     return t_summary();

@@ -113,32 +113,6 @@ GT_HD int gt_v2_cap(int pool) {
             if (gt_v2_stages(r, pool) >= want) return r;
     return 0;
 }
-/* ---- X pre-split (XHL) passes (gpu_gemm.cu, "v2 with X pre-split") -------------------------------
- * The launch's X arrives as bf16 hi / lo already (kdt_gemm_split_x), so a stage holds its W block
- * and the block's hi and lo planes (R x 72 bf16 each, the layout ldmatrix reads) and there is no
- * conversion buffer: at R 64 a stage is 27,648 B against 25,600 + a 36,864 B double buffer, so a
- * 4-per-SM pool (57,344 B) holds two 64-row stages where the fp32 form held 32-row ones. */
-GT_HDC int gt_v2_x_hl_bytes(int R) { return 2 * R * GT_V2_XCP * 2; }
-GT_HDC int gt_v2_stage_bytes_hl(int R) { return GT_V2_W_STAGE + gt_v2_x_hl_bytes(R); }
-GT_HDC int gt_v2_stage_bytes_bulk_hl(int R) { return GT_V2_W_STAGE_BULK + gt_v2_x_hl_bytes(R); }
-GT_HD int gt_v2_stages_hl(int R, int pool) {
-    const int s = pool / gt_v2_stage_bytes_hl(R);
-    return s > GT_V2_MAX_STAGES ? GT_V2_MAX_STAGES : s;
-}
-GT_HD int gt_v2_stages_bulk_hl(int R, int pool) {
-    const int s = (pool - GT_V2_BAR_BYTES) / gt_v2_stage_bytes_bulk_hl(R);
-    return s > GT_V2_MAX_STAGES ? GT_V2_MAX_STAGES : s;
-}
-/* Rows per XHL pass of a pool: the most (multiple of 16, <= 64) with at least min_stages stages
- * in both W loaders, else with 2; 0 when not even 16 rows get 2. min_stages 3 is gt_v2_cap's rule
- * (dense launches); grouped launches ask for 2, as KDT_GEMM_GROUPED_CAP2 does for the fp32 form. */
-GT_HD int gt_v2_cap_hl(int pool, int min_stages) {
-    for (int want = min_stages; want >= 2; want--)
-        for (int r = GT_V2_ROWS; r >= 16; r -= 16)
-            if (gt_v2_stages_hl(r, pool) >= want && gt_v2_stages_bulk_hl(r, pool) >= want) return r;
-    return 0;
-}
-
 /* The pool of k CTAs per SM: an equal share of the SM's shared memory, less the 1 KB the runtime
  * reserves per CTA, in 128-byte units. */
 GT_HD int gt_pool_per_sm(int smem_per_sm, int k) { return (smem_per_sm / k - 1024) / 128 * 128; }

@@ -22,7 +22,6 @@
  *        the shared expert meanwhile on a second stream as a dense MLP (shared_apart)
  *   taps
  * then for the rows that want outputs: RMSNorm -> lm_head with the fused argmax (+ logits). */
-#include "gemm_tiles.cuh"
 #include "gpu_internal.h"
 #include "kernels/cuda/device_limits.h"
 
@@ -235,25 +234,6 @@ kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_op
         }
     }
     STEP(ralloc(r, (void **)&r->h, (size_t)(r->max_pairs > R ? r->max_pairs : R) * r->ld_h * f, "MLP hidden"));
-    { /* split_x's scratch (KDT_GEMM_XHL, read per pass: allocated whatever it says, so that an
-       * in-process A/B can switch it): the widest X a split GEMM of a pass of up to xhl_rows rows
-       * reads (one batch: not W_UK / W_UV), and the MoE pairs' SwiGLU rows */
-        const int32_t rows = R < KDT_G_XHL_MAX_ROWS ? R : KDT_G_XHL_MAX_ROWS;
-        const int64_t sh_inter = (int64_t)c->n_shared_experts * c->moe_intermediate_size;
-        const int64_t inter_max = sh_inter > c->moe_intermediate_size ? sh_inter : c->moe_intermediate_size;
-        const int64_t pairs = E > 0 ? (int64_t)rows * K + (g->has_shared ? rows : 0) : 0;
-        int64_t cols = D;
-        const int64_t widths[] = {ql, (int64_t)H * dv, c->intermediate_size, sh_inter};
-        for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++) cols = widths[i] > cols ? widths[i] : cols;
-        const int64_t main_floats = (int64_t)rows * cols > pairs * inter_max ? (int64_t)rows * cols : pairs * inter_max;
-        r->xhl_rows = rows;
-        r->xhl_floats = (size_t)main_floats;
-        STEP(ralloc(r, (void **)&r->xhl, r->xhl_floats * f, "pre-split X"));
-        if (r->side) {
-            r->xhl_sh_floats = (size_t)rows * (size_t)(D > sh_inter ? D : sh_inter);
-            STEP(ralloc(r, (void **)&r->xhl_sh, r->xhl_sh_floats * f, "pre-split X (shared expert)"));
-        }
-    }
     STEP(ralloc(r, (void **)&r->xn_head, (size_t)R * D * f, "head rows"));
     STEP(ralloc(r, (void **)&r->am_val, (size_t)n_vtiles * R * f, "argmax partials"));
     STEP(ralloc(r, (void **)&r->am_idx, (size_t)n_vtiles * R * sizeof(int32_t), "argmax partials"));
@@ -598,8 +578,6 @@ typedef struct pass {
     const int32_t *m_dev;
     int32_t step;               /* operations issued so far (kdt_gpu_runner_set_step_limit) */
     int32_t plain_next;         /* the next GEMM launches without programmatic dependence */
-    float *xhl;                 /* this stream's pre-split X scratch (split_x), or NULL */
-    size_t xhl_floats;
 } pass;
 
 /* 1 when the pass is cut before this step (profiling); else counts and names the step. Once cut,
@@ -616,30 +594,6 @@ static int step_cut(pass *p, const char *name) {
         if (step_cut((p), (name))) return KDT_OK; \
         KDT_TRY(call);                            \
     } while (0)
-
-/* X pre-split into bf16 hi / lo once for a WIDE launch (gpu_gemm.cu, "v2 with X pre-split";
- * KDT_GEMM_XHL=1, read per pass): when the pass has 9..xhl_rows rows, the launch's weights reach
- * kdt_gemm_xhl_min_bytes and its X fits the split (16-byte rows, K a multiple of 8), converts rows
- * [0, rows) x columns [0, cols) of *x into the stream's scratch as a step of the pass, points *x /
- * *ldx at it and sets *x_hl = 1; else *x_hl = 0 and the GEMM converts per CTA (the same bits);
- * -1 when the pass is cut here (the caller returns). rows / m_dev: the X rows (the pass's, or the
- * MoE pairs' for the down GEMM). */
-static kdt_status split_x(pass *p, const float **x, int64_t *ldx, int32_t cols, int32_t rows, const int32_t *m_dev,
-                          int64_t w_bytes, int *x_hl) {
-    *x_hl = 0;
-    if (!p->xhl || p->M <= GT_V2_HALF_ROWS || p->M > p->r->xhl_rows || w_bytes < kdt_gemm_xhl_min_bytes() ||
-        cols % 8 || *ldx % 4 || ((uintptr_t)*x & 15) || (size_t)rows * (size_t)cols > p->xhl_floats)
-        return KDT_OK;
-    if (step_cut(p, "x_split")) {
-        *x_hl = -1;
-        return KDT_OK;
-    }
-    KDT_TRY(kdt_gemm_split_x(*x, *ldx, cols, m_dev, rows, p->xhl, cols, p->s, p->plain_next));
-    *x = p->xhl;
-    *ldx = cols;
-    *x_hl = 1;
-    return KDT_OK;
-}
 
 /* partials of X W^T into y (r->part when NULL) as [splits][M][ldy] (+ y_batch per batch);
  * returns the split count */
@@ -672,13 +626,10 @@ static kdt_status gemm_into(pass *p, const char *name, const float *x, int64_t l
     a.splits = *splits;
     a.k_chunk = k_chunk;
     a.tiled = w->tiled;
-    int x_hl = 0;
-    if (w->batch <= 1 && kx % 8 == 0)
-        KDT_TRY(split_x(p, &a.x, &a.ldx, kx, p->M, p->m_dev, (int64_t)w->rows * w->ld * 2, &x_hl));
-    if (x_hl < 0 || step_cut(p, name)) return KDT_OK;
+    if (step_cut(p, name)) return KDT_OK;
     const int plain = p->plain_next;
     p->plain_next = 0;
-    return kdt_gemm_launch_x(&a, p->stages, p->s, plain, x_hl);
+    return kdt_gemm_launch_plain(&a, p->stages, p->s, plain);
 }
 static kdt_status gemm(pass *p, const char *name, const float *x, int64_t ldx, int64_t x_batch, int32_t kx,
                        const kdt_gmat *w, int64_t ldy, int64_t y_batch, int32_t *splits, int64_t *split_stride) {
@@ -748,8 +699,6 @@ static kdt_status shared_expert(pass *p, const kdt_gpu_layer *L, int32_t *dn_spl
     q.s = r->side;
     q.part = r->part_sh;
     q.part_floats = r->part_sh_floats;
-    q.xhl = p->xhl ? r->xhl_sh : NULL;
-    q.xhl_floats = r->xhl_sh_floats;
     /* its first GEMM launches when post_o has finished, without programmatic dependence: placed at
      * post_o's trigger (KDT_GPU_SHARED_PDL=1), its CTAs (320 for Kimi) compete for SM slots with the
      * router GEMM, which is on the critical path. Plain: Kimi 2-layer decode S 1 passes 805-818 us
@@ -840,18 +789,7 @@ static kdt_status moe_routed(pass *p, const kdt_gpu_layer *L, int32_t l, int32_t
         a.h = r->h;
         a.ldh = r->ld_h;
     }
-    /* X pre-split (split_x): gate/up reads the pass's normed rows (gathered per pair), down the
-     * pairs' SwiGLU rows; each K (D; every expert's inter) must be a multiple of 8 */
-    const int32_t inter_max = in_plan && c->n_shared_experts * c->moe_intermediate_size > c->moe_intermediate_size
-                                  ? c->n_shared_experts * c->moe_intermediate_size
-                                  : c->moe_intermediate_size;
-    const int k8 = D % 8 == 0 && c->moe_intermediate_size % 8 == 0 && inter_max % 8 == 0;
-    const int64_t expert_bytes = (int64_t)3 * c->moe_intermediate_size * D * 2; /* gate, up, down */
-    const int64_t touched = (int64_t)(p->M * K < E ? p->M * K : E);
-    int x_hl = 0;
-    if (k8) KDT_TRY(split_x(p, &a.x, &a.ldx, D, p->M, p->m_dev, touched * expert_bytes * 2 / 3, &x_hl));
-    if (x_hl < 0) return KDT_OK;
-    PASS_STEP(p, "moe_gate_up", kdt_grouped_launch_x(&a, p->stages, p->s, x_hl));
+    PASS_STEP(p, "moe_gate_up", kdt_grouped_launch(&a, p->stages, p->s));
     if (!fused)
         PASS_STEP(p, "moe_swiglu", kdt_op_swiglu(r->moe_part, 1, 0, ldp, r->moe_counts + 1, max_pairs, r->pair_expert,
                                                  L->experts, 0, r->h, r->ld_h, p->s));
@@ -862,11 +800,7 @@ static kdt_status moe_routed(pass *p, const kdt_gpu_layer *L, int32_t l, int32_t
     a.y = r->moe_y;
     a.ldy = D;
     a.n_max = D;
-    x_hl = 0; /* the pairs' rows: their count is the plan's (moe_counts[1]) */
-    if (k8)
-        KDT_TRY(split_x(p, &a.x, &a.ldx, inter_max, max_pairs, r->moe_counts + 1, touched * expert_bytes / 3, &x_hl));
-    if (x_hl < 0) return KDT_OK;
-    PASS_STEP(p, "moe_down", kdt_grouped_launch_x(&a, p->stages, p->s, x_hl));
+    PASS_STEP(p, "moe_down", kdt_grouped_launch(&a, p->stages, p->s));
     if (hs == 2) /* the combine reads the shared expert's partials: join first */
         KDT_TRY(stream_after(p->s, r->side, r->ev_join, "GPU forward: shared expert join"));
     PASS_STEP(p, "moe_combine", kdt_op_moe_combine(r->x, r->moe_y, r->part_sh, sh_splits, sh_ss, D, K, r->pos_of,
@@ -1007,8 +941,6 @@ kdt_status kdt_gpu_run(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_gpu_run_confi
     p.m_dev = &p.hdr->n_rows;
     p.step = 0;
     p.plain_next = 0;
-    p.xhl = kdt_gemm_xhl_on() ? r->xhl : NULL; /* read per pass, like the forward's other switches */
-    p.xhl_floats = r->xhl_floats;
     KDT_TRY(run_pass(&p, rc));
     if (r->step_limit == 0) r->n_steps = p.step;
     return KDT_OK;

@@ -17,9 +17,7 @@
  *                 hint. Rows are processed in passes of at most `cap` rows (64 on H100 / H200).
  *                 Launches of more than 8 rows take WIDE instances, whose full-tile k step is
  *                 unrolled over a compile-time m-tile count (k64_full); decode launches keep the
- *                 run-time m-tile loop, whose instances compile as they did before. Opt-in
- *                 (KDT_GEMM_XHL=1): WIDE launches whose X the forward split into hi / lo once
- *                 (kdt_gemm_split_x) take the XHL instances, which copy it into the stages as is.
+ *                 run-time m-tile loop, whose instances compile as they did before.
  *   v3            (KDT_GEMM_V3=1, dense launch bounds <= 64 rows and grouped launches; opt-in:
  *                 slower than v2 on the H200 so far, see the v3 section) persistent CTAs that
  *                 stream the weights across units with v2's pipeline and a balanced grid;
@@ -637,20 +635,13 @@ __device__ __forceinline__ void v2_compute(const uint16_t *ws, const uint16_t *h
 /* W blocks 0 .. S-2 of pass p into their stages, as its prologue would issue them (cp.async: one
  * group of their own, which the prologue's waits count as the oldest): a kernel issues them before
  * pdl::wait (weights are never written by a predecessor), then runs the pass with w_pre. */
-template <int WL, bool XHL = false>
+template <int WL>
 __device__ __forceinline__ void v2_prefetch_w(const V2Pass &p, unsigned char *smem, int pool, uint64_t pol) {
     constexpr bool BULK = WL == W_BULK;
     const int R = v2_tile_rows(p.m_valid);
-    int sb, S;
-    unsigned char *st = smem + (BULK ? V2_BAR_BYTES : 0);
-    if constexpr (XHL) { /* v2_pass_hl's stages: W + hi / lo planes, no conversion buffer */
-        sb = BULK ? gt_v2_stage_bytes_bulk_hl(R) : gt_v2_stage_bytes_hl(R);
-        S = BULK ? gt_v2_stages_bulk_hl(R, pool) : gt_v2_stages_hl(R, pool);
-    } else {
-        sb = BULK ? v2_stage_bytes_bulk(R) : v2_stage_bytes(R);
-        S = BULK ? v2_stages_bulk(R, pool) : v2_stages(R, pool);
-        st += v2_xc_bytes(R);
-    }
+    const int sb = BULK ? v2_stage_bytes_bulk(R) : v2_stage_bytes(R);
+    const int S = BULK ? v2_stages_bulk(R, pool) : v2_stages(R, pool);
+    unsigned char *st = smem + (BULK ? V2_BAR_BYTES : 0) + v2_xc_bytes(R);
     for (int g = 0; g < S - 1 && g < p.nk; g++) {
         uint16_t *dst = reinterpret_cast<uint16_t *>(st + g * sb);
         if (BULK) {
@@ -743,107 +734,6 @@ __device__ __forceinline__ void v2_pass(const V2Pass &p, unsigned char *smem, in
     __syncthreads();
 }
 
-/* ============================ v2 with X pre-split (XHL instances) ==============================
- * The same pass when the launch's X arrives as bf16 hi / lo already (kdt_gemm_split_x, from the
- * one split_bf16 the fp32 form applies per CTA): a stage holds W block g and X block g's hi and lo
- * planes ([R][V2_XCP] each, the rows ldmatrix reads), copied straight from global memory, and one
- * cp.async group carries both. No conversion buffer, no conversion, no fp32 staging: the planes
- * hold what v2_convert would have written, so k64_compute sees the same fragments and the chain
- * is the same (same bits). Stage sizes: gemm_tiles.cuh (gt_v2_stage_bytes_hl). Global layout of
- * the pre-split X: row r, 8-element chunk c (k = 8c..8c+7) is 16 B of hi then 16 B of lo at byte
- * 32c of row r (row stride ldx floats), i.e. where the fp32 values of those 8 elements would sit. */
-
-/* X block kb into a stage's planes (hi; lo = hi + plane): thread tid copies half (tid >> 3) & 1
- * (hi, lo) of chunk tid & 7 of its rows (tid >> 4) + 8 i < m_valid; chunks at k >= kx are zeros
- * (the host takes this path only for kx % 8 == 0, so a chunk never straddles kx). Eight
- * consecutive threads (one phase of a 16-byte shared store) fill one plane row's 128 B: the
- * first form alternated hi and lo between neighbours, whose chunks share a bank group (the planes
- * are R x 144 B apart), and ncu counted twice the ideal shared wavefronts on these copies, the
- * kernel 9 % slower than the fp32 form (session 31). */
-__device__ __forceinline__ void v2_load_x_hl(const V2Pass &p, uint16_t *hi, int plane, int kb) {
-    const int tid = threadIdx.x, c = tid & 7, lo = (tid >> 3) & 1, k = p.k_begin + kb * BK + c * 8;
-    uint16_t *dst = hi + lo * plane + c * 8;
-#pragma unroll
-    for (int i = 0; i < V2_XROWS; i++) {
-        const int r = (tid >> 4) + 8 * i;
-        if (r >= p.m_valid) break;
-        const bool ok = k < p.kx;
-        const char *src = reinterpret_cast<const char *>(p.xrow[i] + (ok ? k : 0)) + (ok ? lo * 16 : 0);
-        cp_async16(dst + r * V2_XCP, src, ok ? 16 : 0);
-    }
-}
-
-/* v2_pass for pre-split X (XHL): the same contract (ends drained, behind a barrier). Group g =
- * W block g (cp.async loaders; with BULK or w_pre none) + X block g; when block it is computed,
- * groups <= it have landed. Rows m_valid..R-1 of every stage's planes are zero for the pass. */
-template <int WL, bool WIDE>
-__device__ __forceinline__ void v2_pass_hl(const V2Pass &p, unsigned char *smem, int pool, uint64_t pol,
-                                           float (&acc)[V2_MT][2][4], uint32_t &wpar, bool w_pre) {
-    constexpr bool BULK = WL == W_BULK;
-    const int tid = threadIdx.x;
-    const int R = v2_tile_rows(p.m_valid), plane = R * V2_XCP;
-    const int sb = BULK ? gt_v2_stage_bytes_bulk_hl(R) : gt_v2_stage_bytes_hl(R);
-    const int S = BULK ? gt_v2_stages_bulk_hl(R, pool) : gt_v2_stages_hl(R, pool), nk = p.nk;
-    const int wbytes = BULK ? V2_W_STAGE_BULK : V2_W_STAGE;
-    const bool half = p.m_valid <= 8;
-    const uint32_t bar0 = smem_u32(smem);
-    unsigned char *st = smem + (BULK ? V2_BAR_BYTES : 0);
-#define HL_W(s) reinterpret_cast<uint16_t *>(st + (s) * sb)
-#define HL_X(s) reinterpret_cast<uint16_t *>(st + (s) * sb + wbytes)
-    auto load_w = [&](int kb, int s) {
-        if (BULK) {
-            if (tid == 0) {
-                bulk_fence_proxy(); /* earlier reads of the stage */
-                bulk_copy_g2s(smem_u32(HL_W(s)), p.w + (int64_t)(p.k_begin / BK + kb) * (BN * BK), V2_W_STAGE_BULK,
-                              bar0 + 8 * s, pol);
-            }
-        } else {
-            v2_load_w<WL>(p, HL_W(s), kb, pol);
-        }
-    };
-    zero_acc(acc);
-    {   /* rows m_valid..R-1 of both planes of every stage: zero (8 chunks per row) */
-        const int per_plane = (R - p.m_valid) * 8;
-        for (int i = tid; i < 2 * S * per_plane; i += THREADS) {
-            const int q = i / per_plane, c = i - q * per_plane; /* q: stage * 2 + plane */
-            *reinterpret_cast<uint4 *>(HL_X(q >> 1) + (q & 1) * plane + (p.m_valid + (c >> 3)) * V2_XCP + (c & 7) * 8) =
-                make_uint4(0u, 0u, 0u, 0u);
-        }
-    }
-    for (int g = 0; g < S - 1; g++) {
-        if (g < nk) {
-            if (!w_pre) load_w(g, g);
-            v2_load_x_hl(p, HL_X(g), plane, g);
-        }
-        cp_async_commit();
-    }
-    int cs = 0;     /* stage of block it */
-    int ls = S - 1; /* stage of block it + S - 1 */
-    for (int it = 0; it < nk; it++) {
-        cp_async_wait_n(S - 2); /* groups <= it: X block it (and W block it by cp.async) */
-        if (BULK) {
-            bulk_bar_wait(bar0 + 8 * cs, (wpar >> cs) & 1u); /* W block it */
-            wpar ^= 1u << cs;
-        }
-        __syncthreads(); /* ... of every thread; block it - 1 consumed, the zero rows written */
-        const int j = it + S - 1;
-        if (j < nk) {
-            load_w(j, ls);
-            v2_load_x_hl(p, HL_X(ls), plane, j);
-        }
-        cp_async_commit();
-        if (BULK) k64_compute<BK, V2_XCP, true, WIDE>(HL_W(cs), HL_X(cs), HL_X(cs) + plane, half, R >> 4, acc);
-        else v2_compute<WIDE>(HL_W(cs), HL_X(cs), HL_X(cs) + plane, half, R >> 4, acc);
-        cs = cs + 1 == S ? 0 : cs + 1;
-        ls = ls + 1 == S ? 0 : ls + 1;
-    }
-#undef HL_W
-#undef HL_X
-    cp_async_wait<0>();
-    if (BULK) bulk_fence_proxy(); /* the next pass's bulk copies may land where X chunks were */
-    __syncthreads();
-}
-
 /* The bulk loader's mbarriers (one per stage, at the pool's start): once per CTA, before any pass. */
 __device__ __forceinline__ void v2_bulk_init(unsigned char *smem) {
     if (threadIdx.x == 0) {
@@ -867,11 +757,9 @@ __device__ __forceinline__ void v2_set_x_rows(V2Pass &p, const float *x, int64_t
 }
 
 /* WL: how W is read (WLoad; the tiled loaders only for kdt_gemm_args.tiled); WIDE: launches of more
- * than 8 rows (k64_compute); XHL: a.x is pre-split (kdt_gemm_split_x; WIDE instances only). Same
- * chain, same bits. */
-template <int WL, bool WIDE = false, bool XHL = false>
+ * than 8 rows (k64_compute). Same chain, same bits. */
+template <int WL, bool WIDE = false>
 __global__ void __launch_bounds__(THREADS) v2_gemm_kernel(const kdt_gemm_args a, const V2Cfg c) {
-    static_assert(!XHL || WIDE, "pre-split X: WIDE instances only");
     extern __shared__ __align__(16) unsigned char smem[];
     uint32_t wpar = 0; /* bulk loader: its barriers' phases across passes */
     if (WL == W_BULK) v2_bulk_init(smem);
@@ -893,15 +781,14 @@ __global__ void __launch_bounds__(THREADS) v2_gemm_kernel(const kdt_gemm_args a,
     const bool pre = M > 0;
     if (pre) {
         p.m_valid = min(c.cap, M);
-        v2_prefetch_w<WL, XHL>(p, smem, c.pool, pol);
+        v2_prefetch_w<WL>(p, smem, c.pool, pol);
     }
     pdl::wait();
     for (int m0 = 0; m0 < M; m0 += c.cap) {
         p.m_valid = min(c.cap, M - m0);
         if (a.x_rows) v2_set_x_rows(p, x, a.ldx, m0, Gather{a.x_rows});
         else v2_set_x_rows(p, x, a.ldx, m0, Identity{});
-        if constexpr (XHL) v2_pass_hl<WL, WIDE>(p, smem, c.pool, pol, acc, wpar, pre && m0 == 0);
-        else v2_pass<WL, WIDE>(p, smem, c.pool, pol, acc, wpar, pre && m0 == 0);
+        v2_pass<WL, WIDE>(p, smem, c.pool, pol, acc, wpar, pre && m0 == 0);
         if (m0 + c.cap >= M) pdl::launch_dependents(); /* last pass: see v2_grouped_kernel */
         store_acc(acc, y + (int64_t)m0 * a.ldy, a.ldy, p.m_valid, p.n_valid);
     }
@@ -961,11 +848,9 @@ __device__ __forceinline__ V2Pass v2_grouped_w(const kdt_grouped_args &a, const 
  * 5 (96 registers, no spills) serves the opt-in wave shaping of decode-sized launches
  * (v2_config_grouped). WL: how W is read (WLoad). WIDE: items of more than 8 rows (k64_compute;
  * MINB 0 only), bounded to 4 CTAs per SM (128 registers: unbounded, the row-major one took 162).
- * XHL: a.x pre-split (kdt_gemm_split_x; WIDE instances only). The same chain in every instance,
- * so the same bits. */
-template <int MINB, int WL, bool WIDE = false, bool XHL = false>
+ * The same chain in every instance, so the same bits. */
+template <int MINB, int WL, bool WIDE = false>
 __global__ void __launch_bounds__(THREADS, WIDE ? 4 : MINB) v2_grouped_kernel(const kdt_grouped_args a, const V2Cfg c) {
-    static_assert(!XHL || WIDE, "pre-split X: WIDE instances only");
     constexpr bool BULK = WL == W_BULK;
     extern __shared__ __align__(16) unsigned char smem[];
     const int n0 = blockIdx.x * BN;
@@ -984,7 +869,7 @@ __global__ void __launch_bounds__(THREADS, WIDE ? 4 : MINB) v2_grouped_kernel(co
         V2Pass p = v2_grouped_w(a, a.experts[e], n0, a.kd);
         p.m_valid = min(c.cap, rows);
         pre = rows > 0;
-        if (pre) v2_prefetch_w<WL, XHL>(p, smem, c.pool, pol);
+        if (pre) v2_prefetch_w<WL>(p, smem, c.pool, pol);
     }
     pdl::wait();
     if (a.which != 1) n_items = *a.n_items;
@@ -998,8 +883,7 @@ __global__ void __launch_bounds__(THREADS, WIDE ? 4 : MINB) v2_grouped_kernel(co
             p.m_valid = min(c.cap, rows - m0);
             if (a.which == 0) v2_set_x_rows(p, a.x, a.ldx, p0 + m0, Gather{a.pair_row});
             else v2_set_x_rows(p, a.x, a.ldx, p0 + m0, Identity{});
-            if constexpr (XHL) v2_pass_hl<WL, WIDE>(p, smem, c.pool, pol, acc, wpar, pre && it == (int)blockIdx.y && m0 == 0);
-            else v2_pass<WL, WIDE>(p, smem, c.pool, pol, acc, wpar, pre && it == (int)blockIdx.y && m0 == 0);
+            v2_pass<WL, WIDE>(p, smem, c.pool, pol, acc, wpar, pre && it == (int)blockIdx.y && m0 == 0);
             if (a.h) /* gate/up with the fused SwiGLU: past the barriers (BULK) */
                 store_swiglu(acc, reinterpret_cast<float *>(smem + (BULK ? V2_BAR_BYTES : 0)),
                              a.h + (int64_t)(p0 + m0) * a.ldh + n0 / 2, a.ldh, p.m_valid,
@@ -1516,11 +1400,6 @@ int grouped_per_sm_env() {
     static const int k = env_int("KDT_GEMM_GROUPED_PER_SM", 2, 5);
     return k;
 }
-/* KDT_GEMM_GROUPED_CAP2=0 (read once): grouped passes keep the 3-stage cap (v2_config_per_sm) */
-bool grouped_cap2() {
-    static const bool on = !kdt_g_env_is("KDT_GEMM_GROUPED_CAP2", '0');
-    return on;
-}
 /* The pool of k CTAs per SM, fewer where k's pool is too small for the pipeline (gt_v2_grouped_k:
  * a 100 KB SM's 5-per-SM pool held 1 stage and its passes ran past the pool), or the runner's
  * (per_sm_used 2) when k <= 2, the device query failed or no smaller pool runs. */
@@ -1539,7 +1418,8 @@ V2Cfg v2_config_per_sm(int stages, int k, const DevSm &d, int *per_sm_used) {
      * rows). H200, session 9, Kimi layer over 4 layers: correlated verify N 17 / 33 / 65 1,006 /
      * 1,581 / 2,676 -> 920 / 1,444 / 2,394 us, random verify and decode unchanged (within 1 %).
      * KDT_GEMM_GROUPED_CAP2=0 (read once) keeps the 3-stage cap. */
-    if (grouped_cap2())
+    static const bool cap2 = !kdt_g_env_is("KDT_GEMM_GROUPED_CAP2", '0');
+    if (cap2)
         for (int r = V2_ROWS; r > ck.cap; r -= 16)
             if (v2_stages(r, pool) >= 2 && v2_stages_bulk(r, pool) >= 2) {
                 ck.cap = r;
@@ -1829,12 +1709,6 @@ extern "C" kdt_status kdt_gemm_init(int32_t stages) {
     if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<0, W_ROWS, true>, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<0, W_TILED, true>, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<0, W_BULK, true>, v2_bytes);
-    if (e == cudaSuccess) e = set_smem_v2(v2_gemm_kernel<W_ROWS, true, true>, v2_bytes);
-    if (e == cudaSuccess) e = set_smem_v2(v2_gemm_kernel<W_TILED, true, true>, v2_bytes);
-    if (e == cudaSuccess) e = set_smem_v2(v2_gemm_kernel<W_BULK, true, true>, v2_bytes);
-    if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<0, W_ROWS, true, true>, v2_bytes);
-    if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<0, W_TILED, true, true>, v2_bytes);
-    if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<0, W_BULK, true, true>, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_head_kernel, v2_bytes);
     /* v3: every instance may take the whole opt-in limit (its pool is chosen per launch) */
     if (e == cudaSuccess && v3_dev()) {
@@ -1881,34 +1755,14 @@ void launch_v2(void (*kernel)(KArgs...), dim3 grid, size_t smem, cudaStream_t s,
     pdl::launch(kernel, grid, dim3(THREADS), smem, s, pdl, args...); /* a failure is picked up by launch_error */
 }
 
-/* A pre-split X's launch: what both launchers check (their error names the launch). */
-static kdt_status xhl_check(const char *who, const float *x, int64_t ldx, int32_t kx, int rows_gather_ok,
-                            const int32_t *x_rows, int32_t batch) {
-    if (kx % 8 || ldx % 8 || ((uintptr_t)x & 15) || (!rows_gather_ok && x_rows) || batch > 1)
-        return kdt_fail(KDT_ERR_INTERNAL, "%s: a pre-split X needs kx %% 8 == 0 (%d), ldx %% 8 == 0 (%lld), "
-                        "16-byte rows, no row gather, one batch (%d)", who, kx, (long long)ldx, batch);
-    return KDT_OK;
-}
-
 extern "C" kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cudaStream_t s) {
-    return kdt_gemm_launch_x(a, stages, s, 0, 0);
+    return kdt_gemm_launch_plain(a, stages, s, 0);
 }
-extern "C" kdt_status kdt_gemm_launch_x(const kdt_gemm_args *a, int32_t stages, cudaStream_t s, int plain,
-                                        int x_hl) {
+extern "C" kdt_status kdt_gemm_launch_plain(const kdt_gemm_args *a, int32_t stages, cudaStream_t s, int plain) {
     if (a->ldw % BK || a->k_chunk % BK || a->m_max < 1 || a->n < 1)
         return kdt_fail(KDT_ERR_INTERNAL, "GPU GEMM: ld %d, k_chunk %d, m_max %d, n %d", a->ldw, a->k_chunk,
                         a->m_max, a->n);
     const dim3 grid((unsigned)((a->n + BN - 1) / BN), (unsigned)a->splits, (unsigned)(a->batch > 0 ? a->batch : 1));
-    if (x_hl) { /* X pre-split: the XHL instances (v2, WIDE), whatever KDT_GEMM_V1 / V3 say */
-        KDT_TRY(xhl_check("GPU GEMM", a->x, a->ldx, a->kx, 0, a->x_rows, a->batch));
-        V2Cfg c = v2_config_grid(stages, (int64_t)grid.x * grid.y * grid.z, a->m_max);
-        c.cap = gt_v2_cap_hl(c.pool, 3); /* >= the fp32 form's (test_gemm_tiles) */
-        const bool pdl = pdl_on() && !plain;
-        if (a->tiled && bulk_w()) launch_v2(v2_gemm_kernel<W_BULK, true, true>, grid, (size_t)c.pool, s, pdl, *a, c);
-        else if (a->tiled) launch_v2(v2_gemm_kernel<W_TILED, true, true>, grid, (size_t)c.pool, s, pdl, *a, c);
-        else launch_v2(v2_gemm_kernel<W_ROWS, true, true>, grid, (size_t)c.pool, s, pdl, *a, c);
-        return launch_error("GPU GEMM (pre-split X)");
-    }
     if (a->tiled) { /* only v2 reads the tiled layout; KDT_GEMM_BULK_W=1: by bulk copies */
         const V2Cfg c = v2_config_grid(stages, (int64_t)grid.x * grid.y * grid.z, a->m_max);
         const bool pdl = pdl_on() && !plain, wide = gt_v2_wide(a->m_max, c.cap);
@@ -1948,27 +1802,9 @@ extern "C" int kdt_grouped_fuses_swiglu(const kdt_grouped_args *a) {
 }
 
 extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s) {
-    return kdt_grouped_launch_x(a, stages, s, 0);
-}
-extern "C" kdt_status kdt_grouped_launch_x(const kdt_grouped_args *a, int32_t stages, cudaStream_t s, int x_hl) {
     const dim3 grid((unsigned)((a->n_max + BN - 1) / BN), (unsigned)(a->grid_items > 0 ? a->grid_items : 1));
     if (a->h && (a->which != 0 || !a->tiled))
         return kdt_fail(KDT_ERR_INTERNAL, "GPU grouped GEMM: a fused SwiGLU needs a gate/up launch over tiled experts");
-    if (x_hl) { /* X pre-split: the XHL instances (v2, WIDE), whatever KDT_GEMM_V1 / V3 say */
-        KDT_TRY(xhl_check("GPU grouped GEMM", a->x, a->ldx, 8, 1, nullptr, 1)); /* the forward checks each K */
-        int per_sm = 2;
-        V2Cfg c = v2_config_grouped(stages, *a, &per_sm);
-        c.cap = gt_v2_cap_hl(c.pool, per_sm > 2 && grouped_cap2() ? 2 : 3);
-        if (!a->tiled) { /* row-major experts: launched plainly, as below */
-            v2_grouped_kernel<0, W_ROWS, true, true><<<grid, THREADS, (size_t)c.pool, s>>>(*a, c);
-            return launch_error("GPU grouped GEMM (pre-split X)");
-        }
-        const bool bulk = bulk_w() && per_sm > 2;
-        const bool pdl = pdl_on() && (a->which == 1 || kdt_g_pdl_rows());
-        if (bulk) launch_v2(v2_grouped_kernel<0, W_BULK, true, true>, grid, (size_t)c.pool, s, pdl, *a, c);
-        else launch_v2(v2_grouped_kernel<0, W_TILED, true, true>, grid, (size_t)c.pool, s, pdl, *a, c);
-        return launch_error("GPU grouped GEMM (pre-split X)");
-    }
     if (a->tiled) { /* only v2 reads the tiled layout; KDT_GEMM_BULK_W=1: by bulk copies */
         int per_sm = 2;
         const V2Cfg c = v2_config_grouped(stages, *a, &per_sm);
@@ -2006,63 +1842,6 @@ extern "C" kdt_status kdt_grouped_launch_x(const kdt_grouped_args *a, int32_t st
     }
     return launch_error("GPU grouped GEMM");
 }
-
-/* ---- X pre-split (XHL) on the host ----------------------------------------------------------------
- * KDT_GEMM_XHL=1 (read per pass; default off): the forward converts a WIDE launch's X into bf16
- * hi / lo once (kdt_gemm_split_x) instead of every CTA converting its own copy, for launches whose
- * weights reach KDT_GEMM_XHL_MIN_MB (default 16: a split launch costs ~1-2 us, which only large
- * weight streams repay). Not with KDT_GEMM_V1 / V3 (A/B runs of other kernels). The same bits
- * either way (the v2 / XHL section; test_gemm_ab and the model test check them). Its first form
- * was 4-16 % slower on the correlated verify (session 31, docs/model_gpu.md: bank conflicts in
- * v2_load_x_hl, mended since, not yet measured), hence off. */
-namespace {
-__global__ void __launch_bounds__(256) k_split_x(const float *x, int64_t ldx, int c8, const int32_t *m_dev, int m_max,
-                                                 float *out, int64_t ldo) {
-    pdl::wait();
-    pdl::launch_dependents(); /* the GEMM's CTAs may stream their first weights meanwhile */
-    const int M = clamp_m(m_dev, m_max);
-    const int64_t n = (int64_t)M * c8;
-    for (int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; q < n; q += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = q / c8;
-        const int c = (int)(q - r * c8);
-        const float4 *src = reinterpret_cast<const float4 *>(x + r * ldx + 8 * c);
-        const float4 u = src[0], v = src[1];
-        uint4 hi, lo;
-        split_bf16(make_float2(u.x, u.y), hi.x, lo.x);
-        split_bf16(make_float2(u.z, u.w), hi.y, lo.y);
-        split_bf16(make_float2(v.x, v.y), hi.z, lo.z);
-        split_bf16(make_float2(v.z, v.w), hi.w, lo.w);
-        uint4 *dst = reinterpret_cast<uint4 *>(out + r * ldo + 8 * c);
-        dst[0] = hi;
-        dst[1] = lo;
-    }
-}
-} // namespace
-
-extern "C" int kdt_gemm_xhl_on(void) {
-    return kdt_g_env_is("KDT_GEMM_XHL", '1') && !use_v1() && !v3_tune().on;
-}
-extern "C" int64_t kdt_gemm_xhl_min_bytes(void) {
-    const char *e = getenv("KDT_GEMM_XHL_MIN_MB");
-    const long v = e && *e ? atol(e) : 16;
-    return (int64_t)(v < 0 ? 0 : v) << 20;
-}
-
-extern "C" kdt_status kdt_gemm_split_x(const float *x, int64_t ldx, int32_t cols, const int32_t *m_dev,
-                                       int32_t m_max, float *out, int64_t ld_out, cudaStream_t s, int plain) {
-    if (!x || !out || !m_dev || m_max < 1 || cols < 8 || cols % 8 || ldx < cols || ldx % 4 || ld_out < cols ||
-        ld_out % 8 || ((uintptr_t)x & 15) || ((uintptr_t)out & 15))
-        return kdt_fail(KDT_ERR_INTERNAL, "GPU GEMM: X split of %d columns (ldx %lld, ld_out %lld, %d rows)", cols,
-                        (long long)ldx, (long long)ld_out, m_max);
-    const DevSm d = dev_sm();
-    int64_t blocks = ((int64_t)m_max * (cols / 8) + 255) / 256;
-    const int64_t most = d.n_sm > 0 ? 4 * (int64_t)d.n_sm : 512;
-    if (blocks > most) blocks = most;
-    pdl::launch(k_split_x, dim3((unsigned)blocks), dim3(256), 0, s, kdt_g_pdl_rows() && !plain, x, ldx, cols / 8,
-                m_dev, (int)m_max, out, ld_out);
-    return launch_error("GPU GEMM: X split");
-}
-
 
 namespace {
 /* [rows][ld] -> [rows / 64][ld / 64][64][64] for rows [0, n) of src into dst (16-byte chunks;

@@ -40,8 +40,6 @@ static inline int kdt_g_env_is(const char *name, char c) {
 #define KDT_G_ATT_SHORT_KEYS 4096
 #define KDT_G_ATT_MAX_SPLITS 64
 #define KDT_GPU_TREE_STREAMS 64 /* streams of one device-staged verify pass */
-#define KDT_G_XHL_MAX_ROWS 128 /* most rows of a pass whose GEMM X is pre-split (KDT_GEMM_XHL):
-                                  tree verify and decode batches, not long prefill chunks */
 #define KDT_G_SPLIT_TARGET 264 /* CTAs the split-K rule aims at (2 x 132 SMs), a constant so
                                   results never depend on the device */
 
@@ -220,11 +218,6 @@ struct kdt_gpu_runner {
     float *part_sh;                 /* split-K partials of its gate/up, then of its down */
     size_t part_sh_floats;
     float *h_sh;                    /* [max_rows][ld_h] its SwiGLU output */
-    /* X pre-split for the WIDE GEMMs (used when KDT_GEMM_XHL=1): the main stream's and the side
-     * stream's scratch, for passes of up to xhl_rows rows (gpu_forward.c, split_x) */
-    float *xhl, *xhl_sh;
-    size_t xhl_floats, xhl_sh_floats;
-    int32_t xhl_rows;
     float *xn_head;                 /* [max_rows][D] */
     float *am_val;                  /* [vocab tiles][max_rows] */
     int32_t *am_idx;
@@ -275,9 +268,8 @@ typedef struct kdt_gemm_args {
     int32_t batch, splits, k_chunk;
 } kdt_gemm_args;
 kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cudaStream_t s);
-/* the same, launched without programmatic dependence when plain (a full dependency), reading a
- * pre-split X when x_hl (kdt_gemm_split_x, below) */
-kdt_status kdt_gemm_launch_x(const kdt_gemm_args *a, int32_t stages, cudaStream_t s, int plain, int x_hl);
+/* the same, launched without programmatic dependence when plain (a full dependency) */
+kdt_status kdt_gemm_launch_plain(const kdt_gemm_args *a, int32_t stages, cudaStream_t s, int plain);
 
 /* Grouped MoE GEMM over the item list: which = 0 gate/up (X rows gathered by pair_row, K = D,
  * N = 2 i_pad of the item's expert), 1 down (X = h rows in pair order, K = I, N = D). */
@@ -305,21 +297,6 @@ kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStr
 /* 1 when a gate/up launch like `a` can write SwiGLU's output itself (tiled experts: the v2
  * kernel) and KDT_GPU_FUSED_SWIGLU is not 0; the caller then sets h / ldh and runs no SwiGLU. */
 int kdt_grouped_fuses_swiglu(const kdt_grouped_args *a);
-
-/* X pre-split into bf16 hi / lo once per launch instead of once per CTA (gpu_gemm.cu, "v2 with X
- * pre-split"; opt-in: KDT_GEMM_XHL=1). kdt_gemm_split_x writes rows [0, min(*m_dev, m_max)),
- * columns [0, cols) of X fp32 [.][ldx] to out [.][ld_out] in the pre-split layout (the 8 values
- * at k = 8c.. of a row: 16 B of hi, then 16 B of lo, at float offset 8c of the row); cols and
- * ld_out multiples of 8, ldx of 4, x and out 16-byte aligned. kdt_gemm_launch_x /
- * kdt_grouped_launch_x with x_hl = 1 read a->x in that layout (a->ldx its ld_out; one batch, no
- * row gather in the dense form, every K a multiple of 8): the bits the fp32 launch gives. */
-int kdt_gemm_xhl_on(void);          /* KDT_GEMM_XHL=1, not KDT_GEMM_V1 / V3 (read per call; the
-                                       forward reads it once per pass) */
-int64_t kdt_gemm_xhl_min_bytes(void); /* a launch's weight bytes that make the split pay
-                                         (KDT_GEMM_XHL_MIN_MB, default 16; read per call) */
-kdt_status kdt_gemm_split_x(const float *x, int64_t ldx, int32_t cols, const int32_t *m_dev, int32_t m_max,
-                            float *out, int64_t ld_out, cudaStream_t s, int plain);
-kdt_status kdt_grouped_launch_x(const kdt_grouped_args *a, int32_t stages, cudaStream_t s, int x_hl);
 
 /* Rewrites a bf16 weight [rows][ld] (rows % 64 == 0, ld % 64 == 0) in place into the tiled
  * layout [rows / 64][ld / 64][64][64]: every 64 x 64 block the GEMM stages at once becomes 8 KB
