@@ -29,12 +29,20 @@ static void test_sizes_by_hand(void) {
     CHECK_EQ_INT(kdt_ap_smem(16, 8, 8, 576, 2), 18688 + 74752 + 2 * 2112 + 1280 + 192);
     CHECK_EQ_INT(kdt_ap_smem(16, 16, 4, 576, 2), 103360);
     CHECK_EQ_INT(kdt_ap_smem(16, 16, 4, 576, 3), 103360 + 37376);
-    CHECK_EQ_INT(kdt_ap_smem(64, 8, 8, 576, 2), 64 * 584 * 2 + 74752 + 1 * 64 * 33 * 4 + 64 * 40 * 2 + 3 * 64 * 4);
+    /* 64 heads on 8 warps: two score planes (each warp one m-tile's rows, half the chains) */
+    CHECK_EQ_INT(kdt_ap_planes(64, 8), 2);
+    CHECK_EQ_INT(kdt_ap_planes(16, 8), 2);
+    CHECK_EQ_INT(kdt_ap_planes(16, 4), 1);
+    CHECK_EQ_INT(kdt_ap_planes(16, 16), 4);
+    CHECK_EQ_INT(kdt_ap_smem(64, 8, 8, 576, 2), 64 * 584 * 2 + 74752 + 2 * 64 * 33 * 4 + 64 * 40 * 2 + 3 * 64 * 4);
+    CHECK(kdt_ap_smem(64, 8, 8, 576, 3) <= OPT_HOPPER); /* the 3-stage ring the H100 / H200 run */
     /* the 16-warp decode instance alone does not fit a 99 KB part; the head group does */
     CHECK(kdt_ap_smem(16, 16, 4, 576, 2) > OPT_99K);
     CHECK_EQ_INT(kdt_ap_min_smem(16, 512, 576), 97024);
     CHECK(kdt_ap_min_smem(16, 512, 576) <= OPT_99K);
-    CHECK(kdt_ap_min_smem(64, 512, 576) > OPT_99K && kdt_ap_min_smem(64, 512, 576) <= OPT_A100);
+    /* 64-head items need a Hopper's opt-in: an A100 (and a 99 KB part) runs 16-head items (since
+     * the second score plane, session 32: 172,288 B against the A100's 166,912) */
+    CHECK(kdt_ap_min_smem(64, 512, 576) > OPT_A100 && kdt_ap_min_smem(64, 512, 576) <= OPT_HOPPER);
     /* no instance: d_c past 512, d_c > d_q, d_q not a multiple of 8, other head groups */
     CHECK_EQ_INT(kdt_ap_min_smem(16, 520, 584), 0);
     CHECK_EQ_INT(kdt_ap_min_smem(16, 64, 48), 0);

@@ -25,9 +25,13 @@ enum {
     KDT_AP_MAX_STAGES = 3  /* deepest KV ring */
 };
 
-/* Score planes the softmax adds: 1 while every warp holds whole (m-tile, 8-key tile) pairs, 2 when
- * two warps share a pair's k-step chains, 4 when each warp holds one chain. */
+/* Score planes the softmax adds. 16 heads: 1 while every warp holds whole (m-tile, 8-key tile)
+ * pairs, 2 when two warps share a pair's k-step chains, 4 when each warp holds one chain. 64 heads
+ * (gpu_attn.cu, AttCfg::ROWS): each warp holds one m-tile's whole score rows for a share of the
+ * chains, so warps / m-tiles planes (8 warps: 2; a Q fragment then serves all 4 key tiles, half
+ * the shared-memory reads of whole pairs, where the S phase was bound by them: session 32). */
 KDT_AP_FN int kdt_ap_planes(int hg, int w) {
+    if (hg == 64) return w <= 4 ? 1 : w / 4;
     return w <= hg / 16 * (KDT_AP_TILE / 8) ? 1 : (w <= 2 * (hg / 16) * (KDT_AP_TILE / 8) ? 2 : 4);
 }
 

@@ -74,10 +74,15 @@ __host__ __device__ inline int n_splits(int n_keys) {
  * k-step chains; with W <= pairs a warp computes PPW whole pairs, with more warps (W = 8 for 16
  * heads) a pair's chains are shared by QCH / CPW warps, each writing its chains' sum to its own
  * score plane, and the softmax adds the planes ((c0 + c1) + (c2 + c3), the single-warp sum).
- * P V gives each warp d_c / W columns. Every element's operations are the same for every W, so
- * W is scheduling (per launch), like HG. */
+ * 64 heads (ROWS): a warp takes one m-tile's four pairs for half of the chains, so each k step
+ * loads its Q fragment once for all four key tiles (as whole pairs, the four warps of an m-tile,
+ * one per key tile, each read all of its Q fragments: ncu put the S phase's ldmatrix and mma at a
+ * third of a 65-row verify's attention samples, session 32). P V gives each warp d_c / W columns. Every
+ * element's operations are the same for every W and layout, so these are scheduling (per launch),
+ * like HG. */
 /* Score planes (kdt_ap_planes): 16 heads on 8 warps add two, on 16 warps four, (p0 + p1) +
- * (p2 + p3), the same sum. Shared memory, strides and the warp count: attn_plan.h. */
+ * (p2 + p3), the same sum; 64 heads on 8 warps two. Shared memory, strides and the warp count:
+ * attn_plan.h. */
 template <int HG, int W>
 struct AttCfg {
     static constexpr int WARPS = W;
@@ -86,11 +91,13 @@ struct AttCfg {
     static constexpr int PAIRS = MT * (TILE / 8);
     static constexpr int TPK = THREADS / TILE;              /* loader threads per key */
     static constexpr int PLANES = kdt_ap_planes(HG, W);     /* score planes the softmax adds */
-    static constexpr int PPW = PLANES == 1 ? PAIRS / WARPS : 1; /* pairs per warp */
+    static constexpr bool ROWS = HG == 64;                  /* a warp owns one m-tile's score rows */
+    static constexpr int PPW = ROWS ? TILE / 8 : (PLANES == 1 ? PAIRS / WARPS : 1); /* pairs per warp */
     static constexpr int CPW = QCH / PLANES;                /* chains per warp */
     static_assert(HG == 16 || HG == 64, "heads per item");
     static_assert(PPW * CPW * WARPS == PAIRS * QCH && WARPS % (TILE / 8) == 0, "S tiles per warp");
     static_assert(PLANES == 1 || PLANES == 2 || PLANES == 4, "score planes");
+    static_assert(!ROWS || (WARPS == MT * PLANES && PPW % 2 == 0), "ROWS: one m-tile and a chain share per warp");
 };
 
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
@@ -128,30 +135,54 @@ struct Item {
     int stream, n_prefix, mask_off, mask_words;
 };
 
-/* Fills `it` for item index `item` (head-group major: item = hg x total_splits + gs, so a run of
- * consecutive items is one head group's consecutive splits, mostly of one row: they share Q);
- * false at or past `end`, the CTA's last item + 1. */
-__device__ __forceinline__ bool item_at(const kdt_attn_args &a, int item, int end, int total_splits, int n_rows,
-                                        Item &it) {
-    if (item >= end) return false;
-    it.hg = item / total_splits;
-    it.gs = item - it.hg * total_splits;
-    int lo = 0, hi = n_rows - 1; /* the row holding split gs: last row with split_off <= gs */
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (a.rows[mid].split_off <= it.gs) lo = mid;
-        else hi = mid - 1;
-    }
-    it.r = lo;
-    const kdt_grow *row = a.rows + lo;
-    const int n_keys = row->n_keys, chunk = split_keys(n_keys);
-    it.k_begin = (it.gs - row->split_off) * chunk;
+/* The fields of item (hg, gs) of row r. */
+__device__ __forceinline__ void item_fill(const kdt_attn_args &a, int hg, int gs, int r, Item &it) {
+    it.hg = hg;
+    it.gs = gs;
+    it.r = r;
+    const kdt_grow *row = a.rows + r;
+    const int n_keys = row->n_keys, chunk = split_keys(n_keys), split_off = row->split_off;
+    it.k_begin = (gs - split_off) * chunk;
     it.k_end = min(it.k_begin + chunk, n_keys);
     it.n_tiles = max(1, (it.k_end - it.k_begin + TILE - 1) / TILE);
     it.stream = row->stream;
     it.n_prefix = row->n_prefix;
     it.mask_off = row->mask_off;
     it.mask_words = row->mask_words;
+}
+
+/* Fills `it` for item index `item` (head-group major: item = hg x total_splits + gs, so a run of
+ * consecutive items is one head group's consecutive splits, mostly of one row: they share Q);
+ * false at or past `end`, the CTA's last item + 1. A binary search over the rows: for a CTA's
+ * first item only (item_next walks on from there). */
+__device__ __forceinline__ bool item_at(const kdt_attn_args &a, int item, int end, int total_splits, int n_rows,
+                                        Item &it) {
+    if (item >= end) return false;
+    const int hg = item / total_splits, gs = item - hg * total_splits;
+    int lo = 0, hi = n_rows - 1; /* the row holding split gs: last row with split_off <= gs */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (a.rows[mid].split_off <= gs) lo = mid;
+        else hi = mid - 1;
+    }
+    item_fill(a, hg, gs, lo, it);
+    return true;
+}
+/* `it` (item `item` - 1) -> item `item`: the next split of the same row, else the next row's first
+ * (rows' splits are consecutive, each row has at least one), else the next head group's row 0. The
+ * item item_at would find, without its dependent chain of row loads (one per halving: ncu put
+ * ~5 % of a 65-row verify's attention stalls on it, session 32); false at or past `end`. */
+__device__ __forceinline__ bool item_next(const kdt_attn_args &a, int item, int end, int total_splits, Item &it) {
+    if (item >= end) return false;
+    int hg = it.hg, gs = it.gs + 1, r = it.r;
+    if (gs == total_splits) {
+        hg++, gs = 0, r = 0;
+    } else { /* row r's splits end at its split_off + n_splits (read again: a register kept per
+              * item made the 16-head instances spill) */
+        const kdt_grow *row = a.rows + r;
+        if (gs >= row->split_off + n_splits(row->n_keys)) r++;
+    }
+    item_fill(a, hg, gs, r, it);
     return true;
 }
 
@@ -313,7 +344,8 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
     Item pi;
     int p_item = first;
     bool p_live = item_at(a, p_item, end, total_splits, n_rows, pi);
-    int p_tile = 0, p_seq = 0;
+    int p_tile = 0, p_stage = 0; /* p_stage: the ring slot of the next tile (a counter, not a % by
+                                  * the run-time stage count: ~20 instructions per tile) */
     KeySrc la = {0, 0, 0};
     if (p_live) la = key_src(a, pi, pi.k_begin + my_key);
     Item ci = pi; /* consumer: the tile being computed */
@@ -323,11 +355,10 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
 #define KDT_ATT_PRODUCE()                                                                        \
     do {                                                                                         \
         if (p_live) {                                                                            \
-            issue_key<HG, W, DQ>(a, Ks + (size_t)(p_seq % stages) * TILE * qs, qs, la);             \
-            p_seq++;                                                                             \
+            issue_key<HG, W, DQ>(a, Ks + (size_t)p_stage * TILE * qs, qs, la);                      \
+            p_stage = p_stage + 1 == stages ? 0 : p_stage + 1;                                   \
             if (++p_tile == pi.n_tiles) {                                                        \
-                p_item++;                                                                        \
-                p_live = item_at(a, p_item, end, total_splits, n_rows, pi);                      \
+                p_live = item_next(a, ++p_item, end, total_splits, pi);                          \
                 p_tile = 0;                                                                      \
             }                                                                                    \
             if (p_live) la = key_src(a, pi, pi.k_begin + p_tile * TILE + my_key);                \
@@ -346,14 +377,14 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
     int c_item = first;
 
     float acc[MT][NT][4] = {};
-    int c_tile = 0, c_seq = 0;
+    int c_tile = 0, c_stage = 0; /* the ring slot of the tile being computed */
     while (c_live) {
         const int kb = ci.k_begin + c_tile * TILE;
-        const uint16_t *Kc = Ks + (size_t)(c_seq % stages) * TILE * qs;
+        const uint16_t *Kc = Ks + (size_t)c_stage * TILE * qs;
         if (stages == 3) cp_async_wait<1>();
         else cp_async_wait<0>();
-        __syncthreads(); /* tile c_seq (and Q) landed; everyone is past tile c_seq - 1 */
-        KDT_ATT_PRODUCE(); /* into the stage tile c_seq - 1 used */
+        __syncthreads(); /* this tile (and Q) landed; everyone is past the previous one */
+        KDT_ATT_PRODUCE(); /* into the stage the previous tile used */
         if (c_tile == 0) {
             for (int i = tid; i < HG; i += THREADS) row_m[i] = -INFINITY, row_l[i] = 0.0f;
 #pragma unroll
@@ -364,10 +395,15 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
                     for (int e = 0; e < 4; e++) acc[mt][j][e] = 0.0f;
         }
 
-        /* S = Q K^T: this warp's PPW (m-tile, 8-key tile) pairs, chains [c0, c0 + CPW) of each */
+        /* S = Q K^T: this warp's PPW (m-tile, 8-key tile) pairs, chains [c0, c0 + CPW) of each. ROWS
+         * (64 heads): the pairs are one m-tile's whole score rows, so a k step loads its Q fragment
+         * once for all of them and the keys 16 at a time; else pairs pw, pw + WARPS, .. of the
+         * m-tile-major order, one key tile per warp */
         {
-            const int pw = WARPS <= C::PAIRS ? warp : warp % C::PAIRS; /* the warp's first pair */
-            const int c0 = WARPS <= C::PAIRS ? 0 : warp / C::PAIRS * CPW;
+            constexpr bool ROWS = C::ROWS;
+            const int pw = ROWS ? warp / PLANES * (TILE / 8) : (WARPS <= C::PAIRS ? warp : warp % C::PAIRS);
+            const int c0 = ROWS ? warp % PLANES * CPW : (WARPS <= C::PAIRS ? 0 : warp / C::PAIRS * CPW);
+            const int pstep = ROWS ? 1 : WARPS; /* pair p is pw + p * pstep, as (m-tile, key tile) */
             float c[PPW][CPW][4];
 #pragma unroll
             for (int p = 0; p < PPW; p++)
@@ -385,7 +421,18 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
                      * every kk is in range: no per-step test, one straight block of loads and
                      * mma whose addresses are a base and immediates */
                     constexpr bool FULL = DQ != 0 && ((DQ + 15) / 16) % QCH == 0;
-                    if (FULL || kk < dq16) {
+                    if (!(FULL || kk < dq16)) continue;
+                    if constexpr (ROWS) {
+                        uint32_t af[4];
+                        ldsm_x4(af, Qs + (pw / (TILE / 8) * 16 + (lane & 15)) * qs + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+                        for (int p = 0; p < PPW; p += 2) { /* keys 8p..8p+15: (keys 0-7 | 8-15) x (k 0-7 | 8-15) */
+                            uint32_t bf[4];
+                            ldsm_x4(bf, Kc + (p * 8 + (lane >> 4) * 8 + (lane & 7)) * qs + kk * 16 + ((lane >> 3) & 1) * 8);
+                            mma16816(c[p][j], af, bf[0], bf[1]);
+                            mma16816(c[p + 1][j], af, bf[2], bf[3]);
+                        }
+                    } else {
                         uint32_t bf[2]; /* WARPS is a multiple of TILE / 8: one key tile per warp */
                         ldsm_x2(bf, Kc + ((warp % (TILE / 8)) * 8 + (lane & 7)) * qs + kk * 16 + ((lane >> 3) & 1) * 8);
 #pragma unroll
@@ -402,7 +449,7 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
             float *plane = Ss + (c0 / CPW) * HG * SS;
 #pragma unroll
             for (int p = 0; p < PPW; p++) {
-                const int id = pw + p * WARPS, mt = id / (TILE / 8), nt = id % (TILE / 8);
+                const int id = pw + p * pstep, mt = id / (TILE / 8), nt = id % (TILE / 8);
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int key = nt * 8 + 2 * t + (e & 1), hr = mt * 16 + g + (e >> 1) * 8;
@@ -488,7 +535,7 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
                 }
             }
         }
-        c_seq++;
+        c_stage = c_stage + 1 == stages ? 0 : c_stage + 1;
         if (++c_tile < ci.n_tiles) continue;
 
         /* the item is done: its partial results (row_m / row_l are final since the last sync).
@@ -523,7 +570,7 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
         }
         /* the next item: every read of Qs for this one was before the S sync above */
         const int prev_r = ci.r, prev_hg = ci.hg;
-        c_live = item_at(a, ++c_item, end, total_splits, n_rows, ci);
+        c_live = item_next(a, ++c_item, end, total_splits, ci);
         c_tile = 0;
         /* Q stays when the next item is the same row and head group (a further split) */
         if (c_live && (ci.r != prev_r || ci.hg != prev_hg)) load_q<HG, W, DQ>(a, ci, tid, Qs, qs);
