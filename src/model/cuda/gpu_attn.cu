@@ -76,10 +76,10 @@ __host__ __device__ inline int n_splits(int n_keys) {
  * score plane, and the softmax adds the planes ((c0 + c1) + (c2 + c3), the single-warp sum).
  * 64 heads (ROWS): a warp takes one m-tile's four pairs for half of the chains, so each k step
  * loads its Q fragment once for all four key tiles (as whole pairs, the four warps of an m-tile,
- * one per key tile, each read all of its Q fragments: ncu put the S phase's ldmatrix and mma at a
- * third of a 65-row verify's attention samples, session 32). P V gives each warp d_c / W columns. Every
- * element's operations are the same for every W and layout, so these are scheduling (per launch),
- * like HG. */
+ * one per key tile, each read all of its Q fragments: ncu put the S phase's ldmatrix and mma at
+ * a third of a 65-row verify's attention samples, session 32). P V gives each warp d_c / W
+ * columns. Every element's operations are the same for every W and layout, so these are
+ * scheduling (per launch), like HG. */
 /* Score planes (kdt_ap_planes): 16 heads on 8 warps add two, on 16 warps four, (p0 + p1) +
  * (p2 + p3), the same sum; 64 heads on 8 warps two. Shared memory, strides and the warp count:
  * attn_plan.h. */
