@@ -25,14 +25,18 @@ enum {
     KDT_AP_MAX_STAGES = 3  /* deepest KV ring */
 };
 
-/* Score planes the softmax adds. 16 heads: 1 while every warp holds whole (m-tile, 8-key tile)
- * pairs, 2 when two warps share a pair's k-step chains, 4 when each warp holds one chain. 64 heads
- * (gpu_attn.cu, AttCfg::ROWS): each warp holds one m-tile's whole score rows for a share of the
- * chains, so warps / m-tiles planes (8 warps: 2; a Q fragment then serves all 4 key tiles, half
- * the shared-memory reads of whole pairs, where the S phase was bound by them: session 32). */
+/* Whether items of hg heads lay out their scores by rows (gpu_attn.cu, AttCfg::ROWS): each warp
+ * holds one m-tile's whole score rows for a share of the chains, so a Q fragment serves all the
+ * tile's key tiles (half the shared-memory reads of whole pairs at 64 heads, where the S phase was
+ * bound by them: session 32); else warps hold whole (m-tile, 8-key tile) pairs or share them. */
+KDT_AP_FN int kdt_ap_rows(int hg) { return hg == 64; }
+/* Score planes the softmax adds. By rows: warps / m-tiles (64 heads on 8 warps: 2). By pairs: 1
+ * while every warp holds whole pairs, 2 when two warps share a pair's k-step chains, 4 when each
+ * warp holds one chain. */
 KDT_AP_FN int kdt_ap_planes(int hg, int w) {
-    if (hg == 64) return w <= 4 ? 1 : w / 4;
-    return w <= hg / 16 * (KDT_AP_TILE / 8) ? 1 : (w <= 2 * (hg / 16) * (KDT_AP_TILE / 8) ? 2 : 4);
+    const int mt = hg / 16;
+    if (kdt_ap_rows(hg)) return w <= mt ? 1 : w / mt;
+    return w <= mt * (KDT_AP_TILE / 8) ? 1 : (w <= 2 * mt * (KDT_AP_TILE / 8) ? 2 : 4);
 }
 
 /* Row stride (bf16) of the Q and K tiles: the k16 steps' columns (d_q rounded up to 16) or the

@@ -91,7 +91,7 @@ struct AttCfg {
     static constexpr int PAIRS = MT * (TILE / 8);
     static constexpr int TPK = THREADS / TILE;              /* loader threads per key */
     static constexpr int PLANES = kdt_ap_planes(HG, W);     /* score planes the softmax adds */
-    static constexpr bool ROWS = HG == 64;                  /* a warp owns one m-tile's score rows */
+    static constexpr bool ROWS = kdt_ap_rows(HG);           /* a warp owns one m-tile's score rows */
     static constexpr int PPW = ROWS ? TILE / 8 : (PLANES == 1 ? PAIRS / WARPS : 1); /* pairs per warp */
     static constexpr int CPW = QCH / PLANES;                /* chains per warp */
     static_assert(HG == 16 || HG == 64, "heads per item");
