@@ -242,6 +242,27 @@ static void dense_case(const DenseCase &dc, uint64_t seed) {
     snprintf(what, sizeof what, "dense n=%d cols=%d batch=%d kx=%d ldx=%lld gather=%d M=%d splits=%d", dc.n, dc.cols,
              batch, kx, (long long)ldx, dc.gather, dc.M, splits);
     same(y1, y2, ybytes, what);
+    {   /* the launcher's choice for row-major weights (the model's dense layout): pool, rows per
+         * pass and instance by v2_config_grid; with KDT_GEMM_WIDE3=1 (read per launch) 3 CTAs per
+         * SM and 48-row passes for a grid of 2-3 per SM and a bound of 33-48 or 65-96 rows */
+        float *yl = dalloc<float>(ybytes / 4);
+        const char *was = getenv("KDT_GEMM_WIDE3");
+        for (int w3 = 0; w3 < 2; w3++) {
+            setenv("KDT_GEMM_WIDE3", w3 ? "1" : "0", 1);
+            poison(yl, ybytes);
+            a.y = yl;
+            if (kdt_gemm_launch(&a, g_stages, 0) != KDT_OK) n_fail++;
+            CK(cudaGetLastError());
+            CK(cudaDeviceSynchronize());
+            char wl[260];
+            snprintf(wl, sizeof wl, "launcher, row-major, KDT_GEMM_WIDE3=%d: %s", w3, what);
+            same(y1, yl, ybytes, wl);
+        }
+        if (was) setenv("KDT_GEMM_WIDE3", was, 1);
+        else unsetenv("KDT_GEMM_WIDE3");
+        a.y = y2;
+        cudaFree(yl);
+    }
     if (dc.n % 64 == 0) {
         /* tiled weights (kdt_gemm_tile64, KDT_GPU_TILED_DENSE): the launcher's choice, then the
          * cp.async and (sm_90+) bulk-copy instances directly: v1's bits */
@@ -1169,6 +1190,9 @@ int main(int argc, char **argv) {
             dense_case({192, 8192, 1, 8192, 0, 0, M}, seed++);     /* o_proj-like: 3 splits of 43 blocks */
         }
     }
+    /* o_proj's shape at Kimi's dimensions: 112 x 3 = 336 CTAs, which a Hopper (132 SMs) runs at 3
+     * per SM with passes of up to 48 rows for bounds of 33-48 and 65-96 rows (v2_config_grid) */
+    for (int M : {33, 64, 65}) dense_case({7168, 8192, 1, 8192, 0, 0, M}, seed++);
     /* grouped: items of 1..64 rows, experts with 0 rows, > 64 rows (several items), ragged I */
     grouped_case(448, 200, 5, {1, 0, 3, 64, 65}, 70, seed++, 16);
     if (!quick) {
