@@ -1330,8 +1330,8 @@ int pool_per_sm(int smem_per_sm, int k) { return gt_pool_per_sm(smem_per_sm, k);
  * with >= 3 stages (decode-sized bounds), use it: one wave, the same bytes in flight per SM.
  * Launches of more than 32 rows (tree verify of 33+ nodes) whose grid fits 3 per SM may take that
  * pool too (wide3_on), with passes of up to 48 rows at 2 stages, where that adds no pass (bounds of
- * 33-48 or 65-96 rows read the W stream as often as at 2 per SM; 49-64 rows, a decode of 64
- * streams, stay). At 2 per SM these launches (q_b, o_proj, the shared expert's two GEMMs at Kimi's
+ * 33-48, 65-96, 129-144, ... rows read the W stream as often as at 2 per SM; 49-64 rows, a decode
+ * of 64 streams, and 97-128 stay). At 2 per SM these launches (q_b, o_proj, the shared expert's two GEMMs at Kimi's
  * shapes) ran 1.2-1.45 waves of 64-row passes, and a 65-row bound passed 64 rows, then 1 (here
  * 48 + 17).
  * H100, session 33, in-process A B B A: correlated verify N 65 1,870 / 1,890 -> 1,691 / 1,683 us
