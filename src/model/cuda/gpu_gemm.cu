@@ -1329,15 +1329,15 @@ int pool_per_sm(int smem_per_sm, int k) { return gt_pool_per_sm(smem_per_sm, k);
  * hold the whole grid at once and that pool still runs every row of the launch bound in one pass
  * with >= 3 stages (decode-sized bounds), use it: one wave, the same bytes in flight per SM.
  * Launches of more than 32 rows (tree verify of 33+ nodes) whose grid fits 3 per SM may take that
- * pool too (wide3_on), with passes of up to 48 rows at 2 stages, where that adds no pass (bounds of
- * 33-48, 65-96, 129-144, ... rows read the W stream as often as at 2 per SM; 49-64 rows, a decode
- * of 64 streams, and 97-128 stay). At 2 per SM these launches (q_b, o_proj, the shared expert's two GEMMs at Kimi's
- * shapes) ran 1.2-1.45 waves of 64-row passes, and a 65-row bound passed 64 rows, then 1 (here
- * 48 + 17).
- * H100, session 33, in-process A B B A: correlated verify N 65 1,870 / 1,890 -> 1,691 / 1,683 us
- * per layer, N 33 1,173 / 1,181 -> 1,085 / 1,084. Opt-in until its bits are checked on a GPU
- * (gpu_test_gemm_ab runs o_proj's shape through the launcher with it on and off; no device time was
- * left for that run): KDT_GEMM_WIDE3=1, read per launch, so an in-process A/B can switch it. */
+ * pool too (wide3_on), with passes of up to 48 rows at 2 stages, where that adds no pass (bounds
+ * of 33-48, 65-96, 129-144, ... rows read the W stream as often as at 2 per SM; 49-64 rows, a
+ * decode of 64 streams, and 97-128 stay). At 2 per SM these launches (q_b, o_proj, the shared
+ * expert's two GEMMs at Kimi's shapes) ran 1.2-1.45 waves of 64-row passes, and a 65-row bound
+ * passed 64 rows, then 1 (here 48 + 17). H100, session 33, in-process A B B A: correlated verify
+ * N 65 1,870 / 1,890 -> 1,691 / 1,683 us per layer, N 33 1,173 / 1,181 -> 1,085 / 1,084. Opt-in
+ * until its bits are checked on a GPU (gpu_test_gemm_ab runs o_proj's shape through the launcher
+ * with it on and off; no device time was left for that run): KDT_GEMM_WIDE3=1, read per launch, so
+ * an in-process A/B can switch it. */
 constexpr int V2_WIDE3_ROWS = 48;
 bool wide3_on(int m_max) {
     return m_max > 32 && (m_max + V2_WIDE3_ROWS - 1) / V2_WIDE3_ROWS <= (m_max + V2_ROWS - 1) / V2_ROWS &&
@@ -1351,23 +1351,20 @@ V2Cfg v2_config_grid(int stages, int64_t ctas, int m_max, int k_max = 4, int *pe
     const int n_sm = d.n_sm, per_sm = d.smem_per_sm;
     const int rows = m_max < V2_ROWS ? m_max : V2_ROWS;
     if ((2 * (c.pool + 1024) > per_sm) || ctas <= 2 * (int64_t)n_sm) return c;
-    if (ctas <= 3 * (int64_t)n_sm && wide3_on(m_max)) { /* above: > 32 rows, 48-row passes */
-        const int pool = pool_per_sm(per_sm, 3), r = rows < V2_WIDE3_ROWS ? rows : V2_WIDE3_ROWS;
-        if (pool < c.pool && V2_ROWS * (BN + 1) * 4 <= pool && v2_stages(v2_tile_rows(r), pool) >= 2 &&
-            v2_stages_bulk(v2_tile_rows(r), pool) >= 2) {
-            V2Cfg ck = v2_config_pool(pool);
-            ck.cap = r;
-            if (per_sm_used) *per_sm_used = 3;
-            return ck;
-        }
-    }
     for (int k = 3; k <= k_max; k++) {
         if (ctas > k * (int64_t)n_sm) continue;
         const int pool = pool_per_sm(per_sm, k);
         if (pool >= c.pool) return c;
-        const V2Cfg ck = v2_config_pool(pool);
-        if (ck.cap >= rows && v2_stages(v2_tile_rows(rows), pool) >= 3 && v2_stages_bulk(v2_tile_rows(rows), pool) >= 3 &&
-            V2_ROWS * (BN + 1) * 4 <= pool) {
+        V2Cfg ck = v2_config_pool(pool);
+        /* passes of up to 48 rows at >= 2 stages (wide3_on, 3 per SM), else every row in one pass
+         * at >= 3 stages */
+        const int r = rows < V2_WIDE3_ROWS ? rows : V2_WIDE3_ROWS;
+        const bool wide3 = k == 3 && wide3_on(m_max) && v2_stages(v2_tile_rows(r), pool) >= 2 &&
+                           v2_stages_bulk(v2_tile_rows(r), pool) >= 2;
+        const bool whole = ck.cap >= rows && v2_stages(v2_tile_rows(rows), pool) >= 3 &&
+                           v2_stages_bulk(v2_tile_rows(rows), pool) >= 3;
+        if ((wide3 || whole) && V2_ROWS * (BN + 1) * 4 <= pool) {
+            if (wide3) ck.cap = r;
             if (per_sm_used) *per_sm_used = k;
             return ck;
         }
