@@ -243,8 +243,9 @@ static void dense_case(const DenseCase &dc, uint64_t seed) {
              batch, kx, (long long)ldx, dc.gather, dc.M, splits);
     same(y1, y2, ybytes, what);
     {   /* the launcher's choice for row-major weights (the model's dense layout): pool, rows per
-         * pass and instance by v2_config_grid; with KDT_GEMM_WIDE3=1 (read per launch) 3 CTAs per
-         * SM and 48-row passes for a grid of 2-3 per SM and a bound of 33-48 or 65-96 rows */
+         * pass and instance by v2_config_grid; with KDT_GEMM_WIDE3 on (the default; read per
+         * launch) 3 CTAs per SM and 48-row passes for a grid of 2-3 per SM and a bound of 33-48 or
+         * 65-96 rows, with it off ("0") 2 per SM and 64-row passes */
         float *yl = dalloc<float>(ybytes / 4);
         const char *was = getenv("KDT_GEMM_WIDE3");
         for (int w3 = 0; w3 < 2; w3++) {

@@ -1333,15 +1333,15 @@ int pool_per_sm(int smem_per_sm, int k) { return gt_pool_per_sm(smem_per_sm, k);
  * of 33-48, 65-96, 129-144, ... rows read the W stream as often as at 2 per SM; 49-64 rows, a
  * decode of 64 streams, and 97-128 stay). At 2 per SM these launches (q_b, o_proj, the shared
  * expert's two GEMMs at Kimi's shapes) ran 1.2-1.45 waves of 64-row passes, and a 65-row bound
- * passed 64 rows, then 1 (here 48 + 17). H100, session 33, in-process A B B A: correlated verify
- * N 65 1,870 / 1,890 -> 1,691 / 1,683 us per layer, N 33 1,173 / 1,181 -> 1,085 / 1,084. Opt-in
- * until its bits are checked on a GPU (gpu_test_gemm_ab runs o_proj's shape through the launcher
- * with it on and off; no device time was left for that run): KDT_GEMM_WIDE3=1, read per launch, so
- * an in-process A/B can switch it. */
+ * passed 64 rows, then 1 (here 48 + 17). H100, in-process A B B A (sessions 33 and 34): correlated
+ * verify N 65 1,845 / 1,859 -> 1,679 / 1,678 us per layer, N 33 1,173 / 1,169 -> 1,084 / 1,071,
+ * random N 65 -1.7 %; gpu_test_gemm_ab runs o_proj's shape through the launcher with it on and
+ * off. The default; KDT_GEMM_WIDE3=0 (read per launch, so an in-process A/B can switch it) keeps
+ * session 32's 2 per SM. */
 constexpr int V2_WIDE3_ROWS = 48;
 bool wide3_on(int m_max) {
     return m_max > 32 && (m_max + V2_WIDE3_ROWS - 1) / V2_WIDE3_ROWS <= (m_max + V2_ROWS - 1) / V2_ROWS &&
-           kdt_g_env_is("KDT_GEMM_WIDE3", '1');
+           !kdt_g_env_is("KDT_GEMM_WIDE3", '0');
 }
 V2Cfg v2_config_grid(int stages, int64_t ctas, int m_max, int k_max = 4, int *per_sm_used = nullptr) {
     const V2Cfg c = v2_config(stages);
