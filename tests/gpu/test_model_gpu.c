@@ -1298,7 +1298,7 @@ static void plan1_case(int E, int K, int has_shared, int n_rows, int splits, uin
                                             counts, ec, 0), KDT_OK);
         } else {
             CHECK_EQ_INT(kdt_op_route(dp, splits, E, db, &cfg, dh, sel, wgt, 1, 0), KDT_OK);
-            CHECK_EQ_INT(kdt_op_moe_plan(dh, sel, K, E, has_shared, 1, pr, pe, po, ps, items, counts, ec, 0), KDT_OK);
+            CHECK_EQ_INT(kdt_op_moe_plan(dh, sel, K, E, has_shared, 1, KDT_G_BM, pr, pe, po, ps, items, counts, ec, 0), KDT_OK);
         }
     }
     CHECK_EQ_INT(cudaDeviceSynchronize(), cudaSuccess);
@@ -1607,6 +1607,36 @@ static void test_kimi_dims(void) {
             kdt_gpu_kv_free(kc);
         }
         env_restore("KDT_GPU_ATT_GENERIC", g_saved);
+        /* the MoE plan's items (KDT_GPU_ITEM_ROWS, read per pass: 32 rows by default, 64 as before
+         * session 34): a verify of 3 x 40 nodes, where some expert gets more than 32 rows (so the
+         * default cuts its pairs into several items), gives the same bits both ways */
+        {
+            int nf[3] = {40, 40, 40};
+            test_tree tf;
+            make_tree(&tf, 3, 40, nf, prefix, roots, V, &rng);
+            char *i_saved = env_save("KDT_GPU_ITEM_ROWS");
+            int32_t most = 0;
+            for (int v = 0; v < 2; v++) {
+                if (v) setenv("KDT_GPU_ITEM_ROWS", "64", 1);
+                else unsetenv("KDT_GPU_ITEM_ROWS");
+                kdt_gpu_kv *kc = new_gkv(m.g, 8, 3);
+                for (int q = 0; q < 3; q++) CHECK_EQ_INT(kdt_gpu_prefill(r64, kc, q, h[q], prefix[q], NULL), KDT_OK);
+                CHECK_EQ_INT(kdt_gpu_verify(r64, kc, &tf.t, NULL, v ? &ob : &oa), KDT_OK);
+                if (!v) {
+                    int32_t cnt[17];
+                    CHECK_EQ_INT(kdt_gpu_runner_expert_counts(r64, 1, cnt), KDT_OK);
+                    for (int e = 0; e < 16; e++) most = cnt[e] > most ? cnt[e] : most;
+                }
+                kdt_gpu_kv_free(kc);
+            }
+            env_restore("KDT_GPU_ITEM_ROWS", i_saved);
+            CHECK_MSG(most > 32, "item rows: the busiest expert got %d rows (the case needs > 32)", most);
+            for (int q = 0; q < 3; q++)
+                CHECK_MSG(memcmp(a + (size_t)q * 40 * V, b + (size_t)q * 40 * V, (size_t)nf[q] * V * 4) == 0,
+                          "stream %d: 32- and 64-row MoE plan items differ", q);
+            printf("  item rows: 32 == 64 bitwise (busiest expert %d rows)\n", most);
+            free_tree(&tf);
+        }
         free(da); free(db);
         free(a); free(b);
         free_tree(&tt);

@@ -190,7 +190,7 @@ kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_op
     r->max_splits_total = R * max_row_splits(o.max_keys);
     const int32_t E_tot = E + g->has_shared;
     r->max_pairs = E > 0 ? R * K + (g->has_shared ? R : 0) : 0;
-    r->max_items = E > 0 ? E_tot + (r->max_pairs + KDT_G_BM - 1) / KDT_G_BM + 1 : 0;
+    r->max_items = E > 0 ? E_tot + (r->max_pairs + KDT_G_ITEM_ROWS_MIN - 1) / KDT_G_ITEM_ROWS_MIN + 1 : 0;
     r->ld_h = (int32_t)kdt_g_round_up(g->max_inter_pad, 4);
     const int32_t n_vtiles = (V + KDT_G_BN - 1) / KDT_G_BN;
     const size_t f = sizeof(float);
@@ -747,6 +747,17 @@ static kdt_status moe_routed(pass *p, const kdt_gpu_layer *L, int32_t l, int32_t
     kdt_gpu_runner *r = p->r;
     const int32_t D = c->hidden_size, E = c->n_routed_experts, K = c->n_experts_per_tok;
     const int32_t in_plan = hs == 1; /* the shared expert's pairs and item are the plan's */
+    /* rows per plan item: 32 cuts an expert's pairs into items that a grouped launch at 4 per SM
+     * (32-row passes) runs in one pass each, in CTAs side by side (an expert's items are adjacent),
+     * so they stream its W slice together through L2, where a 64-row item passed twice in one CTA.
+     * H100, correlated verify N 65: routed gate/up 566 -> 446 us, down 268 -> 238 (session 34).
+     * KDT_GPU_ITEM_ROWS=n (32..64, read per pass) sets it; the rows' bits do not depend on it. */
+    int32_t ir = KDT_G_ITEM_ROWS_MIN;
+    {
+        const char *e = getenv("KDT_GPU_ITEM_ROWS");
+        const int v = e ? atoi(e) : 0;
+        if (v > 0) ir = v < KDT_G_ITEM_ROWS_MIN ? KDT_G_ITEM_ROWS_MIN : (v > KDT_G_BM ? KDT_G_BM : v);
+    }
     int32_t splits;
     int64_t ss;
     KDT_TRY(gemm(p, "router", r->xn, D, 0, D, &L->router, E, 0, &splits, &ss));
@@ -757,13 +768,13 @@ static kdt_status moe_routed(pass *p, const kdt_gpu_layer *L, int32_t l, int32_t
                                                       r->pos_shared, r->items, r->moe_counts, ec, p->s));
     } else {
         PASS_STEP(p, "route", kdt_op_route(r->part, splits, ss, L->router_bias, c, p->hdr, r->sel, r->wgt, p->M, p->s));
-        PASS_STEP(p, "moe_plan", kdt_op_moe_plan(p->hdr, r->sel, K, E, hs, p->M, r->pair_row, r->pair_expert,
+        PASS_STEP(p, "moe_plan", kdt_op_moe_plan(p->hdr, r->sel, K, E, hs, p->M, ir, r->pair_row, r->pair_expert,
                                                  r->pos_of, r->pos_shared, r->items, r->moe_counts, ec, p->s));
     }
     const int32_t max_pairs = p->M * K + (in_plan ? p->M : 0);
     const int32_t E_tot = E + in_plan;
     int32_t item_bound = (p->M * K + in_plan) < E_tot ? p->M * K + in_plan : E_tot;
-    item_bound += (max_pairs + KDT_G_BM - 1) / KDT_G_BM;
+    item_bound += (max_pairs + ir - 1) / ir;
     const int32_t ldp = 2 * g->max_inter_pad;
     kdt_grouped_args a;
     memset(&a, 0, sizeof a);
@@ -779,9 +790,9 @@ static kdt_status moe_routed(pass *p, const kdt_gpu_layer *L, int32_t l, int32_t
     a.n_max = ldp;
     a.kd = D;
     a.grid_items = item_bound < 128 ? item_bound : 128;
-    a.max_item_rows = p->M < KDT_G_BM ? p->M : KDT_G_BM; /* an item: one expert's pairs, <= one per row */
-    /* up to 64 rows every touched expert is one item: at most min(M K, E) routed + the shared one */
-    a.n_items_hint = p->M <= KDT_G_BM ? (p->M * K < E ? p->M * K : E) + in_plan : item_bound;
+    a.max_item_rows = p->M < ir ? p->M : ir; /* an item: one expert's pairs, <= one per row */
+    /* up to ir rows every touched expert is one item: at most min(M K, E) routed + the shared one */
+    a.n_items_hint = p->M <= ir ? (p->M * K < E ? p->M * K : E) + in_plan : item_bound;
     a.n_pairs_hint = max_pairs;
     a.tiled = g->experts_tiled;
     const int fused = kdt_grouped_fuses_swiglu(&a); /* the gate/up CTAs write h themselves */

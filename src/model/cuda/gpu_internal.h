@@ -32,6 +32,7 @@ static inline int kdt_g_env_is(const char *name, char c) {
 #define KDT_G_BK 64           /* K block of the GEMM: every weight ld is a multiple of it */
 #define KDT_G_BN 64           /* output columns per GEMM CTA */
 #define KDT_G_BM 64           /* rows per GEMM pass */
+#define KDT_G_ITEM_ROWS_MIN 32 /* smallest item of the MoE plan (sizes the item list) */
 #define KDT_G_GU_BLOCK 32     /* gate/up interleave: 32 gate rows then 32 up rows per 64 */
 #define KDT_G_ATT_TILE 32     /* keys per attention tile */
 #define KDT_G_ATT_SPLIT 512   /* most keys per attention split of rows with 4097..32768 keys */
@@ -397,10 +398,12 @@ kdt_status kdt_op_route_plan1(const float *part, int32_t splits, int64_t split_s
                               int32_t *pos_shared, int32_t *items, int32_t *counts, int32_t *expert_counts,
                               cudaStream_t s);
 size_t kdt_op_plan_smem(int32_t E_tot);
+/* item_rows: most pairs per item (KDT_G_ITEM_ROWS_MIN..KDT_G_BM); an expert's pairs are cut into
+ * items of that many rows, in order, so its items sit next to each other in the list */
 kdt_status kdt_op_moe_plan(const kdt_gstage_hdr *hdr, const int32_t *sel, int32_t K, int32_t E, int32_t has_shared,
-                           int32_t max_rows, int32_t *pair_row, int32_t *pair_expert, int32_t *pos_of,
-                           int32_t *pos_shared, int32_t *items, int32_t *counts, int32_t *expert_counts,
-                           cudaStream_t s);
+                           int32_t max_rows, int32_t item_rows, int32_t *pair_row, int32_t *pair_expert,
+                           int32_t *pos_of, int32_t *pos_shared, int32_t *items, int32_t *counts,
+                           int32_t *expert_counts, cudaStream_t s);
 /* has_shared: 0 none; 1 the shared expert's pairs are in the plan; 2 it ran apart (the plan has
  * only routed pairs, expert_counts[E] still counts its rows; the combine adds the sum of its
  * down GEMM's split partials sh [sh_splits][..][D], sh_stride floats apart) */

@@ -604,7 +604,7 @@ __global__ void __launch_bounds__(RT, 1) k_route_wide(const Route a, const Plan1
 struct Plan {
     const kdt_gstage_hdr *hdr;
     const int32_t *sel;
-    int K, E, has_shared, max_rows;
+    int K, E, has_shared, max_rows, item_rows;
     int32_t *pair_row, *pair_expert, *pos_of, *pos_shared, *items, *counts, *expert_counts;
 };
 
@@ -625,7 +625,7 @@ __device__ __forceinline__ int count_in(const int32_t *chunk, int n, int e) {
 /* One CTA: thread e owns expert e (the shared expert is e = E). Counts its pairs, the CTA scans
  * the counts into pair offsets and item offsets (warp shuffle scans, then the warp totals: exact
  * integer sums, the serial scan's values), then thread e assigns its pairs positions in
- * (row, slot) order - deterministic - and writes its items (<= 64 pairs each); the shared
+ * (row, slot) order - deterministic - and writes its items (<= item_rows pairs each); the shared
  * expert's pairs (one per row, in row order) are written by all threads. */
 __global__ void k_moe_plan(const Plan a) {
     PDL_ENTRY();
@@ -643,7 +643,8 @@ __global__ void k_moe_plan(const Plan a) {
         __syncthreads();
         if (e < a.E) c += count_in(chunk, n, e);
     }
-    const int cnt = e < E_tot ? (e < a.E ? c : R) : 0, nit = (cnt + KDT_G_BM - 1) / KDT_G_BM;
+    const int cnt = e < E_tot ? (e < a.E ? c : R) : 0, IR = a.item_rows,
+              nit = (cnt + IR - 1) / IR;
     int cs = cnt, is = nit; /* inclusive scans within the warp */
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -659,11 +660,11 @@ __global__ void k_moe_plan(const Plan a) {
         a.counts[1] = po + cnt;
     }
     if (e < E_tot) {
-        for (int i = 0; i * KDT_G_BM < cnt; i++) {
+        for (int i = 0; i * IR < cnt; i++) {
             int32_t *it = a.items + 3 * (int64_t)(io + i);
             it[0] = e;
-            it[1] = po + i * KDT_G_BM;
-            it[2] = min(KDT_G_BM, cnt - i * KDT_G_BM);
+            it[1] = po + i * IR;
+            it[2] = min(IR, cnt - i * IR);
         }
         a.expert_counts[e] = cnt;
     }
@@ -1015,11 +1016,14 @@ extern "C" size_t kdt_op_plan_smem(int32_t E_tot) {
 }
 
 extern "C" kdt_status kdt_op_moe_plan(const kdt_gstage_hdr *hdr, const int32_t *sel, int32_t K, int32_t E,
-                                      int32_t has_shared, int32_t max_rows, int32_t *pair_row, int32_t *pair_expert,
-                                      int32_t *pos_of, int32_t *pos_shared, int32_t *items, int32_t *counts,
-                                      int32_t *expert_counts, cudaStream_t s) {
-    Plan a = {hdr, sel, K, E, has_shared, max_rows, pair_row, pair_expert, pos_of, pos_shared, items, counts,
-              expert_counts};
+                                      int32_t has_shared, int32_t max_rows, int32_t item_rows, int32_t *pair_row,
+                                      int32_t *pair_expert, int32_t *pos_of, int32_t *pos_shared, int32_t *items,
+                                      int32_t *counts, int32_t *expert_counts, cudaStream_t s) {
+    if (item_rows < KDT_G_ITEM_ROWS_MIN || item_rows > KDT_G_BM) /* the item list is sized for >= the minimum */
+        return kdt_fail(KDT_ERR_INTERNAL, "GPU MoE plan: %d rows per item (%d..%d)", item_rows, KDT_G_ITEM_ROWS_MIN,
+                        KDT_G_BM);
+    Plan a = {hdr, sel, K, E, has_shared, max_rows, item_rows, pair_row, pair_expert, pos_of, pos_shared, items,
+              counts, expert_counts};
     const int threads = (E + 1 + 31) / 32 * 32;
     pdl::launch(k_moe_plan, dim3(1), dim3(threads), kdt_op_plan_smem(E + (has_shared != 0)), s, kdt_g_pdl_rows(), a);
     return launched("GPU MoE plan");
