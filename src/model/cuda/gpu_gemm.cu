@@ -44,6 +44,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include <type_traits>
+
 #include "gemm_tiles.cuh"
 #include "gpu_internal.h"
 #include "kernels/cuda/device_limits.h"
@@ -704,27 +706,51 @@ __device__ __forceinline__ void v2_pass(const V2Pass &p, unsigned char *smem, in
     }
     cp_async_wait_n(S - 2);                       /* group 0 */
     if (nk > 0) v2_convert(p, V2_X(0), xc, xc + plane);
-    int cs = 0;                                   /* stage of block it; X block it + S goes there */
-    int ls = S - 1;                               /* stage of W block it + S - 1 */
-    int xs = 1;                                   /* stage of X block it + 1 */
-    for (int it = 0; it < nk; it++) {
-        cp_async_wait_n(S - 2);                   /* groups <= it: W block it, X block it + 1 */
-        if (BULK) {
-            bulk_bar_wait(bar0 + 8 * cs, (wpar >> cs) & 1u); /* W block it */
-            wpar ^= 1u << cs;
+    /* The K loop; MT > 0 (WIDE instances, passes of more than 8 rows): the m-tile count fixed for
+     * the whole pass (k64_full<MT> straight, no switch per K block) and a 2-stage pipeline's wait
+     * without the run-time count's jump table (session 34); MT = 0: as it was. */
+    auto k_loop = [&](auto mt_c) {
+        constexpr int MT = decltype(mt_c)::value;
+        int cs = 0;                               /* stage of block it; X block it + S goes there */
+        int ls = S - 1;                           /* stage of W block it + S - 1 */
+        int xs = 1;                               /* stage of X block it + 1 */
+        for (int it = 0; it < nk; it++) {
+            if (MT > 0 && S == 2) cp_async_wait<0>();
+            else cp_async_wait_n(S - 2);          /* groups <= it: W block it, X block it + 1 */
+            if (BULK) {
+                bulk_bar_wait(bar0 + 8 * cs, (wpar >> cs) & 1u); /* W block it */
+                wpar ^= 1u << cs;
+            }
+            __syncthreads();                      /* ... of every thread; block it - 1 consumed */
+            const int j = it + S - 1;
+            if (j < nk) load_w(j, ls);
+            if (j + 1 < nk) v2_load_x(p, V2_X(cs), j + 1);
+            cp_async_commit();
+            uint16_t *cur = xc + (it & 1) * 2 * plane, *nxt = xc + ((it + 1) & 1) * 2 * plane;
+            if (it + 1 < nk) v2_convert(p, V2_X(xs), nxt, nxt + plane);
+            if (MT > 0) {
+                constexpr int M1 = MT > 0 ? MT : 1; /* MT = 0 never gets here */
+                if (BULK) k64_full<M1, BK, V2_XCP, true>(V2_W(cs), cur, cur + plane, acc);
+                else k64_full<M1, V2_WP, V2_XCP, false>(V2_W(cs), cur, cur + plane, acc);
+            } else if (BULK) {
+                k64_compute<BK, V2_XCP, true, WIDE>(V2_W(cs), cur, cur + plane, half, R >> 4, acc);
+            } else {
+                v2_compute<WIDE>(V2_W(cs), cur, cur + plane, half, R >> 4, acc);
+            }
+            cs = cs + 1 == S ? 0 : cs + 1;
+            ls = ls + 1 == S ? 0 : ls + 1;
+            xs = xs + 1 == S ? 0 : xs + 1;
         }
-        __syncthreads();                          /* ... of every thread; block it - 1 consumed */
-        const int j = it + S - 1;
-        if (j < nk) load_w(j, ls);
-        if (j + 1 < nk) v2_load_x(p, V2_X(cs), j + 1);
-        cp_async_commit();
-        uint16_t *cur = xc + (it & 1) * 2 * plane, *nxt = xc + ((it + 1) & 1) * 2 * plane;
-        if (it + 1 < nk) v2_convert(p, V2_X(xs), nxt, nxt + plane);
-        if (BULK) k64_compute<BK, V2_XCP, true, WIDE>(V2_W(cs), cur, cur + plane, half, R >> 4, acc);
-        else v2_compute<WIDE>(V2_W(cs), cur, cur + plane, half, R >> 4, acc);
-        cs = cs + 1 == S ? 0 : cs + 1;
-        ls = ls + 1 == S ? 0 : ls + 1;
-        xs = xs + 1 == S ? 0 : xs + 1;
+    };
+    if (WIDE && !half) {
+        switch (R >> 4) {
+        case 1: k_loop(std::integral_constant<int, 1>{}); break;
+        case 2: k_loop(std::integral_constant<int, 2>{}); break;
+        case 3: k_loop(std::integral_constant<int, 3>{}); break;
+        default: k_loop(std::integral_constant<int, 4>{}); break;
+        }
+    } else {
+        k_loop(std::integral_constant<int, 0>{});
     }
 #undef V2_W
 #undef V2_X
