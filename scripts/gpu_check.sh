@@ -94,9 +94,9 @@ if [ $EXPER = 1 ]; then
   # ALL: every opt-in model variant at once (tiled experts forced: the small test models are
   # row-major by default); OLD: session 7's defaults (2 CTAs per SM for the grouped GEMM,
   # row-major experts; dense launches of > 32 rows at 2 per SM and 64-row MoE items, as before
-  # session 34); OLD8:
-  # session 8's (no programmatic dependent launch, 4 warps per 16-head attention item, tiled
-  # experts everywhere, 3-stage grouped passes); OLD9: session 9's; kept reachable for A/B runs
+  # session 34); OLD8: session 8's (no programmatic dependent launch, 4 warps per 16-head
+  # attention item, tiled experts everywhere, 3-stage grouped passes); OLD9: session 9's; kept
+  # reachable for A/B runs
   ALL="KDT_GPU_TILED_DENSE=1 KDT_GPU_TILED_EXPERTS=1 ${KDT_EXP_ALL_EXTRA:-}"
   OLD="KDT_GEMM_GROUPED_PER_SM=2 KDT_GPU_TILED_EXPERTS=0 KDT_GEMM_WIDE3=0 KDT_GPU_ITEM_ROWS=64"
   OLD8="KDT_GPU_PDL=0 KDT_GPU_ATT_WARPS=4 KDT_GPU_TILED_EXPERTS=1 KDT_GEMM_GROUPED_CAP2=0"

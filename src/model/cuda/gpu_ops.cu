@@ -643,8 +643,7 @@ __global__ void k_moe_plan(const Plan a) {
         __syncthreads();
         if (e < a.E) c += count_in(chunk, n, e);
     }
-    const int cnt = e < E_tot ? (e < a.E ? c : R) : 0, IR = a.item_rows,
-              nit = (cnt + IR - 1) / IR;
+    const int ir = a.item_rows, cnt = e < E_tot ? (e < a.E ? c : R) : 0, nit = (cnt + ir - 1) / ir;
     int cs = cnt, is = nit; /* inclusive scans within the warp */
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -660,11 +659,11 @@ __global__ void k_moe_plan(const Plan a) {
         a.counts[1] = po + cnt;
     }
     if (e < E_tot) {
-        for (int i = 0; i * IR < cnt; i++) {
+        for (int i = 0; i * ir < cnt; i++) {
             int32_t *it = a.items + 3 * (int64_t)(io + i);
             it[0] = e;
-            it[1] = po + i * IR;
-            it[2] = min(IR, cnt - i * IR);
+            it[1] = po + i * ir;
+            it[2] = min(ir, cnt - i * ir);
         }
         a.expert_counts[e] = cnt;
     }
