@@ -737,6 +737,18 @@ static kdt_status moe(pass *p, const kdt_gpu_layer *L, int32_t l) {
     return st != KDT_OK ? st : sj;
 }
 
+/* Rows per MoE plan item: 32 cuts an expert's pairs into items that a grouped launch at 4 per SM
+ * (32-row passes) runs in one pass each, in CTAs side by side (an expert's items are adjacent),
+ * so they stream its W slice together through L2, where a 64-row item passed twice in one CTA.
+ * H100, correlated verify N 65: routed gate/up 566 -> 446 us, down 268 -> 238 (session 34).
+ * KDT_GPU_ITEM_ROWS=n (32..64, read per pass) sets it; the rows' bits do not depend on it. */
+static int32_t plan_item_rows(void) {
+    const char *e = getenv("KDT_GPU_ITEM_ROWS");
+    const int v = e ? atoi(e) : 0;
+    if (v <= 0) return KDT_G_ITEM_ROWS_MIN;
+    return v < KDT_G_ITEM_ROWS_MIN ? KDT_G_ITEM_ROWS_MIN : (v > KDT_G_BM ? KDT_G_BM : v);
+}
+
 /* The router, the plan, the routed experts and the combine. hs: the plan's has_shared (1: the
  * shared expert's pairs in the grouped launches; 2: it ran apart, its down partials in
  * r->part_sh, sh_splits x sh_ss). */
@@ -747,17 +759,7 @@ static kdt_status moe_routed(pass *p, const kdt_gpu_layer *L, int32_t l, int32_t
     kdt_gpu_runner *r = p->r;
     const int32_t D = c->hidden_size, E = c->n_routed_experts, K = c->n_experts_per_tok;
     const int32_t in_plan = hs == 1; /* the shared expert's pairs and item are the plan's */
-    /* rows per plan item: 32 cuts an expert's pairs into items that a grouped launch at 4 per SM
-     * (32-row passes) runs in one pass each, in CTAs side by side (an expert's items are adjacent),
-     * so they stream its W slice together through L2, where a 64-row item passed twice in one CTA.
-     * H100, correlated verify N 65: routed gate/up 566 -> 446 us, down 268 -> 238 (session 34).
-     * KDT_GPU_ITEM_ROWS=n (32..64, read per pass) sets it; the rows' bits do not depend on it. */
-    int32_t ir = KDT_G_ITEM_ROWS_MIN;
-    {
-        const char *e = getenv("KDT_GPU_ITEM_ROWS");
-        const int v = e ? atoi(e) : 0;
-        if (v > 0) ir = v < KDT_G_ITEM_ROWS_MIN ? KDT_G_ITEM_ROWS_MIN : (v > KDT_G_BM ? KDT_G_BM : v);
-    }
+    const int32_t ir = plan_item_rows();
     int32_t splits;
     int64_t ss;
     KDT_TRY(gemm(p, "router", r->xn, D, 0, D, &L->router, E, 0, &splits, &ss));
