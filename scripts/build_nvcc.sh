@@ -87,7 +87,7 @@ if [ "$USE_CUDA" = 1 ]; then
     $NVCC -std=c++17 -O3 --expt-relaxed-constexpr -Iinclude -Isrc -Isrc/common -Isrc/model/cuda $GENCODE \
       tests/gpu/test_gemm_ab_gpu.cu -o "$OUT/gpu_test_gemm_ab"
   fi
-  $NVCC -std=c++17 -O3 -Isrc/kernels/cuda -Itests/gpu $GENCODE tests/gpu/test_wgmma_sm90.cu -o "$OUT/gpu_test_wgmma_sm90"
+  $NVCC -std=c++17 -O3 -Isrc/kernels/cuda -Isrc/model/cuda -Itests/gpu $GENCODE tests/gpu/test_wgmma_sm90.cu -o "$OUT/gpu_test_wgmma_sm90"
   BENCH=( bench/bench_*.c )
   BENCH_CU_OBJ=()
   mkdir -p "$OUT/obj_bench" # outside obj/: never archived into libkdtree.a

@@ -34,8 +34,19 @@ static void test_sizes_by_hand(void) {
     CHECK_EQ_INT(kdt_ap_planes(16, 8), 2);
     CHECK_EQ_INT(kdt_ap_planes(16, 4), 1);
     CHECK_EQ_INT(kdt_ap_planes(16, 16), 4);
-    CHECK_EQ_INT(kdt_ap_smem(64, 8, 8, 576, 2), 64 * 584 * 2 + 74752 + 2 * 64 * 33 * 4 + 64 * 40 * 2 + 3 * 64 * 4);
+    CHECK_EQ_INT(kdt_ap_smem(64, 8, 8, 576, 2), 64 * 584 * 2 + 74752 + 2 * 64 * 33 * 4 + 64 * 40 * 2 + 3 * 64 * 4 + 1024);
     CHECK(kdt_ap_smem(64, 8, 8, 576, 3) <= OPT_HOPPER); /* the 3-stage ring the H100 / H200 run */
+    /* the 64-head d_q 576 instance keeps Q and the ring as wgmma slabs on sm_90a (gpu_attn.cu):
+     * Q's 9 x 8 KB inside Q's row-major region, whose end (the ring's start) is 1,024-aligned, and
+     * each stage's 9 x 4 KB at 36 KB steps inside the row-major ring */
+    CHECK_EQ_INT(kdt_ap_slab(64, 576), 1);
+    CHECK_EQ_INT(kdt_ap_slab(16, 576), 0);
+    CHECK_EQ_INT(kdt_ap_slab(64, 192), 0);
+    {
+        const int qs = kdt_ap_qs_stride(8, 8, 576);
+        CHECK(9 * 64 * 128 <= 64 * qs * 2 && (64 * qs * 2) % 1024 == 0);
+        for (int st = 2; st <= 3; st++) CHECK(st * 9 * 32 * 128 <= st * 32 * qs * 2);
+    }
     /* the 16-warp decode instance alone does not fit a 99 KB part; the head group does */
     CHECK(kdt_ap_smem(16, 16, 4, 576, 2) > OPT_99K);
     CHECK_EQ_INT(kdt_ap_min_smem(16, 512, 576), 97024);

@@ -9,8 +9,15 @@
  * The CPU reference is fp64 over the same bf16 inputs (for O: over the P the GPU formed from its
  * own S, so only the product is compared). If O fails with the layout wgmma_sm90.cuh documents,
  * the test also tries the N-major operand with the LBO / SBO roles swapped and says which works.
+ *   3. The same k16 steps as wgmma m64n32k16 chains (Q [64][576] and 32 keys from slabs, 4 chains of
+ *      9 steps from the same accumulators) and as mma.sync m16n8k16 chains: the fp32 results must
+ *      agree bitwise, on normal inputs, on inputs whose exponents spread over 2^-8..2^8, from zero
+ *      and from random accumulators. The GPU model's attention (src/model/cuda/gpu_attn.cu) forms
+ *      its 64-head scores with the first and its 16-head ones with the second, and its batch
+ *      invariance (decode == tree verify, bitwise) rests on this.
  * On a GPU that is not sm_90 it prints "skip" and exits 0; on an sm_90 GPU without sm_90a code in
  * the binary it fails. Built by CMake as gpu_test_wgmma_sm90 (label gpu). */
+#include "gpu_mma.cuh"
 #include "gpu_test_util.h"
 #include "wgmma_sm90.cuh"
 
@@ -126,6 +133,11 @@ double normal(uint64_t *st) { /* Box-Muller on a xorshift */
     return sqrt(-2.0 * log(a)) * cos(6.283185307179586 * b);
 }
 
+uint64_t splitmix(uint64_t *st) { /* the next raw draw of the same xorshift */
+    *st ^= *st << 13, *st ^= *st >> 7, *st ^= *st << 17;
+    return *st;
+}
+
 double rel_err(const std::vector<float> &got, const std::vector<double> &ref) {
     double num = 0, den = 0;
     for (size_t i = 0; i < ref.size(); i++) {
@@ -180,6 +192,111 @@ void run(const Dev &d, const std::vector<uint16_t> &q, const std::vector<uint16_
     }
 }
 
+/* 3: 4 chains x 9 k16 steps over [64][576] x [32][576], from c0 [4][64][32]; out [4][64][32]. */
+constexpr int CK = 32, CHAINS = 4, CSTEPS = DQK / 16 / CHAINS;
+constexpr size_t CSMEM = (size_t)SLABS * (ROWS + CK) * 128 + 1024;
+__global__ void __launch_bounds__(128, 1)
+    chains_kernel(const uint16_t *q, const uint16_t *k, const float *c0, float *out_wg, float *out_mma) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    auto at = [&](int ch, int r, int c) { return ((size_t)ch * ROWS + r) * CK + c; };
+#if KDT_HAS_WGMMA
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *sq = reinterpret_cast<unsigned char *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    unsigned char *sk = sq + SLABS * ROWS * 128;
+    for (int i = threadIdx.x; i < (ROWS + CK) * (DQK / 8); i += blockDim.x) {
+        const int r = i / (DQK / 8), c = i % (DQK / 8), kr = r - ROWS;
+        const uint16_t *src = r < ROWS ? q + (size_t)r * DQK : k + (size_t)kr * DQK;
+        unsigned char *dst = r < ROWS ? sq + (c / 8) * ROWS * 128 + wg::sw128_offset(r, (c % 8) * 8)
+                                      : sk + (c / 8) * CK * 128 + wg::sw128_offset(kr, (c % 8) * 8);
+        *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src + c * 8);
+    }
+    wg::fence_proxy_async();
+    __syncthreads();
+    const uint32_t qa = (uint32_t)__cvta_generic_to_shared(sq), ka = (uint32_t)__cvta_generic_to_shared(sk);
+    for (int ch = 0; ch < CHAINS; ch += 2) { /* two chains in flight, as the attention runs them */
+        float d0[16], d1[16];
+        for (int n = 0; n < 4; n++)
+            for (int e = 0; e < 4; e++) {
+                const int r = 16 * warp + g + 8 * (e >> 1), c = 8 * n + 2 * t + (e & 1);
+                d0[4 * n + e] = c0[at(ch, r, c)];
+                d1[4 * n + e] = c0[at(ch + 1, r, c)];
+            }
+        wg::fence_operands16(d0);
+        wg::fence_operands16(d1);
+        wg::fence();
+        for (int i = 0; i < CSTEPS; i++) {
+            const int k0 = ch * CSTEPS + i, k1 = (ch + 1) * CSTEPS + i;
+            wg::mma_m64n32k16_ss(d0, wg::desc_kmajor(qa, ROWS, k0), wg::desc_kmajor(ka, CK, k0));
+            wg::mma_m64n32k16_ss(d1, wg::desc_kmajor(qa, ROWS, k1), wg::desc_kmajor(ka, CK, k1));
+        }
+        wg::commit();
+        wg::wait<0>();
+        wg::fence_operands16(d0);
+        wg::fence_operands16(d1);
+        for (int n = 0; n < 4; n++)
+            for (int e = 0; e < 4; e++) {
+                const int r = 16 * warp + g + 8 * (e >> 1), c = 8 * n + 2 * t + (e & 1);
+                out_wg[at(ch, r, c)] = d0[4 * n + e];
+                out_wg[at(ch + 1, r, c)] = d1[4 * n + e];
+            }
+    }
+#endif
+    /* mma.sync: warp w takes rows 16w.., fragments straight from global (PTX ISA layouts) */
+    auto pk = [](uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); };
+    const int r0 = 16 * warp;
+    for (int ch = 0; ch < CHAINS; ch++)
+        for (int n = 0; n < 4; n++) {
+            float c[4];
+            for (int e = 0; e < 4; e++) c[e] = c0[at(ch, r0 + g + 8 * (e >> 1), 8 * n + 2 * t + (e & 1))];
+            for (int i = 0; i < CSTEPS; i++) {
+                const int kb = (ch * CSTEPS + i) * 16;
+                const uint16_t *qa0 = q + (size_t)(r0 + g) * DQK + kb, *qa1 = q + (size_t)(r0 + g + 8) * DQK + kb;
+                const uint16_t *kr = k + (size_t)(8 * n + g) * DQK + kb;
+                const uint32_t a[4] = {pk(qa0[2 * t], qa0[2 * t + 1]), pk(qa1[2 * t], qa1[2 * t + 1]),
+                                       pk(qa0[2 * t + 8], qa0[2 * t + 9]), pk(qa1[2 * t + 8], qa1[2 * t + 9])};
+                kg::mma16816(c, a, pk(kr[2 * t], kr[2 * t + 1]), pk(kr[2 * t + 8], kr[2 * t + 9]));
+            }
+            for (int e = 0; e < 4; e++) out_mma[at(ch, r0 + g + 8 * (e >> 1), 8 * n + 2 * t + (e & 1))] = c[e];
+        }
+}
+
+/* Runs test 3 over `trials` fresh draws; returns the number of elements whose bits differ. */
+long chain_bits(int trials, uint64_t *st, long *compared) {
+    std::vector<uint16_t> q(ROWS * DQK), k(CK * DQK);
+    std::vector<float> c0((size_t)CHAINS * ROWS * CK), ow(c0.size()), om(c0.size());
+    uint16_t *dq, *dk;
+    float *dc, *dw, *dm;
+    CUDA_OK(cudaMalloc(&dq, 2 * q.size()));
+    CUDA_OK(cudaMalloc(&dk, 2 * k.size()));
+    CUDA_OK(cudaMalloc(&dc, 4 * c0.size()));
+    CUDA_OK(cudaMalloc(&dw, 4 * c0.size()));
+    CUDA_OK(cudaMalloc(&dm, 4 * c0.size()));
+    long differ = 0;
+    for (int trial = 0; trial < trials; trial++) {
+        const int mode = trial % 4; /* 0: normal, zero start; 1: + random start; 2: Q spread; 3: both spread */
+        auto spread = [&](bool on) { return on ? ldexp(1.0, (int)(splitmix(st) % 17) - 8) : 1.0; };
+        for (auto &x : q) x = f32_to_bf16((float)(normal(st) * spread(mode >= 2)));
+        for (auto &x : k) x = f32_to_bf16((float)(normal(st) * spread(mode == 3)));
+        for (auto &x : c0) x = mode == 0 ? 0.0f : (float)(normal(st) * ldexp(1.0, (int)(splitmix(st) % 9) - 4));
+        CUDA_OK(cudaMemcpy(dq, q.data(), 2 * q.size(), cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(dk, k.data(), 2 * k.size(), cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(dc, c0.data(), 4 * c0.size(), cudaMemcpyHostToDevice));
+        chains_kernel<<<1, 128, CSMEM>>>(dq, dk, dc, dw, dm);
+        CUDA_OK(cudaGetLastError());
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(ow.data(), dw, 4 * ow.size(), cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(om.data(), dm, 4 * om.size(), cudaMemcpyDeviceToHost));
+        long d = 0;
+        for (size_t i = 0; i < ow.size(); i++) d += memcmp(&ow[i], &om[i], 4) != 0;
+        if (d) printf("# chains, draw %d (mode %d): %ld of %zu results differ, e.g. wgmma %.9g mma.sync %.9g\n", trial,
+                      mode, d, ow.size(), ow[0], om[0]);
+        differ += d;
+        *compared += (long)ow.size();
+    }
+    cudaFree(dq), cudaFree(dk), cudaFree(dc), cudaFree(dw), cudaFree(dm);
+    return differ;
+}
+
 } // namespace
 
 int main() {
@@ -191,6 +308,7 @@ int main() {
         return 0;
     }
     CUDA_OK(cudaFuncSetAttribute(qk_pv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM));
+    CUDA_OK(cudaFuncSetAttribute(chains_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CSMEM));
     std::vector<uint16_t> q(ROWS * DQK), kv(KEYS * DQK);
     uint64_t st = 0x9e3779b97f4a7c15ull;
     for (auto &x : q) x = f32_to_bf16((float)normal(&st));
@@ -225,6 +343,11 @@ int main() {
                eo2 <= tol ? ": the roles in wgmma_sm90.cuh (desc_v callers) are the other way round" : "");
     }
     cudaFree(d.q), cudaFree(d.kv), cudaFree(d.s), cudaFree(d.o), cudaFree(d.ran);
-    printf("%d passed, %d failed\n", 2 - fails, fails);
+    long compared = 0;
+    const long differ = chain_bits(getenv("KDT_TEST_QUICK") ? 40 : 400, &st, &compared);
+    printf("%s - wgmma m64n32k16 chains == mma.sync m16n8k16 chains, bitwise: %ld of %ld results differ\n",
+           differ == 0 && compared > 0 ? "ok" : "FAIL", differ, compared);
+    fails += !(differ == 0 && compared > 0);
+    printf("%d passed, %d failed\n", 3 - fails, fails);
     return fails ? 1 : 0;
 }

@@ -106,6 +106,33 @@ __device__ __forceinline__ void mma_m64n64k16_ss(float d[32], uint64_t da, uint6
 #endif
 }
 
+/* Pins 16 accumulator registers at this point of the instruction stream (an empty asm that reads
+ * and writes them): before wg::fence it keeps their initial values from being moved past the
+ * fence (ptxas would then insert warpgroup waits between the chains' first products). */
+__device__ __forceinline__ void fence_operands16(float d[16]) {
+    asm volatile(""
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 :
+                 : "memory");
+}
+
+/* d (16 f32) += A(desc) B(desc)^T, m64n32k16, both K-major, always accumulating (d = 0 first gives
+ * a chain the same first step as mma.sync's c = 0: the GPU model's attention S phase relies on
+ * the two giving the same bits, which tests/gpu/test_wgmma_sm90.cu checks). */
+__device__ __forceinline__ void mma_m64n32k16_ss(float d[16], uint64_t da, uint64_t db) {
+#if KDT_HAS_WGMMA
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, 1, 1, 1, 0, 0;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(da), "l"(db));
+#else
+    (void)d, (void)da, (void)db;
+#endif
+}
+
 #define KDT_WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
                      "+f"(d[i + 6]), "+f"(d[i + 7])
 /* The 128 f32 accumulator registers of an m64n256 product: operands %0..%127 and their bindings. */

@@ -46,13 +46,20 @@ KDT_AP_FN int kdt_ap_qs_stride(int w, int nt, int dq) {
     return (d16 > cols ? d16 : cols) + 8;
 }
 
+/* Whether instance (hg, d_q) keeps Q and the KV ring as wgmma's 128-byte-swizzled slabs where the
+ * device code has wgmma (sm_90a): 64 heads at d_q 576 (gpu_attn.cu, att_slab). The slabs fit in
+ * the row-major regions but must start 1,024-byte aligned, so such instances reserve that much
+ * more on every device (the host does not know which code the device runs). */
+KDT_AP_FN int kdt_ap_slab(int hg, int dq) { return hg == 64 && dq == 576; }
+enum { KDT_AP_SLAB_ALIGN = 1024 };
+
 /* Dynamic shared memory of an instance with `stages` KV tiles in its ring: Q, the KV ring, the
- * score planes, P, and the rows' max / sum / rescale factor. */
+ * score planes, P, the rows' max / sum / rescale factor, and the slabs' alignment slack. */
 KDT_AP_FN size_t kdt_ap_smem(int hg, int w, int nt, int dq, int stages) {
     const size_t qs = (size_t)kdt_ap_qs_stride(w, nt, dq);
     return (size_t)hg * qs * 2 + (size_t)stages * KDT_AP_TILE * qs * 2 +
            (size_t)kdt_ap_planes(hg, w) * (size_t)hg * KDT_AP_SS * 4 + (size_t)hg * KDT_AP_PS * 2 +
-           3 * (size_t)hg * 4;
+           3 * (size_t)hg * 4 + (kdt_ap_slab(hg, dq) ? KDT_AP_SLAB_ALIGN : 0);
 }
 
 /* 8-column P V tiles per warp for d_c value columns (even, at least 2). */
