@@ -1,6 +1,7 @@
-/* wgmma_sm90.cuh - the Hopper (sm_90a) warpgroup MMA pieces the verify_attn sm_90a path is to be
- * built from: shared-memory matrix descriptors for the 128-byte-swizzled layout, the two wgmma
- * shapes MLA attention needs, and the fences around them. Everything here compiles to nothing
+/* wgmma_sm90.cuh - the Hopper (sm_90a) warpgroup MMA pieces the verify_attn sm_90a path and the
+ * GPU model's 64-head attention scores (src/model/cuda/gpu_attn.cu, m64n32k16) are built from:
+ * shared-memory matrix descriptors for the 128-byte-swizzled layout, the wgmma shapes MLA
+ * attention needs, and the fences around them. Everything here compiles to nothing
  * unless the device pass targets sm_90a (__CUDA_ARCH_FEAT_SM90_ALL); callers check KDT_HAS_WGMMA.
  *
  * Layout ("slab"): a matrix with K = 64 * n bf16 columns is stored as n slabs of [R rows][64]
@@ -21,8 +22,8 @@
  * 16w + lane/4 + 8; d[4j + 0..1] are row lane/4, columns 8j + 2 (lane % 4) + {0, 1}; d[4j + 2..3]
  * the same columns of row lane/4 + 8.
  *
- * Status: written without a Hopper to run on; tests/gpu/test_wgmma_sm90.cu checks both products
- * against the CPU (and reports if the MN-major LBO / SBO roles are the other way round).
+ * tests/gpu/test_wgmma_sm90.cu checks both products against the CPU (and reports if the MN-major
+ * LBO / SBO roles are the other way round), and m64n32k16 chains against mma.sync's, bitwise.
  */
 #ifndef KDT_WGMMA_SM90_CUH
 #define KDT_WGMMA_SM90_CUH
