@@ -338,8 +338,10 @@ __device__ __forceinline__ void s_chains(float (&d0)[16], float (&d1)[16], uint6
 #pragma unroll
     for (int i = 0; i < KCH; i++) {
         const int k0 = i, k1 = KCH + i; /* chains 0, 1; upper: + 2 KCH */
-        const uint64_t q0 = upper ? off(QR, k0 + 2 * KCH) : off(QR, k0), q1 = upper ? off(QR, k1 + 2 * KCH) : off(QR, k1);
-        const uint64_t b0 = upper ? off(KR, k0 + 2 * KCH) : off(KR, k0), b1 = upper ? off(KR, k1 + 2 * KCH) : off(KR, k1);
+        const uint64_t q0 = upper ? off(QR, k0 + 2 * KCH) : off(QR, k0);
+        const uint64_t q1 = upper ? off(QR, k1 + 2 * KCH) : off(QR, k1);
+        const uint64_t b0 = upper ? off(KR, k0 + 2 * KCH) : off(KR, k0);
+        const uint64_t b1 = upper ? off(KR, k1 + 2 * KCH) : off(KR, k1);
         wg::mma_m64n32k16_ss(d0, qd + q0, kd + b0);
         wg::mma_m64n32k16_ss(d1, qd + q1, kd + b1);
     }
@@ -472,12 +474,13 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
 #pragma unroll
                     for (int e = 0; e < 4; e++) c[p][j][e] = 0.0f;
             if constexpr (SLAB) {
-                static_assert(!SLAB || (CPW == 2 && PPW == TILE / 8 && WARPS == 8 && ROWS), "SLAB: two chains per warpgroup");
+                static_assert(CPW == 2 && PPW == TILE / 8 && WARPS == 8 && ROWS, "SLAB: two chains per warpgroup");
                 float d0[16], d1[16];
 #pragma unroll
                 for (int e = 0; e < 16; e++) d0[e] = 0.0f, d1[e] = 0.0f;
                 /* descriptors: the slabs' bases once per tile, each k step's an immediate above them */
-                const uint64_t qd = wg::desc_sw128(smem_u32(Qs), 16u, 1024u), kd = wg::desc_sw128(smem_u32(Kc), 16u, 1024u);
+                const uint64_t qd = wg::desc_sw128(smem_u32(Qs), 16u, 1024u);
+                const uint64_t kd = wg::desc_sw128(smem_u32(Kc), 16u, 1024u);
                 wg::fence_operands16(d0);
                 wg::fence_operands16(d1);
                 wg::fence();
@@ -608,9 +611,11 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
             for (int jj = 0; jj < NT / 2; jj++) {
                 uint32_t bv[4];
                 if constexpr (SLAB) /* slab `warp` (cb = 64 warp); the chunk 2 jj + lane / 16 ^ row % 8 */
-                    ldsm_x4_trans(bv, reinterpret_cast<const unsigned char *>(Kc) + v_row + kk * 16 * 128 + ((jj * 32) ^ v_xor));
+                    ldsm_x4_trans(bv, reinterpret_cast<const unsigned char *>(Kc) + v_row + kk * 16 * 128 +
+                                          ((jj * 32) ^ v_xor));
                 else
-                    ldsm_x4_trans(bv, Kc + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * qs + cb + jj * 16 + (lane >> 4) * 8);
+                    ldsm_x4_trans(bv, Kc + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * qs + cb + jj * 16 +
+                                          (lane >> 4) * 8);
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     mma16816(acc[mt][2 * jj], pf[mt], bv[0], bv[1]);
@@ -720,9 +725,9 @@ __global__ void __launch_bounds__(CT) attn_combine(const kdt_attn_args a, int co
         __syncthreads();
         if (wide) {
             /* wide items (a tree verify's rows): 4 adjacent outputs of one head per thread, one
-             * 16-byte load per split, CW splits in flight (the scalar walk below kept ~2 TB/s of
-             * the partials in flight, ncu corr N 65: 118 us on an H100). Each element's fma chain
-             * and division are the scalar walk's, so the bits are too. */
+             * 16-byte load per split, CW splits in flight (the scalar walk below read the partials
+             * at ~2 TB/s, ncu corr N 65 on an H100: 118 us, 86 us this way). Each element's fma
+             * chain and division are the scalar walk's, so the bits are too. */
             for (int i = lo + 4 * (int)threadIdx.x; i < hi; i += 4 * CT) {
                 const int h = i / a.dc - h_lo;
                 const float4 *src = reinterpret_cast<const float4 *>(a.att_o + (int64_t)base * stride + i);
@@ -731,7 +736,8 @@ __global__ void __launch_bounds__(CT) attn_combine(const kdt_attn_args a, int co
                 for (int j0 = 0; j0 < ns; j0 += CW) {
                     float4 t[CW];
 #pragma unroll
-                    for (int u = 0; u < CW; u++) t[u] = j0 + u < ns ? src[(j0 + u) * st4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    for (int u = 0; u < CW; u++)
+                        t[u] = j0 + u < ns ? src[(j0 + u) * st4] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
                     for (int u = 0; u < CW; u++)
                         if (j0 + u < ns) {
@@ -743,7 +749,8 @@ __global__ void __launch_bounds__(CT) attn_combine(const kdt_attn_args a, int co
                         }
                 }
                 const float L = sL[h];
-                *reinterpret_cast<float4 *>(a.o_lat + (int64_t)r * width + i) = make_float4(o.x / L, o.y / L, o.z / L, o.w / L);
+                *reinterpret_cast<float4 *>(a.o_lat + (int64_t)r * width + i) =
+                    make_float4(o.x / L, o.y / L, o.z / L, o.w / L);
             }
             continue;
         }
