@@ -330,10 +330,10 @@ __device__ __forceinline__ void load_q(const kdt_attn_args &a, const Item &it, i
  * start offset in 16-byte units (no carry: shared addresses stay below 2^18), one of two
  * compile-time constants picked by `upper` without a branch: rebuilding both descriptors per step
  * was ~4 integer ops and 4 R2UR per wgmma (ncu), and a branch per warpgroup around the products
- * made ptxas serialize the wgmma (C7520). */
-template <int QR, int KR>
+ * made ptxas serialize the wgmma (C7520). DQ: the slabs' d_q (9 x 64). */
+template <int QR, int KR, int DQ>
 __device__ __forceinline__ void s_chains(float (&d0)[16], float (&d1)[16], uint64_t qd, uint64_t kd, bool upper) {
-    constexpr int KCH = 576 / 16 / QCH;
+    constexpr int KCH = DQ / 16 / QCH;
     auto off = [](int rows, int k) { return (uint64_t)(((k >> 2) * rows * 128 + (k & 3) * 32) >> 4); };
 #pragma unroll
     for (int i = 0; i < KCH; i++) {
@@ -390,7 +390,7 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
         for (RowCol q(tid, pad, THREADS); q.r < n_pad_rows; q.next()) Qs[q.r * qs + dq + q.c] = 0;
     }
 
-    const int k_stride = SLAB ? TILE * 576 : TILE * qs; /* elements per ring stage (slabs: 36 KB) */
+    const int k_stride = SLAB ? TILE * DQ : TILE * qs; /* elements per ring stage (slabs: 36 KB) */
     /* producer: the next tile to load (p_tile of item pi) and its key's location, looked up one
      * tile before the copies are issued */
     Item pi;
@@ -484,7 +484,7 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
                 wg::fence_operands16(d0);
                 wg::fence_operands16(d1);
                 wg::fence();
-                s_chains<HG, TILE>(d0, d1, qd, kd, warp >= 4); /* warpgroup 1: chains 2, 3 (c0 = 2) */
+                s_chains<HG, TILE, DQ>(d0, d1, qd, kd, warp >= 4); /* warpgroup 1: chains 2, 3 (c0 = 2) */
                 wg::commit();
                 wg::wait<0>();
                 wg::fence_operands16(d0);

@@ -728,10 +728,9 @@ __device__ __forceinline__ void v2_pass(const V2Pass &p, unsigned char *smem, in
             cp_async_commit();
             uint16_t *cur = xc + (it & 1) * 2 * plane, *nxt = xc + ((it + 1) & 1) * 2 * plane;
             if (it + 1 < nk) v2_convert(p, V2_X(xs), nxt, nxt + plane);
-            if (MT > 0) {
-                constexpr int M1 = MT > 0 ? MT : 1; /* MT = 0 never gets here */
-                if (BULK) k64_full<M1, BK, V2_XCP, true>(V2_W(cs), cur, cur + plane, acc);
-                else k64_full<M1, V2_WP, V2_XCP, false>(V2_W(cs), cur, cur + plane, acc);
+            if constexpr (MT > 0) {
+                if (BULK) k64_full<MT, BK, V2_XCP, true>(V2_W(cs), cur, cur + plane, acc);
+                else k64_full<MT, V2_WP, V2_XCP, false>(V2_W(cs), cur, cur + plane, acc);
             } else if (BULK) {
                 k64_compute<BK, V2_XCP, true, WIDE>(V2_W(cs), cur, cur + plane, half, R >> 4, acc);
             } else {
