@@ -632,6 +632,21 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
          * store queue full: ~7 % of the decode kernel's stall samples, H200 ncu, session 13) */
         /* 64 heads: it made the runtime-d_q NT 8 instance spill (session 13); the d_q 576 one does not */
         const bool pair_store = (HG == 16 || DQ != 0) && (a.dc & 1) == 0;
+        if (pair_store && (ci.hg + 1) * HG <= a.H && cb + NT * 8 <= a.dc) {
+            /* every head of the group and every column of the warp exists (Kimi: always): the same
+             * stores without a test and a branch around each (ncu, corr N 65: ~130 branches and 64
+             * divergence scopes per warp and item, a fifth of the 64-head kernel's per-item code) */
+            float *dst = a.att_o + ((int64_t)ci.gs * a.H + ci.hg * HG) * a.dc + cb + 2 * t;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h2 = 0; h2 < 2; h2++) {
+                    float *row = dst + (int64_t)(mt * 16 + g + 8 * h2) * a.dc;
+#pragma unroll
+                    for (int j = 0; j < NT; j++)
+                        *reinterpret_cast<float2 *>(row + j * 8) = make_float2(acc[mt][j][2 * h2], acc[mt][j][2 * h2 + 1]);
+                }
+        } else
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
