@@ -134,6 +134,26 @@ __device__ __forceinline__ void mma_m64n32k16_ss(float d[16], uint64_t da, uint6
 #endif
 }
 
+/* The same product with each descriptor passed as its two 32-bit words: a caller stepping the
+ * start address (the low word's bits 0-13, which never carry into the rest for shared addresses
+ * below 2^18) then adds in 32 bits and keeps the constant high word where it is, instead of a
+ * 64-bit add and two register-to-uniform moves per descriptor (ncu: the 64-head attention's S
+ * phase spent ~10 integer instructions per wgmma on them). */
+__device__ __forceinline__ void mma_m64n32k16_ss(float d[16], uint32_t a_lo, uint32_t a_hi, uint32_t b_lo,
+                                                 uint32_t b_hi) {
+#if KDT_HAS_WGMMA
+    asm volatile(
+        "{\n.reg .b64 da, db;\nmov.b64 da, {%16, %17};\nmov.b64 db, {%18, %19};\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, da, db, 1, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a_lo), "r"(a_hi), "r"(b_lo), "r"(b_hi));
+#else
+    (void)d, (void)a_lo, (void)a_hi, (void)b_lo, (void)b_hi;
+#endif
+}
+
 #define KDT_WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
                      "+f"(d[i + 6]), "+f"(d[i + 7])
 /* The 128 f32 accumulator registers of an m64n256 product: operands %0..%127 and their bindings. */

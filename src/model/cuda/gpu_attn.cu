@@ -334,16 +334,18 @@ __device__ __forceinline__ void load_q(const kdt_attn_args &a, const Item &it, i
 template <int QR, int KR, int DQ>
 __device__ __forceinline__ void s_chains(float (&d0)[16], float (&d1)[16], uint64_t qd, uint64_t kd, bool upper) {
     constexpr int KCH = DQ / 16 / QCH;
-    auto off = [](int rows, int k) { return (uint64_t)(((k >> 2) * rows * 128 + (k & 3) * 32) >> 4); };
+    auto off = [](int rows, int k) { return (uint32_t)(((k >> 2) * rows * 128 + (k & 3) * 32) >> 4); };
+    /* the steps move the start address only: 32-bit adds on the low words (wgmma_sm90.cuh) */
+    const uint32_t ql = (uint32_t)qd, qh = (uint32_t)(qd >> 32), kl = (uint32_t)kd, kh = (uint32_t)(kd >> 32);
 #pragma unroll
     for (int i = 0; i < KCH; i++) {
         const int k0 = i, k1 = KCH + i; /* chains 0, 1; upper: + 2 KCH */
-        const uint64_t q0 = upper ? off(QR, k0 + 2 * KCH) : off(QR, k0);
-        const uint64_t q1 = upper ? off(QR, k1 + 2 * KCH) : off(QR, k1);
-        const uint64_t b0 = upper ? off(KR, k0 + 2 * KCH) : off(KR, k0);
-        const uint64_t b1 = upper ? off(KR, k1 + 2 * KCH) : off(KR, k1);
-        wg::mma_m64n32k16_ss(d0, qd + q0, kd + b0);
-        wg::mma_m64n32k16_ss(d1, qd + q1, kd + b1);
+        const uint32_t q0 = upper ? off(QR, k0 + 2 * KCH) : off(QR, k0);
+        const uint32_t q1 = upper ? off(QR, k1 + 2 * KCH) : off(QR, k1);
+        const uint32_t b0 = upper ? off(KR, k0 + 2 * KCH) : off(KR, k0);
+        const uint32_t b1 = upper ? off(KR, k1 + 2 * KCH) : off(KR, k1);
+        wg::mma_m64n32k16_ss(d0, ql + q0, qh, kl + b0, kh);
+        wg::mma_m64n32k16_ss(d1, ql + q1, qh, kl + b1, kh);
     }
 }
 
