@@ -646,7 +646,8 @@ __global__ void __launch_bounds__(AttCfg<HG, W>::THREADS, (att_min_blocks<HG, W>
                     float *row = dst + (int64_t)(mt * 16 + g + 8 * h2) * a.dc;
 #pragma unroll
                     for (int j = 0; j < NT; j++)
-                        *reinterpret_cast<float2 *>(row + j * 8) = make_float2(acc[mt][j][2 * h2], acc[mt][j][2 * h2 + 1]);
+                        *reinterpret_cast<float2 *>(row + j * 8) =
+                            make_float2(acc[mt][j][2 * h2], acc[mt][j][2 * h2 + 1]);
                 }
         } else
 #pragma unroll
