@@ -31,14 +31,8 @@ done
 case "$ROUNDS$REPS" in *[!0-9]*) echo "model_ab.sh: --rounds and --reps take counts" >&2; exit 2 ;; esac
 OUT_DIR=$(mktemp -d)
 trap 'rm -rf "$OUT_DIR"' EXIT
-names=()
-for v in "${VARIANTS[@]}"; do
-  name=${v%%=*}; rest=${v#*=}; dir=${rest%%:*}; env_part=""
-  [ "$rest" != "$dir" ] && env_part=${rest#*:}
-  [ -x "$dir/bench_model" ] || { echo "model_ab.sh: $dir/bench_model not found (variant $name)" >&2; exit 2; }
-  names+=("$name")
-  printf '%s\t%s\t%s\n' "$name" "$dir" "$env_part" >>"$OUT_DIR/variants"
-done
+. "$(dirname "$0")/ab_common.sh"
+ab_variants model_ab.sh bench_model "${VARIANTS[@]}"
 tac "$OUT_DIR/variants" >"$OUT_DIR/variants_rev"
 # one call: the shape's "us/layer" figures (one per KDT_BENCH_MODEL_REPS rep), or "fail"
 one() {
@@ -57,17 +51,5 @@ for shape in $SHAPES; do
     done
   done
 done
-# table: median over every reading of the variant (a failed or hung call shows as "fail")
-printf '%-14s' "shape"
-for n in "${names[@]}"; do printf ' %12s' "$n"; done
-echo
-for shape in $SHAPES; do
-  printf '%-14s' "$shape"
-  for n in "${names[@]}"; do
-    vals=$(awk -v s="$shape" -v n="$n" '$1 == s && $2 == n {print $3}' "$OUT_DIR/times")
-    if [ -z "$vals" ] || echo "$vals" | grep -q fail; then med=fail
-    else med=$(echo "$vals" | sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'); fi
-    printf ' %12s' "$med"
-  done
-  echo
-done
+# table: the median over every reading of the variant (a failed or hung call shows as "fail")
+ab_table shape 12 $SHAPES

@@ -23,14 +23,9 @@ while [ $# -gt 0 ]; do
 done
 [ ${#VARIANTS[@]} -gt 0 ] || { echo "va_ab.sh: no variant given (see --help)" >&2; exit 2; }
 OUT_DIR=$(mktemp -d)
-names=()
-for v in "${VARIANTS[@]}"; do
-  name=${v%%=*}; rest=${v#*=}; dir=${rest%%:*}; env_part=""
-  [ "$rest" != "$dir" ] && env_part=${rest#*:}
-  [ -x "$dir/bench_kernels" ] || { echo "va_ab.sh: $dir/bench_kernels not found (variant $name)" >&2; exit 2; }
-  names+=("$name")
-  printf '%s\t%s\t%s\n' "$name" "$dir" "$env_part" >>"$OUT_DIR/variants"
-done
+trap 'rm -rf "$OUT_DIR"' EXIT
+. "$(dirname "$0")/ab_common.sh"
+ab_variants va_ab.sh bench_kernels "${VARIANTS[@]}"
 for rep in $(seq "$REPS"); do
   for shape in $SHAPES; do
     while IFS=$'\t' read -r name dir env_part; do
@@ -46,17 +41,4 @@ for rep in $(seq "$REPS"); do
   done
 done
 # table: the median over reps (a failed or hung call shows as "fail")
-printf '%-14s' "S,P,q"
-for n in "${names[@]}"; do printf ' %16s' "$n"; done
-echo
-for shape in $SHAPES; do
-  printf '%-14s' "$shape"
-  for n in "${names[@]}"; do
-    vals=$(awk -v s="$shape" -v n="$n" '$1 == s && $2 == n {print $3}' "$OUT_DIR/times")
-    if echo "$vals" | grep -q fail; then med=fail
-    else med=$(echo "$vals" | sort -g | awk '{a[NR] = $1} END {if (NR) print a[int((NR + 1) / 2)]}'); fi
-    printf ' %16s' "$med"
-  done
-  echo
-done
-rm -rf "$OUT_DIR"
+ab_table "S,P,q" 16 $SHAPES
