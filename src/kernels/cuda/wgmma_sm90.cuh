@@ -120,25 +120,12 @@ __device__ __forceinline__ void fence_operands16(float d[16]) {
 
 /* d (16 f32) += A(desc) B(desc)^T, m64n32k16, both K-major, always accumulating (d = 0 first gives
  * a chain the same first step as mma.sync's c = 0: the GPU model's attention S phase relies on
- * the two giving the same bits, which tests/gpu/test_wgmma_sm90.cu checks). */
-__device__ __forceinline__ void mma_m64n32k16_ss(float d[16], uint64_t da, uint64_t db) {
-#if KDT_HAS_WGMMA
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, 1, 1, 1, 0, 0;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "l"(da), "l"(db));
-#else
-    (void)d, (void)da, (void)db;
-#endif
-}
-
-/* The same product with each descriptor passed as its two 32-bit words: a caller stepping the
- * start address (the low word's bits 0-13, which never carry into the rest for shared addresses
- * below 2^18) then adds in 32 bits and keeps the constant high word where it is, instead of a
- * 64-bit add and two register-to-uniform moves per descriptor (ncu: the 64-head attention's S
- * phase spent ~10 integer instructions per wgmma on them). */
+ * the two giving the same bits, which tests/gpu/test_wgmma_sm90.cu checks). Each descriptor goes
+ * in as its two 32-bit words: a caller stepping the start address (the low word's bits 0-13,
+ * which never carry into the rest for shared addresses below 2^18) then adds in 32 bits and keeps
+ * the constant high word where it is, instead of a 64-bit add and two register-to-uniform moves
+ * per descriptor (ncu: the 64-head attention's S phase spent ~10 integer instructions per wgmma
+ * on them). */
 __device__ __forceinline__ void mma_m64n32k16_ss(float d[16], uint32_t a_lo, uint32_t a_hi, uint32_t b_lo,
                                                  uint32_t b_hi) {
 #if KDT_HAS_WGMMA
@@ -152,6 +139,10 @@ __device__ __forceinline__ void mma_m64n32k16_ss(float d[16], uint32_t a_lo, uin
 #else
     (void)d, (void)a_lo, (void)a_hi, (void)b_lo, (void)b_hi;
 #endif
+}
+/* The same product from whole 64-bit descriptors. */
+__device__ __forceinline__ void mma_m64n32k16_ss(float d[16], uint64_t da, uint64_t db) {
+    mma_m64n32k16_ss(d, (uint32_t)da, (uint32_t)(da >> 32), (uint32_t)db, (uint32_t)(db >> 32));
 }
 
 #define KDT_WG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
