@@ -775,14 +775,15 @@ __device__ __forceinline__ void w_zero_tail(unsigned char *tile, int first) {
  * tile's rope slab (both operands in shared memory). Issues the 4 products only: the caller
  * fences and commits (where that goes decides what overlaps, see the kernels). */
 __device__ __forceinline__ void w_pv_regs(float (&o)[128], const uint32_t (&pa)[4][4], uint32_t kv, int half) {
+    const uint64_t v0 = wg::desc_v(kv, 64, 4 * half, 0, 64u * 128u, 1024u);
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++) wg::mma_m64n256k16_rs_tb(o, pa[kk], wg::desc_v(kv, 64, 4 * half, kk, 64u * 128u, 1024u), 1);
+    for (int kk = 0; kk < 4; kk++) wg::mma_m64n256k16_rs_tb(o, pa[kk], wg::desc_step(v0, (uint32_t)kk * 2048u), 1);
 }
 __device__ __forceinline__ void w_pv_slab(float (&o)[128], uint32_t kv, int half) {
+    const uint64_t p0 = wg::desc_kmajor(kv + 8 * W_SLAB, 64, 0), v0 = wg::desc_v(kv, 64, 4 * half, 0, 64u * 128u, 1024u);
 #pragma unroll
     for (int kk = 0; kk < 4; kk++)
-        wg::mma_m64n256k16_ss_tb(o, wg::desc_kmajor(kv + 8 * W_SLAB, 64, kk),
-                                 wg::desc_v(kv, 64, 4 * half, kk, 64u * 128u, 1024u), 1);
+        wg::mma_m64n256k16_ss_tb(o, wg::desc_step(p0, (uint32_t)kk * 32u), wg::desc_step(v0, (uint32_t)kk * 2048u), 1);
 }
 
 /* The sm_90a kernels' epilogue (v4 and v5), in two steps around a CTA barrier.
@@ -1031,9 +1032,12 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
 #pragma unroll
                 for (int e = 0; e < 32; e++) sc[e] = 0.f;
                 wg::fence();
+                /* the k steps' descriptors: the bases' start addresses moved (desc_step) */
+                const uint64_t qd0 = wg::desc_kmajor(q_base, ROWS, 0), kd0 = wg::desc_kmajor(kv_cur, 64, 0);
 #pragma unroll
                 for (int kk = 0; kk < D_QK / 16; kk++)
-                    wg::mma_m64n64k16_ss(sc, wg::desc_kmajor(q_base, ROWS, kk), wg::desc_kmajor(kv_cur, 64, kk), kk > 0);
+                    wg::mma_m64n64k16_ss(sc, wg::desc_step(qd0, (uint32_t)((kk >> 2) * ROWS * 128 + (kk & 3) * 32)),
+                                         wg::desc_step(kd0, (uint32_t)((kk >> 2) * 64 * 128 + (kk & 3) * 32)), kk > 0);
                 wg::commit();
                 wg::wait<0>();
                 W_STAMP(2);

@@ -54,6 +54,13 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr, uint32_t lbo_
     return d;
 }
 
+/* Descriptor d with its start address moved by `bytes` (a multiple of 16), as a 32-bit add on the
+ * low word: for shared addresses below 2^18 the 14-bit start field never carries, so this is
+ * desc_sw128 of the moved address, without the per-step mask, shift and 64-bit arithmetic. */
+__device__ __forceinline__ uint64_t desc_step(uint64_t d, uint32_t bytes) {
+    return ((uint64_t)(uint32_t)(d >> 32) << 32) | (uint32_t)((uint32_t)d + (bytes >> 4));
+}
+
 /* Descriptors of k step `kk` (16 columns) of a K-major slab matrix with `rows` rows at base. */
 __device__ __forceinline__ uint64_t desc_kmajor(uint32_t base, int rows, int kk) {
     return desc_sw128(base + (uint32_t)(kk >> 2) * (uint32_t)rows * 128u + (uint32_t)(kk & 3) * 32u, 16u, 1024u);
