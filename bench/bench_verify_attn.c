@@ -259,11 +259,16 @@ int bench_verify_attn(const bench_opts *o) {
         fprintf(o->md, "| S | P | q_len | us | TFLOP/s | GB/s | floor us | %% of floor | FlashMLA us | ratio |\n"
                        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     int rc = 0;
-    /* KDT_BENCH_VA_SHAPE=S,P,q: that shape alone (for a profiler run) */
+    /* KDT_BENCH_VA_SHAPE=S,P,q: that shape alone (for a profiler run or scripts/va_ab.sh); one
+     * outside the buffers bench_alloc sized is refused, not replaced by the table */
     const char *one = getenv("KDT_BENCH_VA_SHAPE");
     int oS, oP, oq;
-    if (one && sscanf(one, "%d,%d,%d", &oS, &oP, &oq) == 3 && oS >= 1 && oS <= 64 && oP >= 0 && oP <= 16384 &&
-        oq >= 1 && oq <= 65) {
+    if (one && *one &&
+        !(sscanf(one, "%d,%d,%d", &oS, &oP, &oq) == 3 && oS >= 1 && oS <= 64 && oP >= 0 && oP <= 16384 && oq >= 1 &&
+          oq <= 65)) {
+        fprintf(stderr, "bench_kernels: KDT_BENCH_VA_SHAPE=%s: expected S,P,q with S 1..64, P 0..16384, q 1..65\n", one);
+        rc = 2;
+    } else if (one && *one) {
         rc = bench_row(&b, o, stream, oS, oP, oq);
         const char *prof = getenv("KDT_VA_PROFILE");
         if (prof && prof[0] == '1') { /* the phase stamps of the last call (sm_90a kernel only) */

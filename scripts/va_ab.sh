@@ -4,7 +4,8 @@
 # turn so that clock and machine drift hit them alike; prints one table. A variant is
 #   NAME=DIR[:ENV ...]    bench_kernels from DIR/bench_kernels, run with the environment ENV
 # e.g. scripts/va_ab.sh base=/tmp/r "seesaw=/tmp/r:KDT_VA_SEESAW=1" old=/tmp/old
-# Options: --reps N (rounds, default 3), --shapes "S,P,q ..." (default: the issue's targets),
+# Options: --reps N (rounds, default 3), --shapes "S,P,q ..." (default: the issue's targets; S 1..64,
+# P 0..16384, q 1..65, what bench_kernels' buffers hold: another shape reads "fail"),
 # --limit S (seconds per bench call, default 60: a hung kernel costs one call, not the session).
 set -uo pipefail
 REPS=3

@@ -377,6 +377,13 @@ static void read_shape(void) {
     shape_mode = !strcmp(m, "decode") ? 1 : 2;
     shape_n = n;
     shape_corr = corr != 0;
+    /* only the table's shapes run (kimi_shapes); any other would time nothing and exit 0 */
+    const int ok = shape_mode == 1 ? (n == 1 || n == 8 || n == 64) : (n == 9 || n == 17 || n == 33 || n == 65);
+    if (!ok || (corr != 0 && corr != 1)) {
+        fprintf(stderr, "bench_model: KDT_BENCH_MODEL_SHAPE=%s is not one of the Kimi table's shapes "
+                        "(decode,S with S 1, 8 or 64; verify,N with N 9, 17, 33 or 65; then corr 0 or 1)\n", e);
+        exit(2);
+    }
 }
 static int shape_wanted(int mode, int n, int corr) {
     return shape_mode == 0 || (shape_mode == mode && shape_n == n && shape_corr == corr);
@@ -621,6 +628,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    read_shape(); /* a bad KDT_BENCH_MODEL_SHAPE is refused before the GPU is touched */
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
         fprintf(stderr, "bench_model: no CUDA device\n");
@@ -628,7 +636,6 @@ int main(int argc, char **argv) {
     }
     struct cudaDeviceProp prop;
     CUDA_OK(cudaGetDeviceProperties(&prop, 0));
-    read_shape();
     const double copy_gbps = copy_bandwidth();
     printf("bench_model: %s, %d SMs, L2 %d MB, copy bandwidth %.0f GB/s%s\n", prop.name, prop.multiProcessorCount,
            prop.l2CacheSize >> 20, copy_gbps, quick ? " (quick)" : "");
