@@ -1036,8 +1036,8 @@ __global__ void __launch_bounds__(THREADS, 1) verify_attn_sm90_kernel(const VaAr
                 const uint64_t qd0 = wg::desc_kmajor(q_base, ROWS, 0), kd0 = wg::desc_kmajor(kv_cur, 64, 0);
 #pragma unroll
                 for (int kk = 0; kk < D_QK / 16; kk++)
-                    wg::mma_m64n64k16_ss(sc, wg::desc_step(qd0, (uint32_t)((kk >> 2) * ROWS * 128 + (kk & 3) * 32)),
-                                         wg::desc_step(kd0, (uint32_t)((kk >> 2) * 64 * 128 + (kk & 3) * 32)), kk > 0);
+                    wg::mma_m64n64k16_ss(sc, wg::desc_step(qd0, wg::kstep_offset(ROWS, kk)),
+                                         wg::desc_step(kd0, wg::kstep_offset(64, kk)), kk > 0);
                 wg::commit();
                 wg::wait<0>();
                 W_STAMP(2);

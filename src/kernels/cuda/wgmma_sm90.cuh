@@ -61,9 +61,14 @@ __device__ __forceinline__ uint64_t desc_step(uint64_t d, uint32_t bytes) {
     return ((uint64_t)(uint32_t)(d >> 32) << 32) | (uint32_t)((uint32_t)d + (bytes >> 4));
 }
 
+/* Byte offset of k step `kk` (16 columns) inside a K-major slab matrix of `rows` rows: slab kk / 4,
+ * 32 bytes per step inside its 128-byte rows. */
+__host__ __device__ constexpr uint32_t kstep_offset(int rows, int kk) {
+    return (uint32_t)(kk >> 2) * (uint32_t)rows * 128u + (uint32_t)(kk & 3) * 32u;
+}
 /* Descriptors of k step `kk` (16 columns) of a K-major slab matrix with `rows` rows at base. */
 __device__ __forceinline__ uint64_t desc_kmajor(uint32_t base, int rows, int kk) {
-    return desc_sw128(base + (uint32_t)(kk >> 2) * (uint32_t)rows * 128u + (uint32_t)(kk & 3) * 32u, 16u, 1024u);
+    return desc_sw128(base + kstep_offset(rows, kk), 16u, 1024u);
 }
 /* Descriptor of key step `kk` (16 keys) of the N-major V operand: columns [64 slab0, +256) of a
  * slab matrix with `keys` rows at base. */

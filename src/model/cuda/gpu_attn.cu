@@ -334,7 +334,7 @@ __device__ __forceinline__ void load_q(const kdt_attn_args &a, const Item &it, i
 template <int QR, int KR, int DQ>
 __device__ __forceinline__ void s_chains(float (&d0)[16], float (&d1)[16], uint64_t qd, uint64_t kd, bool upper) {
     constexpr int KCH = DQ / 16 / QCH;
-    auto off = [](int rows, int k) { return (uint32_t)(((k >> 2) * rows * 128 + (k & 3) * 32) >> 4); };
+    auto off = [](int rows, int k) { return wg::kstep_offset(rows, k) >> 4; }; /* in 16-byte units */
     /* the steps move the start address only: 32-bit adds on the low words (wgmma_sm90.cuh) */
     const uint32_t ql = (uint32_t)qd, qh = (uint32_t)(qd >> 32), kl = (uint32_t)kd, kh = (uint32_t)(kd >> 32);
 #pragma unroll
