@@ -777,13 +777,14 @@ __device__ __forceinline__ void w_zero_tail(unsigned char *tile, int first) {
 __device__ __forceinline__ void w_pv_regs(float (&o)[128], const uint32_t (&pa)[4][4], uint32_t kv, int half) {
     const uint64_t v0 = wg::desc_v(kv, 64, 4 * half, 0, 64u * 128u, 1024u);
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++) wg::mma_m64n256k16_rs_tb(o, pa[kk], wg::desc_step(v0, (uint32_t)kk * 2048u), 1);
+    for (int kk = 0; kk < 4; kk++) wg::mma_m64n256k16_rs_tb(o, pa[kk], wg::desc_step(v0, wg::vstep_offset(kk)), 1);
 }
 __device__ __forceinline__ void w_pv_slab(float (&o)[128], uint32_t kv, int half) {
     const uint64_t p0 = wg::desc_kmajor(kv + 8 * W_SLAB, 64, 0), v0 = wg::desc_v(kv, 64, 4 * half, 0, 64u * 128u, 1024u);
 #pragma unroll
     for (int kk = 0; kk < 4; kk++)
-        wg::mma_m64n256k16_ss_tb(o, wg::desc_step(p0, (uint32_t)kk * 32u), wg::desc_step(v0, (uint32_t)kk * 2048u), 1);
+        wg::mma_m64n256k16_ss_tb(o, wg::desc_step(p0, wg::kstep_offset(64, kk)), wg::desc_step(v0, wg::vstep_offset(kk)),
+                                 1);
 }
 
 /* The sm_90a kernels' epilogue (v4 and v5), in two steps around a CTA barrier.

@@ -70,10 +70,12 @@ __host__ __device__ constexpr uint32_t kstep_offset(int rows, int kk) {
 __device__ __forceinline__ uint64_t desc_kmajor(uint32_t base, int rows, int kk) {
     return desc_sw128(base + kstep_offset(rows, kk), 16u, 1024u);
 }
+/* Byte offset of key step `kk` (16 keys of 128-byte slab rows) inside the N-major V operand. */
+__host__ __device__ constexpr uint32_t vstep_offset(int kk) { return (uint32_t)kk * 16u * 128u; }
 /* Descriptor of key step `kk` (16 keys) of the N-major V operand: columns [64 slab0, +256) of a
  * slab matrix with `keys` rows at base. */
 __device__ __forceinline__ uint64_t desc_v(uint32_t base, int keys, int slab0, int kk, uint32_t lbo, uint32_t sbo) {
-    return desc_sw128(base + (uint32_t)slab0 * (uint32_t)keys * 128u + (uint32_t)kk * 2048u, lbo, sbo);
+    return desc_sw128(base + (uint32_t)slab0 * (uint32_t)keys * 128u + vstep_offset(kk), lbo, sbo);
 }
 
 __device__ __forceinline__ void fence() {
