@@ -264,9 +264,10 @@ int bench_verify_attn(const bench_opts *o) {
     const char *one = getenv("KDT_BENCH_VA_SHAPE");
     int oS, oP, oq;
     if (one && *one &&
-        !(sscanf(one, "%d,%d,%d", &oS, &oP, &oq) == 3 && oS >= 1 && oS <= 64 && oP >= 0 && oP <= 16384 && oq >= 1 &&
-          oq <= 65)) {
-        fprintf(stderr, "bench_kernels: KDT_BENCH_VA_SHAPE=%s: expected S,P,q with S 1..64, P 0..16384, q 1..65\n", one);
+        !(sscanf(one, "%d,%d,%d", &oS, &oP, &oq) == 3 && oS >= 1 && oS <= b.max_S && oP >= 0 && oP <= b.max_P &&
+          oq >= 1 && oq <= b.max_q)) {
+        fprintf(stderr, "bench_kernels: KDT_BENCH_VA_SHAPE=%s: expected S,P,q with S 1..%d, P 0..%d, q 1..%d\n", one,
+                b.max_S, b.max_P, b.max_q);
         rc = 2;
     } else if (one && *one) {
         rc = bench_row(&b, o, stream, oS, oP, oq);

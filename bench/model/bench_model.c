@@ -363,6 +363,14 @@ static double distinct_experts(kdt_gpu_runner *r, int E, int layers, char *per_l
     return (double)sum / (layers < 2 ? 1 : layers - 1);
 }
 
+/* The Kimi table's shapes: decode S streams, tree verify of N nodes (kimi_shapes runs them). */
+static const int kimi_decode_S[3] = {1, 8, 64}, kimi_verify_N[4] = {9, 17, 33, 65};
+static int in_list(int v, const int *list, int n) {
+    for (int i = 0; i < n; i++)
+        if (list[i] == v) return 1;
+    return 0;
+}
+
 /* KDT_BENCH_MODEL_SHAPE: the one Kimi shape to run (mode 0 = all) */
 static int shape_mode, shape_n, shape_corr; /* mode 1 decode, 2 verify */
 static void read_shape(void) {
@@ -378,7 +386,7 @@ static void read_shape(void) {
     shape_n = n;
     shape_corr = corr != 0;
     /* only the table's shapes run (kimi_shapes); any other would time nothing and exit 0 */
-    const int ok = shape_mode == 1 ? (n == 1 || n == 8 || n == 64) : (n == 9 || n == 17 || n == 33 || n == 65);
+    const int ok = shape_mode == 1 ? in_list(n, kimi_decode_S, 3) : in_list(n, kimi_verify_N, 4);
     if (!ok || (corr != 0 && corr != 1)) {
         fprintf(stderr, "bench_model: KDT_BENCH_MODEL_SHAPE=%s is not one of the Kimi table's shapes "
                         "(decode,S with S 1, 8 or 64; verify,N with N 9, 17, 33 or 65; then corr 0 or 1)\n", e);
@@ -432,10 +440,9 @@ static void kimi_shapes(const kimi_bench *kb, int ab) {
     const kdt_gpu_weight_bytes *wb = kb->wb;
     const int layers = kb->layers, V = kb->V, E = kb->E, samples = kb->samples;
     const double row_bytes = kb->row_bytes, copy_gbps = kb->copy_gbps;
-    const int Ss[3] = {1, 8, 64};
     for (int corr = 0; corr < 2; corr++)
         for (int k = 0; k < 3; k++) {
-            const int S = Ss[k];
+            const int S = kimi_decode_S[k];
             if (!shape_wanted(1, S, corr)) continue;
             rnd_seed_shape(1, S, corr);
             pause_before_shape();
@@ -472,10 +479,9 @@ static void kimi_shapes(const kimi_bench *kb, int ab) {
             kdt_gpu_graph_free(gr);
             for (int s = 0; s < S; s++) BENCH_OK(kdt_gpu_kv_stream_set_length(kv, s, bench_prefix));
         }
-    const int Ns[4] = {9, 17, 33, 65};
     for (int corr = 0; corr < 2; corr++)
         for (int k = 0; k < 4; k++) {
-            const int N = Ns[k];
+            const int N = kimi_verify_N[k];
             if (!shape_wanted(2, N, corr)) continue;
             rnd_seed_shape(2, N, corr);
             pause_before_shape();
