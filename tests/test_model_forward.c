@@ -5,7 +5,8 @@
  *  - bitwise equalities: prefill == token-by-token decode, any prefill chunk size, decode of a
  *    stream alone == with other streams, tree verify at every node == decode along that node's
  *    path (logits, argmax, taps, KV rows), and decoding after kdt_kv_cache_commit == decoding the
- *    accepted path directly;
+ *    accepted path directly, and a model whose latent is 2^+-14 times larger (the same model)
+ *    gives the same logits;
  *  - bad inputs: token ids, over-long prompts, exhausted KV pages, malformed trees, bad streams
  *    give clear errors and leave the cache as it was. */
 #include "t.h"
@@ -344,6 +345,36 @@ static void test_prefill_decode_bitwise(void) {
     kdt_kv_cache_free(k1); kdt_kv_cache_free(k2); kdt_kv_cache_free(k3); kdt_kv_cache_free(k4);
     kdt_model_free(m); kdt_model_free(m5);
     tm_rmdir(d1); tm_rmdir(d2);
+}
+
+/* tm_spec.latent_shift makes the same model with its latent (KV cache) 2^shift larger: the CPU
+ * forward's logits are bitwise the same, which is what lets tests/gpu/test_model_gpu.c demand the
+ * same of the GPU (where a lossy format on the latent's way would show) */
+static void test_latent_shift_same_model(void) {
+    const int n = 40;
+    float *lg[3];
+    int32_t toks[40];
+    uint64_t rng = 11;
+    tm_spec s = tm_default_spec();
+    for (int i = 0; i < n; i++) toks[i] = t_rand_int(&rng, s.vocab);
+    const int shifts[3] = {0, 14, -14};
+    for (int v = 0; v < 3; v++) {
+        s.latent_shift = shifts[v];
+        char d[600];
+        kdt_model *m = load_spec(&s, 0, d, sizeof d);
+        lg[v] = malloc((size_t)n * s.vocab * 4);
+        CHECK(m != NULL);
+        if (m) {
+            kdt_kv_cache *k = new_cache(m, 2, 1);
+            kdt_model_outputs o = {lg[v], NULL, 0, 0, NULL, NULL};
+            CHECK_EQ_INT(kdt_model_prefill(m, k, 0, toks, n, &o), KDT_OK);
+            kdt_kv_cache_free(k);
+            kdt_model_free(m);
+        }
+        tm_rmdir(d);
+        if (v) CHECK_MSG(memcmp(lg[0], lg[v], (size_t)n * s.vocab * 4) == 0, "latent x 2^%d changed the logits", shifts[v]);
+    }
+    for (int v = 0; v < 3; v++) free(lg[v]);
 }
 
 /* a stream's decode results do not depend on the other streams in the call */
@@ -835,6 +866,7 @@ int main(void) {
     T_RUN(test_vs_reference);
     T_RUN(test_random_specs);
     T_RUN(test_prefill_decode_bitwise);
+    T_RUN(test_latent_shift_same_model);
     T_RUN(test_decode_batch_invariance);
     T_RUN(test_verify_equals_decode);
     T_RUN(test_commit_then_decode);

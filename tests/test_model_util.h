@@ -33,6 +33,8 @@ typedef struct tm_spec {
     int no_interleave; /* write "rope_interleave": false (rotate (x[i], x[i+d/2]) pairs) */
     int bf16;       /* store weights as BF16 (else F32) */
     int shards;     /* 0/1 = model.safetensors, 2+ = index + shards */
+    int latent_shift; /* kv_a_layernorm x 2^shift, kv_b_proj x 2^-shift: the same model with its
+                         latent (KV cache) values 2^shift larger, exactly */
     uint64_t seed;
 } tm_spec;
 
@@ -193,6 +195,18 @@ static inline void tm_build_tensors(const tm_spec *s, tm_list *l) {
     }
     tm_add(l, pre, "model.norm.weight", 0, s->hidden, 1, &rng);
     tm_add(l, pre, "lm_head.weight", s->vocab, s->hidden, 4, &rng);
+    if (s->latent_shift) /* powers of two: exact, so the scaled model is the same model */
+        for (int i = 0; i < l->n; i++) {
+            const char *nm = l->t[i].name;
+            const size_t len = strlen(nm);
+            double f = 0;
+            static const char ka[] = "kv_a_layernorm.weight", kb[] = "kv_b_proj.weight";
+            if (len >= sizeof ka - 1 && !strcmp(nm + len - (sizeof ka - 1), ka)) f = ldexp(1.0, s->latent_shift);
+            if (len >= sizeof kb - 1 && !strcmp(nm + len - (sizeof kb - 1), kb)) f = ldexp(1.0, -s->latent_shift);
+            if (f == 0) continue;
+            int64_t cnt = l->t[i].ndim == 2 ? l->t[i].shape[0] * l->t[i].shape[1] : l->t[i].shape[0];
+            for (int64_t k = 0; k < cnt; k++) l->t[i].data[k] = (float)(l->t[i].data[k] * f);
+        }
     if (s->bf16) /* make the values bf16-exact so F32 and BF16 files hold the same model */
         for (int i = 0; i < l->n; i++) {
             int64_t cnt = l->t[i].ndim == 2 ? l->t[i].shape[0] * l->t[i].shape[1] : l->t[i].shape[0];

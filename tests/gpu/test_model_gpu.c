@@ -854,6 +854,84 @@ static void check_random_spec(const char *dir, const char *label, uint64_t seed)
     fixture_close(&f);
 }
 
+/* ---- the attention partials' format ---------------------------------------------------------- */
+/* The model with its latent (KV cache) values 2^shift larger, exactly (tm_spec.latent_shift: the
+ * scores, softmax and outputs are the same numbers): every GPU logit must be bitwise the same as
+ * the unscaled model's for shift +-14, so no step of the forward clips or coarsens the latent's
+ * range (the KV cache, Q's absorption, the attention's split partials and their merge, W_UV). A
+ * lossy partial format fails it: fp16 partials without a scale overflow at +14 (|O| ~ 2^14 x the
+ * keys' weight sum) and round in fp16's subnormals at -14 (session 39 ran both). A prompt of n
+ * tokens through prefill chunks of 64 rows (rows of up to n keys: several splits each), then a
+ * decode step of one token (its own launch shape). */
+static void latent_scale_case(tm_spec base, int n, const char *label) {
+    const int shifts[3] = {0, 14, -14};
+    const int V = base.vocab;
+    float *lg[3] = {NULL, NULL, NULL}, *ld[3] = {NULL, NULL, NULL};
+    int32_t *toks = xmalloc((size_t)n * sizeof *toks);
+    uint64_t rng = base.seed ^ 0x5ca1e;
+    for (int i = 0; i < n; i++) toks[i] = t_rand_int(&rng, V);
+    for (int v = 0; v < 3; v++) {
+        tm_spec s = base;
+        s.latent_shift = shifts[v];
+        char dir[256];
+        tm_mkdtemp(dir, sizeof dir);
+        tm_write_model(dir, &s);
+        gmodel m;
+        if (!gmodel_open(&m, dir) || !m.g) {
+            CHECK_MSG(0, "%s: shift %d: could not load or upload", label, shifts[v]);
+            gmodel_close(&m);
+            tm_rmdir(dir);
+            continue;
+        }
+        lg[v] = xmalloc((size_t)n * V * 4);
+        ld[v] = xmalloc((size_t)V * 4);
+        fill_nan(lg[v], (size_t)n * V);
+        fill_nan(ld[v], (size_t)V);
+        kdt_gpu_runner *r = new_runner(m.g, 64, 0, 0, 0);
+        kdt_gpu_kv *gk = new_gkv(m.g, (n + 1 + 63) / 64 + 1, 1);
+        CHECK(r && gk);
+        if (r && gk) {
+            kdt_model_outputs og = {lg[v], NULL, 0, 0, NULL, NULL}, od = {ld[v], NULL, 0, 0, NULL, NULL};
+            CHECK_EQ_INT(kdt_gpu_prefill(r, gk, 0, toks, n, &og), KDT_OK);
+            CHECK_EQ_INT(kdt_gpu_decode(r, gk, 1, NULL, &toks[n / 2], &od), KDT_OK);
+            CHECK_MSG(all_finite(lg[v], (size_t)n * V) && all_finite(ld[v], (size_t)V), "%s: shift %d: non-finite "
+                      "logits", label, shifts[v]);
+        }
+        kdt_gpu_kv_free(gk);
+        kdt_gpu_runner_free(r);
+        gmodel_close(&m);
+        tm_rmdir(dir);
+    }
+    for (int v = 1; v < 3; v++) {
+        if (!lg[0] || !lg[v]) continue;
+        size_t diff = 0, ddiff = 0;
+        for (size_t i = 0; i < (size_t)n * V; i++) diff += memcmp(&lg[0][i], &lg[v][i], 4) != 0;
+        for (int i = 0; i < V; i++) ddiff += memcmp(&ld[0][i], &ld[v][i], 4) != 0;
+        printf("  %s, latent x 2^%d: %zu of %zu prefill logits and %zu of %d decode logits differ from x 1\n", label,
+               shifts[v], diff, (size_t)n * V, ddiff, V);
+        CHECK_MSG(diff == 0 && ddiff == 0, "%s: latent x 2^%d changed %zu prefill and %zu decode logits", label,
+                  shifts[v], diff, ddiff);
+    }
+    for (int v = 0; v < 3; v++) free(lg[v]), free(ld[v]);
+    free(toks);
+}
+
+static void test_latent_scale(void) {
+    tm_spec s = tm_default_spec();
+    s.bf16 = 1;
+    latent_scale_case(s, 300, "tiny spec (16 heads per item)");
+    if (quick) {
+        printf("  (Kimi dimensions skipped under KDT_TEST_QUICK)\n");
+        return;
+    }
+    s.vocab = 512; s.hidden = 1024; s.inter = 512; s.moe_inter = 128; s.layers = 2; s.heads = 64;
+    s.q_lora = 1536; s.kv_lora = 512; s.nope = 128; s.rope = 64; s.v = 128;
+    s.experts = 16; s.topk = 4; s.shared = 1; s.n_group = 1; s.topk_group = 1; s.first_dense = 1;
+    s.max_pos = 8192; s.factor = 64; s.beta_fast = 1; s.beta_slow = 1; s.mscale = 1; s.mscale_all_dim = 1;
+    s.orig_max = 4096; s.seed = 2027;
+    latent_scale_case(s, 300, "Kimi attention dimensions (64 heads per item in prefill)");
+}
+
 static void test_random_specs_gpu(void) {
     uint64_t rng = t_fuzz_seed(0x6bec5);
     const int n = t_fuzz_iters(quick ? 2 : 8);
@@ -1674,6 +1752,7 @@ int main(void) {
     T_RUN(test_fused_swiglu);
     T_RUN(test_shared_apart);
     T_RUN(test_kimi_dims);
+    T_RUN(test_latent_scale);
     T_RUN(test_random_specs_gpu);
     return t_summary();
 }
