@@ -362,7 +362,7 @@ static void test_latent_shift_same_model(void) {
         s.latent_shift = shifts[v];
         char d[600];
         kdt_model *m = load_spec(&s, 0, d, sizeof d);
-        lg[v] = malloc((size_t)n * s.vocab * 4);
+        lg[v] = calloc((size_t)n * s.vocab, 4);
         CHECK(m != NULL);
         if (m) {
             kdt_kv_cache *k = new_cache(m, 2, 1);
