@@ -77,11 +77,6 @@ static double e4m3_value(int b) {
     return (b & 128) ? -v : v;
 }
 
-static int ends_with(const char *s, const char *suffix) {
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && strcmp(s + a - b, suffix) == 0;
-}
-
 /* Inserts `text` right after the first '{' of DIR/config.json. */
 static void config_insert(const char *dir, const char *text) {
     char p[700];
@@ -106,9 +101,9 @@ static void write_pair(const tm_spec *s, int kind, int block, const char *qdir, 
     for (int i = 0; i < l.n; i++) {
         tm_tensor *t = &l.t[i];
         const int64_t r = t->shape[0], c = t->shape[1];
-        int is_linear = t->ndim == 2 && ends_with(t->name, "_proj.weight");
+        int is_linear = t->ndim == 2 && tm_ends_with(t->name, "_proj.weight");
         int is_expert = is_linear && strstr(t->name, "mlp.experts.") != NULL;
-        if (kind == QUANT_FP8 && (is_linear || ends_with(t->name, "kv_a_proj_with_mqa.weight"))) {
+        if (kind == QUANT_FP8 && (is_linear || tm_ends_with(t->name, "kv_a_proj_with_mqa.weight"))) {
             const int64_t sr = (r + block - 1) / block, sc = (c + block - 1) / block;
             raw_tensor *w = raw_add(q, t->name, "F8_E4M3", 2, r, c, (size_t)(r * c));
             char sn[sizeof t->name + 16];

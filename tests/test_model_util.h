@@ -116,6 +116,15 @@ typedef struct tm_list {
     int n, cap;
 } tm_list;
 
+/* Elements of a tensor of the list (1-D or 2-D). */
+static inline int64_t tm_numel(const tm_tensor *t) { return t->ndim == 2 ? t->shape[0] * t->shape[1] : t->shape[0]; }
+
+/* 1 if `s` ends with `suffix` (tensor names: "model.layers.3.self_attn.kv_b_proj.weight"). */
+static inline int tm_ends_with(const char *s, const char *suffix) {
+    const size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
 static inline void tm_add(tm_list *l, const char *prefix, const char *name, int64_t r, int64_t c, int kind, uint64_t *rng) {
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 64;
@@ -197,20 +206,17 @@ static inline void tm_build_tensors(const tm_spec *s, tm_list *l) {
     tm_add(l, pre, "lm_head.weight", s->vocab, s->hidden, 4, &rng);
     if (s->latent_shift) /* powers of two: exact, so the scaled model is the same model */
         for (int i = 0; i < l->n; i++) {
-            const char *nm = l->t[i].name;
-            const size_t len = strlen(nm);
-            double f = 0;
-            static const char ka[] = "kv_a_layernorm.weight", kb[] = "kv_b_proj.weight";
-            if (len >= sizeof ka - 1 && !strcmp(nm + len - (sizeof ka - 1), ka)) f = ldexp(1.0, s->latent_shift);
-            if (len >= sizeof kb - 1 && !strcmp(nm + len - (sizeof kb - 1), kb)) f = ldexp(1.0, -s->latent_shift);
+            tm_tensor *t = &l->t[i];
+            const double f = tm_ends_with(t->name, "kv_a_layernorm.weight") ? ldexp(1.0, s->latent_shift)
+                             : tm_ends_with(t->name, "kv_b_proj.weight")    ? ldexp(1.0, -s->latent_shift)
+                                                                            : 0.0;
             if (f == 0) continue;
-            int64_t cnt = l->t[i].ndim == 2 ? l->t[i].shape[0] * l->t[i].shape[1] : l->t[i].shape[0];
-            for (int64_t k = 0; k < cnt; k++) l->t[i].data[k] = (float)(l->t[i].data[k] * f);
+            for (int64_t k = 0, cnt = tm_numel(t); k < cnt; k++) t->data[k] = (float)(t->data[k] * f);
         }
     if (s->bf16) /* make the values bf16-exact so F32 and BF16 files hold the same model */
         for (int i = 0; i < l->n; i++) {
-            int64_t cnt = l->t[i].ndim == 2 ? l->t[i].shape[0] * l->t[i].shape[1] : l->t[i].shape[0];
-            for (int64_t k = 0; k < cnt; k++) l->t[i].data[k] = kdt_bf16_to_f32(kdt_f32_to_bf16(l->t[i].data[k]));
+            for (int64_t k = 0, cnt = tm_numel(&l->t[i]); k < cnt; k++)
+                l->t[i].data[k] = kdt_bf16_to_f32(kdt_f32_to_bf16(l->t[i].data[k]));
         }
 }
 
@@ -257,7 +263,7 @@ static inline void tm_write_safetensors(const char *path, const tm_list *l, int 
     hl += (size_t)snprintf(h + hl, hcap - hl, "{\"__metadata__\":{\"format\":\"pt\"}");
     for (int i = i0; i < i1; i++) {
         const tm_tensor *t = &l->t[i];
-        size_t cnt = (size_t)(t->ndim == 2 ? t->shape[0] * t->shape[1] : t->shape[0]);
+        size_t cnt = (size_t)tm_numel(t);
         if (t->ndim == 2)
             hl += (size_t)snprintf(h + hl, hcap - hl,
                                    ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld],\"data_offsets\":[%zu,%zu]}",
@@ -277,7 +283,7 @@ static inline void tm_write_safetensors(const char *path, const tm_list *l, int 
     fwrite(h, 1, hl, f);
     for (int i = i0; i < i1; i++) {
         const tm_tensor *t = &l->t[i];
-        size_t cnt = (size_t)(t->ndim == 2 ? t->shape[0] * t->shape[1] : t->shape[0]);
+        size_t cnt = (size_t)tm_numel(t);
         for (size_t k = 0; k < cnt; k++) {
             if (bf16) {
                 uint16_t b = kdt_f32_to_bf16(t->data[k]);

@@ -854,6 +854,19 @@ static void check_random_spec(const char *dir, const char *label, uint64_t seed)
     fixture_close(&f);
 }
 
+/* Kimi K2's attention dimensions (64 heads, q_lora 1536, d_c 512, rope 64, YaRN x 64) around a
+ * small MoE, bf16 weights: the GPU's d_q 576 and 64-head attention instances run on it. */
+static tm_spec kimi_dims_spec(uint64_t seed) {
+    tm_spec s = tm_default_spec();
+    s.vocab = 512; s.hidden = 1024; s.inter = 512; s.moe_inter = 128; s.layers = 2; s.heads = 64;
+    s.q_lora = 1536; s.kv_lora = 512; s.nope = 128; s.rope = 64; s.v = 128;
+    s.experts = 16; s.topk = 4; s.shared = 1; s.n_group = 1; s.topk_group = 1; s.first_dense = 1;
+    s.max_pos = 8192; s.eps = 1e-5; s.theta = 50000; s.rsf = 2.827; s.norm_topk = 1;
+    s.yarn = 1; s.factor = 64; s.beta_fast = 1; s.beta_slow = 1; s.mscale = 1; s.mscale_all_dim = 1;
+    s.orig_max = 4096; s.bf16 = 1; s.seed = seed;
+    return s;
+}
+
 /* ---- the attention partials' format ---------------------------------------------------------- */
 /* The model with its latent (KV cache) values 2^shift larger, exactly (tm_spec.latent_shift: the
  * scores, softmax and outputs are the same numbers): every GPU logit must be bitwise the same as
@@ -924,12 +937,7 @@ static void test_latent_scale(void) {
         printf("  (Kimi dimensions skipped under KDT_TEST_QUICK)\n");
         return;
     }
-    s.vocab = 512; s.hidden = 1024; s.inter = 512; s.moe_inter = 128; s.layers = 2; s.heads = 64;
-    s.q_lora = 1536; s.kv_lora = 512; s.nope = 128; s.rope = 64; s.v = 128;
-    s.experts = 16; s.topk = 4; s.shared = 1; s.n_group = 1; s.topk_group = 1; s.first_dense = 1;
-    s.max_pos = 8192; s.factor = 64; s.beta_fast = 1; s.beta_slow = 1; s.mscale = 1; s.mscale_all_dim = 1;
-    s.orig_max = 4096; s.seed = 2027;
-    latent_scale_case(s, 300, "Kimi attention dimensions (64 heads per item in prefill)");
+    latent_scale_case(kimi_dims_spec(2027), 300, "Kimi attention dimensions (64 heads per item in prefill)");
 }
 
 static void test_random_specs_gpu(void) {
@@ -1577,13 +1585,7 @@ static void test_kimi_dims(void) {
         printf("  (skipped under KDT_TEST_QUICK)\n");
         return;
     }
-    tm_spec s = tm_default_spec();
-    s.vocab = 512; s.hidden = 1024; s.inter = 512; s.moe_inter = 128; s.layers = 2; s.heads = 64;
-    s.q_lora = 1536; s.kv_lora = 512; s.nope = 128; s.rope = 64; s.v = 128;
-    s.experts = 16; s.topk = 4; s.shared = 1; s.n_group = 1; s.topk_group = 1; s.first_dense = 1;
-    s.max_pos = 8192; s.eps = 1e-5; s.theta = 50000; s.rsf = 2.827; s.norm_topk = 1;
-    s.yarn = 1; s.factor = 64; s.beta_fast = 1; s.beta_slow = 1; s.mscale = 1; s.mscale_all_dim = 1;
-    s.orig_max = 4096; s.bf16 = 1; s.seed = 2026;
+    const tm_spec s = kimi_dims_spec(2026);
     char dir[256];
     tm_mkdtemp(dir, sizeof dir);
     tm_write_model(dir, &s);
