@@ -148,7 +148,7 @@ static int make_twin(const kdt_model *m, const char *src_dir, char *dst, size_t 
         o->ndim = t->ndim;
         o->shape[0] = t->shape[0];
         o->shape[1] = t->ndim == 2 ? t->shape[1] : t->shape[0];
-        const int64_t n = t->ndim == 2 ? t->shape[0] * t->shape[1] : t->shape[0];
+        const int64_t n = tm_numel(o);
         o->data = xmalloc((size_t)n * sizeof(float));
         for (int64_t k = 0; k < n; k++) {
             float v = t->dtype == KDT_W_F32 ? ((const float *)t->data)[k] : kdt_bf16_to_f32(((const uint16_t *)t->data)[k]);
