@@ -136,6 +136,17 @@ static void test_config_errors(void) {
         snprintf(buf, sizeof buf, "%.*s%s%s", (int)(p_ - DSV3_PUBLISHED), DSV3_PUBLISHED, to, \
                  p_ + strlen(from));                                                       \
     } while (0)
+    /* eos ids: tested as 64-bit values (2^32 + 5 is not 5), outside the vocabulary dropped,
+     * repeats kept once; a generation config adds its own the same way */
+    EDIT("\"eos_token_id\":1,", "\"eos_token_id\":[4294967301,-1,129280,7,7,2],");
+    CHECK_EQ_INT(parse(buf, &c), KDT_OK);
+    CHECK(c.n_eos == 2 && c.eos_token_ids[0] == 7 && c.eos_token_ids[1] == 2);
+    const char *gen = "{\"eos_token_id\":[4294967298,2,3]}";
+    CHECK_EQ_INT(kdt_config_merge_generation(gen, strlen(gen), "gen.json", &c), KDT_OK);
+    CHECK(c.n_eos == 3 && c.eos_token_ids[2] == 3);
+    EDIT("\"eos_token_id\":1,", "\"eos_token_id\":4294967297,");
+    CHECK_EQ_INT(parse(buf, &c), KDT_OK);
+    CHECK_EQ_INT(c.n_eos, 0);
     EDIT("\"hidden_size\":7168,", "");
     CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "cfg.json", "hidden_size"));
     /* another architecture is named as such, not by its first missing field */
@@ -193,6 +204,14 @@ static void test_config_errors(void) {
     CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "rope_scaling", "type"));
     EDIT("\"rope_theta\":10000,", "\"rope_theta\":-5,");
     CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "rope_theta", NULL));
+    /* bounds found by tests/fuzz/fuzz_model_config.c: a theta past fp32 (every frequency 0), a theta
+     * of 1 (YaRN divides by its log), a factor whose reciprocal underflows */
+    EDIT("\"rope_theta\":10000,", "\"rope_theta\":5e65,");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "rope_theta = 5e+65", "(1, 1e30]"));
+    EDIT("\"rope_theta\":10000,", "\"rope_theta\":1,");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "rope_theta = 1 ", NULL));
+    EDIT("\"factor\":40", "\"factor\":1e300");
+    CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "incoherent RoPE", "factor"));
     EDIT("\"rope_theta\":10000,",
          "\"rope_theta\":10000,\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":10000},");
     CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "incoherent RoPE", "disagree"));

@@ -130,8 +130,10 @@ static kdt_status parse_rope(const cfg_ctx *c, kdt_model_config *cfg) {
                 return kdt_fail(KDT_ERR_FORMAT, "%s: incoherent RoPE config: two rope_theta values", c->path);
         }
     }
-    if (!(theta > 0) || !isfinite(theta))
-        return kdt_fail(KDT_ERR_FORMAT, "%s: rope_theta = %g must be positive", c->path, theta);
+    /* the frequencies are theta^(-2i/d) in fp32 and YaRN divides by ln(theta): beyond these bounds
+     * they are 0, infinite or reversed (published models use 1e4 .. 1e7) */
+    if (!(theta > 1) || !(theta <= 1e30))
+        return kdt_fail(KDT_ERR_FORMAT, "%s: rope_theta = %g must be in (1, 1e30]", c->path, theta);
     cfg->rope_theta = theta;
     cfg->rope_kind = KDT_ROPE_DEFAULT;
     cfg->rope_factor = 1.0;
@@ -177,8 +179,9 @@ static kdt_status parse_rope(const cfg_ctx *c, kdt_model_config *cfg) {
         return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: YaRN with truncate = false is not supported", c->path);
     if (bf == 0) bf = 32.0; /* transformers: `beta_fast or 32` */
     if (bs == 0) bs = 1.0;
-    if (!(factor >= 1.0))
-        return kdt_fail(KDT_ERR_FORMAT, "%s: incoherent RoPE config: YaRN factor %g < 1", c->path, factor);
+    if (!(factor >= 1.0) || !(factor <= 1e6)) /* published: 4 .. 64; 1/factor stays a normal fp32 */
+        return kdt_fail(KDT_ERR_FORMAT, "%s: incoherent RoPE config: YaRN factor %g outside [1, 1e6]", c->path,
+                        factor);
     if (!(bf > 0) || !(bs > 0) || bf < bs)
         return kdt_fail(KDT_ERR_FORMAT,
                         "%s: incoherent RoPE config: need beta_fast >= beta_slow > 0 (got %g, %g)",
@@ -267,6 +270,21 @@ static kdt_status parse_quant(const char *path, json_t *obj, json_t *root, kdt_m
     }
     return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: quantization_config.quant_method \"%s\" is not supported "
                     "(fp8, compressed-tensors)", path, method);
+}
+
+/* Appends eos_token_id (an integer or a list of them) to cfg's eos ids, without repeats, up to
+ * KDT_MODEL_MAX_EOS. An id outside the vocabulary can never be produced: it is dropped rather than
+ * failed, and tested as the JSON's 64-bit value, so 2^32 + 5 is not taken for 5. */
+static void add_eos_ids(kdt_model_config *cfg, json_t *eos) {
+    const size_t n = json_is_array(eos) ? json_array_size(eos) : 1;
+    for (size_t i = 0; i < n && cfg->n_eos < KDT_MODEL_MAX_EOS; i++) {
+        json_t *v = json_is_array(eos) ? json_array_get(eos, i) : eos;
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= cfg->vocab_size) continue;
+        const int32_t id = (int32_t)json_integer_value(v);
+        int dup = 0;
+        for (int32_t k = 0; k < cfg->n_eos; k++) dup |= cfg->eos_token_ids[k] == id;
+        if (!dup) cfg->eos_token_ids[cfg->n_eos++] = id;
+    }
 }
 
 kdt_status kdt_config_parse(const char *text, size_t len, const char *path, kdt_model_config *cfg) {
@@ -422,18 +440,7 @@ kdt_status kdt_config_parse(const char *text, size_t len, const char *path, kdt_
     /* special tokens */
     json_t *eos = json_object_get(c.obj, "eos_token_id");
     if (!eos || json_is_null(eos)) eos = json_object_get(root, "eos_token_id");
-    if (json_is_integer(eos)) {
-        cfg->eos_token_ids[cfg->n_eos++] = (int32_t)json_integer_value(eos);
-    } else if (json_is_array(eos)) {
-        for (size_t i = 0; i < json_array_size(eos) && cfg->n_eos < KDT_MODEL_MAX_EOS; i++)
-            if (json_is_integer(json_array_get(eos, i)))
-                cfg->eos_token_ids[cfg->n_eos++] = (int32_t)json_integer_value(json_array_get(eos, i));
-    }
-    for (int32_t i = 0; i < cfg->n_eos; i++)
-        if (cfg->eos_token_ids[i] < 0 || cfg->eos_token_ids[i] >= cfg->vocab_size) {
-            /* an eos outside the vocabulary can never be produced; drop it rather than fail */
-            cfg->eos_token_ids[i--] = cfg->eos_token_ids[--cfg->n_eos];
-        }
+    add_eos_ids(cfg, eos);
 
     if ((st = parse_rope(&c, cfg)) != KDT_OK) goto done;
     {
@@ -484,18 +491,7 @@ kdt_status kdt_config_merge_generation(const char *text, size_t len, const char 
     json_t *root = json_loadb(text, len, 0, &jerr);
     if (!root)
         return kdt_fail(KDT_ERR_FORMAT, "%s: not valid JSON (%s, line %d)", path, jerr.text, jerr.line);
-    json_t *eos = json_object_get(root, "eos_token_id");
-    json_t *one = json_array();
-    if (json_is_integer(eos)) json_array_append(one, eos);
-    json_t *list = json_is_array(eos) ? eos : one;
-    for (size_t i = 0; i < json_array_size(list) && cfg->n_eos < KDT_MODEL_MAX_EOS; i++) {
-        json_t *v = json_array_get(list, i);
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= cfg->vocab_size) continue;
-        int32_t id = (int32_t)json_integer_value(v), dup = 0;
-        for (int32_t k = 0; k < cfg->n_eos; k++) dup |= cfg->eos_token_ids[k] == id;
-        if (!dup) cfg->eos_token_ids[cfg->n_eos++] = id;
-    }
-    json_decref(one);
+    add_eos_ids(cfg, json_object_get(root, "eos_token_id"));
     json_decref(root);
     return KDT_OK;
 }
