@@ -1,0 +1,58 @@
+/* fuzz_util.c - the temporary directory of the file-reading harnesses (fuzz.h). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* mkdtemp, scandir */
+#endif
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fuzz.h"
+
+static char dir[256];
+static char path[512];
+
+static void remove_dir(void) {
+    /* the harnesses write only plain files with fixed names: unlink them, then the directory */
+    static const char *const names[] = {"config.json", "generation_config.json", "model.safetensors",
+                                        "model.safetensors.index.json", "shard-1.safetensors",
+                                        "tokenizer.json", "tiktoken.model", "tokenizer_config.json"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) fuzz_remove_file(names[i]);
+    rmdir(dir);
+}
+
+const char *fuzz_tmpdir(void) {
+    if (!dir[0]) {
+        const char *t = getenv("TMPDIR");
+        snprintf(dir, sizeof dir, "%s/kdt-fuzz-XXXXXX", t && t[0] ? t : "/tmp");
+        if (!mkdtemp(dir)) FUZZ_FAIL("cannot make a temporary directory under %s", t && t[0] ? t : "/tmp");
+        atexit(remove_dir);
+    }
+    return dir;
+}
+
+const char *fuzz_write_file(const char *name, const void *data, size_t n) {
+    snprintf(path, sizeof path, "%s/%s", fuzz_tmpdir(), name);
+    FILE *f = fopen(path, "wb");
+    if (!f || (n && fwrite(data, 1, n, f) != n) || fclose(f) != 0) FUZZ_FAIL("cannot write %s", path);
+    return path;
+}
+
+void fuzz_remove_file(const char *name) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", fuzz_tmpdir(), name);
+    unlink(p);
+}
+
+void fuzz_note(const char *fmt, ...) {
+    static int verbose = -1;
+    if (verbose < 0) verbose = getenv("FUZZ_VERBOSE") && getenv("FUZZ_VERBOSE")[0] == '1';
+    if (!verbose) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "  ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+}
