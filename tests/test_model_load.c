@@ -202,16 +202,19 @@ static void test_config_errors(void) {
     CHECK(err_is(parse(buf, &c), KDT_ERR_UNSUPPORTED, "dynamic", NULL));
     EDIT("\"type\":\"yarn\"", "\"note\":\"no type\"");
     CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "rope_scaling", "type"));
-    EDIT("\"rope_theta\":10000,", "\"rope_theta\":-5,");
-    CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "rope_theta", NULL));
-    /* bounds found by tests/fuzz/fuzz_model_config.c: a theta past fp32 (every frequency 0), a theta
-     * of 1 (YaRN divides by its log), a factor whose reciprocal underflows */
-    EDIT("\"rope_theta\":10000,", "\"rope_theta\":5e65,");
-    CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "rope_theta = 5e+65", "(1, 1e30]"));
-    EDIT("\"rope_theta\":10000,", "\"rope_theta\":1,");
-    CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "rope_theta = 1 ", NULL));
-    EDIT("\"factor\":40", "\"factor\":1e300");
-    CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "incoherent RoPE", "factor"));
+    /* RoPE values out of range: a negative theta; then the bounds found by
+     * tests/fuzz/fuzz_model_config.c: a theta past fp32 (every frequency 0), a theta of 1 (YaRN
+     * divides by its log), a factor whose reciprocal underflows */
+    static const struct { const char *from, *to, *frag1, *frag2; } rope_bad[] = {
+        {"\"rope_theta\":10000,", "\"rope_theta\":-5,", "rope_theta", NULL},
+        {"\"rope_theta\":10000,", "\"rope_theta\":5e65,", "rope_theta = 5e+65", "(1, 1e30]"},
+        {"\"rope_theta\":10000,", "\"rope_theta\":1,", "rope_theta = 1 ", NULL},
+        {"\"factor\":40", "\"factor\":1e300", "incoherent RoPE", "factor"},
+    };
+    for (size_t i = 0; i < sizeof rope_bad / sizeof rope_bad[0]; i++) {
+        EDIT(rope_bad[i].from, rope_bad[i].to);
+        CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, rope_bad[i].frag1, rope_bad[i].frag2));
+    }
     EDIT("\"rope_theta\":10000,",
          "\"rope_theta\":10000,\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":10000},");
     CHECK(err_is(parse(buf, &c), KDT_ERR_FORMAT, "incoherent RoPE", "disagree"));
