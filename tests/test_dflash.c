@@ -383,6 +383,16 @@ static void test_bad_drafters(void) {
     b.heads = 3;
     b.kv_heads = 2;
     expect_load_error(&b, "gqa", KDT_ERR_FORMAT, "num_key_value_heads");
+    /* RoPE values past what fp32 frequencies carry (tests/fuzz/fuzz_dflash_config.c found these
+     * accepted; a negative beta and 1e20 positions are corpus inputs there) */
+    b = s;
+    b.theta = 5e65;
+    expect_load_error(&b, "theta", KDT_ERR_FORMAT, "rope_theta");
+    b = s;
+    b.yarn = 1;
+    b.theta = 50000.0;
+    b.factor = 1e300;
+    expect_load_error(&b, "factor", KDT_ERR_FORMAT, "yarn factor");
     /* fields at the top level are accepted too */
     b = s;
     b.taps_top_level = 1;
