@@ -2,7 +2,8 @@
 #   make            configure + build into build/ (CUDA kernels too when nvcc is found)
 #   make test       build, then run every CPU test (the README's test command; CI runs it)
 #   make gpu-test   run the GPU tests (needs a GPU; see scripts/gpu_check.sh for the full check)
-#   make asan       CPU-only build with AddressSanitizer + UBSan, then the CPU tests
+#   make asan       CPU-only build with AddressSanitizer + UBSan (float-cast-overflow too: gcc leaves it
+#                   out of "undefined"), then the CPU tests
 #   make tsan       CPU-only build with ThreadSanitizer (pthreads for the CPU threads), then the CPU tests
 #   make cpu        CPU-only build into build-cpu/
 #   make clean
@@ -25,7 +26,7 @@ cpu:
 	cmake --build build-cpu -j $(JOBS)
 
 asan:
-	cmake -S . -B build-asan -DKDT_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug -DKDT_SANITIZE="address;undefined"
+	cmake -S . -B build-asan -DKDT_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug -DKDT_SANITIZE="address;undefined;float-cast-overflow"
 	cmake --build build-asan -j $(JOBS)
 	ctest --test-dir build-asan -LE gpu --output-on-failure -j $(JOBS)
 
