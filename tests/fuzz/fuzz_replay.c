@@ -5,7 +5,7 @@
  * that moved never reads as a pass.
  *   fuzz_<name> FILE|DIR ...   */
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* mkdtemp, scandir */
+#define _GNU_SOURCE /* scandir */
 #endif
 #include <dirent.h>
 #include <stdio.h>
