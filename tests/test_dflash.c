@@ -392,7 +392,7 @@ static void test_bad_drafters(void) {
     b.yarn = 1;
     b.theta = 50000.0;
     b.factor = 1e300;
-    expect_load_error(&b, "factor", KDT_ERR_FORMAT, "yarn factor");
+    expect_load_error(&b, "factor", KDT_ERR_FORMAT, "YaRN factor");
     /* fields at the top level are accepted too */
     b = s;
     b.taps_top_level = 1;

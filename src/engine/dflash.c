@@ -86,9 +86,7 @@ static kdt_status parse_rope(json_t *root, const char *path, const kdt_dflash_op
     if (!json_is_object(rp)) rp = json_object_get(root, "rope_scaling");
     if (!json_is_object(rp)) rp = NULL;
     c->rope_theta = num_or(rp, "rope_theta", num_or(root, "rope_theta", 10000.0));
-    /* the target's bounds (src/model/config.c): beyond them the fp32 frequencies are 0 or reversed */
-    if (!(c->rope_theta > 1.0) || !(c->rope_theta <= 1e30))
-        return kdt_fail(KDT_ERR_FORMAT, "%s: rope_theta = %g, expected in (1, 1e30]", path, c->rope_theta);
+    KDT_TRY(kdt_rope_check_theta(path, c->rope_theta)); /* the target's bounds */
     const char *type = "default";
     if (rp) {
         json_t *t = json_object_get(rp, "rope_type");
@@ -108,23 +106,11 @@ static kdt_status parse_rope(json_t *root, const char *path, const kdt_dflash_op
     c->rope_beta_slow = num_or(rp, "beta_slow", 1.0);
     c->rope_mscale = num_or(rp, "mscale", 0.0);
     c->rope_mscale_all_dim = num_or(rp, "mscale_all_dim", 0.0);
-    /* tested as doubles before any cast: 1e20 positions would overflow int32 (undefined behaviour),
-     * a negative beta makes YaRN's correction range NaN (found by tests/fuzz/fuzz_dflash_config.c) */
+    /* the target's bounds, tested before the int32 cast (1e20 positions overflowed it, a negative
+     * beta drafted NaN logits: found by tests/fuzz/fuzz_dflash_config.c) */
     const double omax = num_or(rp, "original_max_position_embeddings", (double)c->max_position);
-    if (!(c->rope_factor >= 1.0) || !(c->rope_factor <= 1e6))
-        return kdt_fail(KDT_ERR_FORMAT, "%s: yarn factor %g, expected in [1, 1e6]", path, c->rope_factor);
-    if (!(omax >= 1) || !(omax <= 1e9) || omax != floor(omax))
-        return kdt_fail(KDT_ERR_FORMAT, "%s: yarn original_max_position_embeddings = %g, expected an integer in "
-                        "1..1e9", path, omax);
-    if (c->rope_beta_fast == 0) c->rope_beta_fast = 32.0; /* transformers: `beta_fast or 32` */
-    if (c->rope_beta_slow == 0) c->rope_beta_slow = 1.0;
-    if (!(c->rope_beta_slow > 0) || !(c->rope_beta_fast >= c->rope_beta_slow) || !isfinite(c->rope_beta_fast))
-        return kdt_fail(KDT_ERR_FORMAT, "%s: yarn beta_fast %g / beta_slow %g, expected beta_fast >= beta_slow > 0",
-                        path, c->rope_beta_fast, c->rope_beta_slow);
-    if (!(c->rope_mscale >= 0) || !(c->rope_mscale_all_dim >= 0) || !isfinite(c->rope_mscale) ||
-        !isfinite(c->rope_mscale_all_dim))
-        return kdt_fail(KDT_ERR_FORMAT, "%s: yarn mscale %g / mscale_all_dim %g, expected >= 0", path,
-                        c->rope_mscale, c->rope_mscale_all_dim);
+    KDT_TRY(kdt_rope_settle_yarn(path, c->rope_factor, &c->rope_beta_fast, &c->rope_beta_slow, c->rope_mscale,
+                                 c->rope_mscale_all_dim, omax));
     c->rope_original_max_position = (int32_t)omax;
     double amp;
     json_t *af = json_object_get(rp, "attention_factor");

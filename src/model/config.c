@@ -81,6 +81,32 @@ static const char *get_str(const cfg_ctx *c, const char *key) {
 }
 
 
+kdt_status kdt_rope_check_theta(const char *path, double theta) {
+    /* the frequencies are theta^(-2i/d) in fp32 and YaRN divides by ln(theta): beyond these bounds
+     * they are 0, infinite or reversed (published models use 1e4 .. 1e7) */
+    if (!(theta > 1) || !(theta <= 1e30))
+        return kdt_fail(KDT_ERR_FORMAT, "%s: rope_theta = %g must be in (1, 1e30]", path, theta);
+    return KDT_OK;
+}
+
+kdt_status kdt_rope_settle_yarn(const char *path, double factor, double *beta_fast, double *beta_slow,
+                                double mscale, double mscale_all_dim, double original_max) {
+    if (*beta_fast == 0) *beta_fast = 32.0; /* transformers: `beta_fast or 32` */
+    if (*beta_slow == 0) *beta_slow = 1.0;
+    const double bf = *beta_fast, bs = *beta_slow;
+    if (!(factor >= 1.0) || !(factor <= 1e6)) /* published: 4 .. 64; 1/factor stays a normal fp32 */
+        return kdt_fail(KDT_ERR_FORMAT, "%s: incoherent RoPE config: YaRN factor %g outside [1, 1e6]", path, factor);
+    if (!(bf > 0) || !(bs > 0) || bf < bs) /* a negative beta makes the correction range NaN */
+        return kdt_fail(KDT_ERR_FORMAT, "%s: incoherent RoPE config: need beta_fast >= beta_slow > 0 (got %g, %g)",
+                        path, bf, bs);
+    if (!(mscale >= 0) || !(mscale_all_dim >= 0))
+        return kdt_fail(KDT_ERR_FORMAT, "%s: incoherent RoPE config: negative mscale", path);
+    if (!(original_max >= 1) || original_max != floor(original_max) || original_max > 1e9)
+        return kdt_fail(KDT_ERR_FORMAT, "%s: incoherent RoPE config: original_max_position_embeddings = %g", path,
+                        original_max);
+    return KDT_OK;
+}
+
 /* RoPE settings from rope_parameters (new) or rope_theta + rope_scaling (published). */
 static kdt_status parse_rope(const cfg_ctx *c, kdt_model_config *cfg) {
     json_t *rp = json_object_get(c->obj, "rope_parameters");
@@ -130,10 +156,7 @@ static kdt_status parse_rope(const cfg_ctx *c, kdt_model_config *cfg) {
                 return kdt_fail(KDT_ERR_FORMAT, "%s: incoherent RoPE config: two rope_theta values", c->path);
         }
     }
-    /* the frequencies are theta^(-2i/d) in fp32 and YaRN divides by ln(theta): beyond these bounds
-     * they are 0, infinite or reversed (published models use 1e4 .. 1e7) */
-    if (!(theta > 1) || !(theta <= 1e30))
-        return kdt_fail(KDT_ERR_FORMAT, "%s: rope_theta = %g must be in (1, 1e30]", c->path, theta);
+    KDT_TRY(kdt_rope_check_theta(c->path, theta));
     cfg->rope_theta = theta;
     cfg->rope_kind = KDT_ROPE_DEFAULT;
     cfg->rope_factor = 1.0;
@@ -177,20 +200,7 @@ static kdt_status parse_rope(const cfg_ctx *c, kdt_model_config *cfg) {
         return kdt_fail(KDT_ERR_FORMAT, "%s: \"%struncate\" must be true or false", c->path, where);
     if (trunc && json_is_false(trunc))
         return kdt_fail(KDT_ERR_UNSUPPORTED, "%s: YaRN with truncate = false is not supported", c->path);
-    if (bf == 0) bf = 32.0; /* transformers: `beta_fast or 32` */
-    if (bs == 0) bs = 1.0;
-    if (!(factor >= 1.0) || !(factor <= 1e6)) /* published: 4 .. 64; 1/factor stays a normal fp32 */
-        return kdt_fail(KDT_ERR_FORMAT, "%s: incoherent RoPE config: YaRN factor %g outside [1, 1e6]", c->path,
-                        factor);
-    if (!(bf > 0) || !(bs > 0) || bf < bs)
-        return kdt_fail(KDT_ERR_FORMAT,
-                        "%s: incoherent RoPE config: need beta_fast >= beta_slow > 0 (got %g, %g)",
-                        c->path, bf, bs);
-    if (ms < 0 || msad < 0)
-        return kdt_fail(KDT_ERR_FORMAT, "%s: incoherent RoPE config: negative mscale", c->path);
-    if (!(omax >= 1) || omax != floor(omax) || omax > 1e9)
-        return kdt_fail(KDT_ERR_FORMAT,
-                        "%s: incoherent RoPE config: original_max_position_embeddings = %g", c->path, omax);
+    KDT_TRY(kdt_rope_settle_yarn(c->path, factor, &bf, &bs, ms, msad, omax));
     if (have_af && !(af > 0))
         return kdt_fail(KDT_ERR_FORMAT, "%s: incoherent RoPE config: attention_factor %g", c->path, af);
     cfg->rope_factor = factor;

@@ -157,6 +157,15 @@ kdt_status kdt_config_parse(const char *json_text, size_t len, const char *path,
 /* Adds generation_config.json's eos_token_id(s) (int or list) to cfg's eos ids, without repeats. */
 kdt_status kdt_config_merge_generation(const char *json_text, size_t len, const char *path,
                                        kdt_model_config *cfg);
+/* The RoPE values a config may carry (the target's here, the DFlash drafter's in
+ * src/engine/dflash.c); beyond them the fp32 frequencies are 0, NaN or reversed, or an int32 cast
+ * overflows. Theta in (1, 1e30]. With YaRN: transformers' defaults for a 0 beta (fast 32, slow 1)
+ * applied in place, then factor in [1, 1e6], beta_fast >= beta_slow > 0, mscales >= 0 and
+ * original_max_position_embeddings an integer in 1..1e9, tested as a double before any cast.
+ * KDT_ERR_FORMAT naming `path` otherwise. */
+kdt_status kdt_rope_check_theta(const char *path, double theta);
+kdt_status kdt_rope_settle_yarn(const char *path, double factor, double *beta_fast, double *beta_slow,
+                                double mscale, double mscale_all_dim, double original_max);
 /* inv_freq[d_r/2] for the config's RoPE, in fp32 as transformers computes it. */
 void kdt_rope_inv_freq(const kdt_model_config *cfg, float *inv_freq);
 
