@@ -42,6 +42,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
  * replayed seed shows which path it reaches. */
 void fuzz_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* Draws bytes from an input: the harnesses that build structures (trees, kernel parameters) read
+ * their fields one byte at a time; past the end every byte is 0. */
+typedef struct fuzz_reader {
+    const uint8_t *p;
+    size_t n, at;
+} fuzz_reader;
+static inline int fuzz_byte(fuzz_reader *r) { return r->at < r->n ? r->p[r->at++] : 0; }
+static inline int fuzz_pick(fuzz_reader *r, int lo, int hi) { return lo + fuzz_byte(r) % (hi - lo + 1); } /* lo..hi */
+
+/* A whole file, malloc'ed at its exact size (so ASan sees a read past it; NULL on error). */
+uint8_t *fuzz_read_file(const char *path, size_t *len);
+
 /* A private directory for harnesses whose subject reads files (model and tokenizer loaders),
  * made once per process and removed at exit. */
 const char *fuzz_tmpdir(void);

@@ -16,27 +16,20 @@
 #include "fuzz.h"
 #include "kdtree/kernels.h"
 
-typedef struct {
-    const uint8_t *p;
-    size_t n, at;
-} reader;
-static int next(reader *r) { return r->at < r->n ? r->p[r->at++] : 0; }
-static int pick(reader *r, int lo, int hi) { return lo + next(r) % (hi - lo + 1); } /* lo..hi */
-
 enum { S_MAX = 3, NODES_MAX = 8, PAGES_MAX = 12 };
 
-static uint16_t small_bf16(reader *r) { return kdt_f32_to_bf16((float)(next(r) - 128) / 32.0f); }
+static uint16_t small_bf16(fuzz_reader *r) { return kdt_f32_to_bf16((float)(fuzz_byte(r) - 128) / 32.0f); }
 
-static void fuzz_verify_attn(reader *r) {
-    const int S = pick(r, 1, S_MAX), H = pick(r, 1, 9), max_nodes = pick(r, 1, NODES_MAX);
-    const int d_qk = pick(r, 1, 24), d_v = next(r) < 240 ? pick(r, 1, d_qk) : d_qk + 1;
-    const int page_size = pick(r, 1, 6), max_pages = pick(r, 1, 4), n_pages = pick(r, 1, PAGES_MAX);
+static void fuzz_verify_attn(fuzz_reader *r) {
+    const int S = fuzz_pick(r, 1, S_MAX), H = fuzz_pick(r, 1, 9), max_nodes = fuzz_pick(r, 1, NODES_MAX);
+    const int d_qk = fuzz_pick(r, 1, 24), d_v = fuzz_byte(r) < 240 ? fuzz_pick(r, 1, d_qk) : d_qk + 1;
+    const int page_size = fuzz_pick(r, 1, 6), max_pages = fuzz_pick(r, 1, 4), n_pages = fuzz_pick(r, 1, PAGES_MAX);
     int32_t table[S_MAX * 4], prefix[S_MAX], n_nodes[S_MAX];
-    for (int i = 0; i < S * max_pages; i++) table[i] = next(r) < 230 ? pick(r, 0, n_pages - 1) : pick(r, -2, n_pages + 1);
+    for (int i = 0; i < S * max_pages; i++) table[i] = fuzz_byte(r) < 230 ? fuzz_pick(r, 0, n_pages - 1) : fuzz_pick(r, -2, n_pages + 1);
     for (int s = 0; s < S; s++) {
-        n_nodes[s] = next(r) < 230 ? pick(r, 1, max_nodes) : pick(r, -1, max_nodes + 1);
+        n_nodes[s] = fuzz_byte(r) < 230 ? fuzz_pick(r, 1, max_nodes) : fuzz_pick(r, -1, max_nodes + 1);
         const int room = max_pages * page_size - n_nodes[s]; /* the prefix that still fits */
-        prefix[s] = next(r) < 230 && room >= 0 ? pick(r, 0, room) : pick(r, -2, 40);
+        prefix[s] = fuzz_byte(r) < 230 && room >= 0 ? fuzz_pick(r, 0, room) : fuzz_pick(r, -2, 40);
     }
     const size_t nq = (size_t)S * max_nodes * H * d_qk, nkv = (size_t)n_pages * page_size * d_qk;
     const size_t nout = (size_t)S * max_nodes * H * (d_v > 0 ? d_v : 1), nrows = (size_t)S * max_nodes * H;
@@ -46,12 +39,12 @@ static void fuzz_verify_attn(reader *r) {
     if (!q || !kv || !out || !lse) FUZZ_FAIL("out of memory");
     for (size_t i = 0; i < nq; i++) q[i] = small_bf16(r);
     for (size_t i = 0; i < nkv; i++) kv[i] = small_bf16(r);
-    for (int i = 0; i < S * max_nodes; i++) mask[i] = (uint64_t)next(r) | 1u; /* a row sees itself mostly */
+    for (int i = 0; i < S * max_nodes; i++) mask[i] = (uint64_t)fuzz_byte(r) | 1u; /* a row sees itself mostly */
     for (size_t i = 0; i < nout; i++) out[i] = 0x7fc1; /* poison: a NaN the kernel never writes */
     for (size_t i = 0; i < nrows; i++) lse[i] = 12345.0f;
     const kdt_verify_attn_params p = {
         .n_streams = S, .n_heads = H, .max_nodes = max_nodes, .d_qk = d_qk, .d_v = d_v,
-        .softmax_scale = (float)pick(r, 1, 40) / 16.0f, .q = q, .kv_cache = kv, .n_pages = n_pages,
+        .softmax_scale = (float)fuzz_pick(r, 1, 40) / 16.0f, .q = q, .kv_cache = kv, .n_pages = n_pages,
         .page_size = page_size, .block_table = table, .max_pages = max_pages, .prefix_len = prefix,
         .n_nodes = n_nodes, .anc_mask = mask, .out = out, .lse = lse, .kv_format = KDT_KV_BF16};
     const kdt_status st = kdt_verify_attn_cpu(&p);
@@ -85,25 +78,25 @@ done:
     free(q), free(kv), free(out), free(lse);
 }
 
-static void fuzz_kv_commit(reader *r) {
-    const int S = pick(r, 1, S_MAX), layers = pick(r, 1, 3), row_bytes = 2 * pick(r, 1, 4);
-    const int page_size = pick(r, 1, 5), max_pages = pick(r, 1, 4);
-    const int n_pages = S * max_pages + pick(r, 0, 2);
+static void fuzz_kv_commit(fuzz_reader *r) {
+    const int S = fuzz_pick(r, 1, S_MAX), layers = fuzz_pick(r, 1, 3), row_bytes = 2 * fuzz_pick(r, 1, 4);
+    const int page_size = fuzz_pick(r, 1, 5), max_pages = fuzz_pick(r, 1, 4);
+    const int n_pages = S * max_pages + fuzz_pick(r, 0, 2);
     int32_t table[S_MAX * 4], prefix[S_MAX], tau[S_MAX], acc[S_MAX * KDT_MAX_PATH];
     for (int i = 0; i < S * max_pages; i++) /* distinct physical pages (7 is prime to S * max_pages <= 12); sometimes an id out of range */
-        table[i] = next(r) < 240 ? (i * 7 + 3) % (S * max_pages) : (next(r) & 1 ? -1 - (next(r) & 1) : n_pages + (next(r) & 1));
+        table[i] = fuzz_byte(r) < 240 ? (i * 7 + 3) % (S * max_pages) : (fuzz_byte(r) & 1 ? -1 - (fuzz_byte(r) & 1) : n_pages + (fuzz_byte(r) & 1));
     const int slots = max_pages * page_size;
     for (int s = 0; s < S; s++) {
-        prefix[s] = next(r) < 240 ? pick(r, 0, slots / 2) : pick(r, -2, slots + 2);
-        tau[s] = next(r) < 245 ? pick(r, 0, 6) : pick(r, -1, KDT_MAX_PATH + 1);
+        prefix[s] = fuzz_byte(r) < 240 ? fuzz_pick(r, 0, slots / 2) : fuzz_pick(r, -2, slots + 2);
+        tau[s] = fuzz_byte(r) < 245 ? fuzz_pick(r, 0, 6) : fuzz_pick(r, -1, KDT_MAX_PATH + 1);
         /* mostly an increasing path from the root, often 0, 1, 2, ... at first; sometimes not */
-        acc[s * KDT_MAX_PATH] = next(r) < 250 ? 0 : 1;
+        acc[s * KDT_MAX_PATH] = fuzz_byte(r) < 250 ? 0 : 1;
         for (int k = 1, a = 0; k < KDT_MAX_PATH; k++) {
-            a += 1 + (next(r) < 128 ? 0 : pick(r, 1, 3));
-            acc[s * KDT_MAX_PATH + k] = next(r) < 245 ? a : pick(r, -1, 8);
+            a += 1 + (fuzz_byte(r) < 128 ? 0 : fuzz_pick(r, 1, 3));
+            acc[s * KDT_MAX_PATH + k] = fuzz_byte(r) < 245 ? a : fuzz_pick(r, -1, 8);
         }
     }
-    const int64_t layer_stride = (int64_t)n_pages * page_size * row_bytes + 2 * pick(r, 0, 3);
+    const int64_t layer_stride = (int64_t)n_pages * page_size * row_bytes + 2 * fuzz_pick(r, 0, 3);
     const size_t bytes = (size_t)(layer_stride * layers);
     unsigned char *cache = malloc(bytes), *want = malloc(bytes);
     if (!cache || !want) FUZZ_FAIL("out of memory");
@@ -157,7 +150,7 @@ static void fuzz_kv_commit(reader *r) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    reader r = {data, size, 1};
+    fuzz_reader r = {data, size, 1};
     if (data[0] & 1) fuzz_kv_commit(&r);
     else fuzz_verify_attn(&r);
     return 0;

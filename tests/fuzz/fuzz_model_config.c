@@ -14,13 +14,12 @@ static kdt_model_config base;
 static int have_base;
 
 static void load_base(void) {
-    FILE *f = fopen(KDT_SOURCE_DIR "/models/tiny-target/config.json", "rb");
-    if (!f) FUZZ_FAIL("cannot open the tiny target's config.json");
-    static char text[1 << 16];
-    const size_t n = fread(text, 1, sizeof text, f);
-    fclose(f);
-    if (kdt_config_parse(text, n, "tiny-target/config.json", &base) != KDT_OK)
+    size_t n;
+    uint8_t *text = fuzz_read_file(KDT_SOURCE_DIR "/models/tiny-target/config.json", &n);
+    if (!text) FUZZ_FAIL("cannot read the tiny target's config.json");
+    if (kdt_config_parse((const char *)text, n, "tiny-target/config.json", &base) != KDT_OK)
         FUZZ_FAIL("the tiny target's config does not parse: %s", kdt_last_error());
+    free(text);
     have_base = 1;
 }
 

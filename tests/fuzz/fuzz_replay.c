@@ -16,32 +16,13 @@
 #include "fuzz.h"
 
 static int run_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "fuzz_replay: cannot open %s\n", path);
-        return -1;
-    }
-    size_t cap = 1 << 16, n = 0;
-    uint8_t *buf = malloc(cap);
-    for (size_t got; buf && (got = fread(buf + n, 1, cap - n, f)) > 0;) {
-        n += got;
-        if (n == cap) {
-            uint8_t *nb = realloc(buf, cap *= 2);
-            if (!nb) free(buf);
-            buf = nb;
-        }
-    }
-    fclose(f);
-    if (!buf) {
-        fprintf(stderr, "fuzz_replay: out of memory reading %s\n", path);
+    size_t n;
+    uint8_t *in = fuzz_read_file(path, &n);
+    if (!in) {
+        fprintf(stderr, "fuzz_replay: cannot read %s\n", path);
         return -1;
     }
     fprintf(stderr, "fuzz_replay: %s (%zu bytes)\n", path, n);
-    /* an exact-size copy, so ASan sees a read past the input */
-    uint8_t *in = malloc(n ? n : 1);
-    if (!in) return free(buf), -1;
-    memcpy(in, buf, n);
-    free(buf);
     LLVMFuzzerTestOneInput(in, n);
     free(in);
     return 0;

@@ -14,12 +14,6 @@
 
 enum { S_MAX = 4, N_MAX = 40 };
 
-typedef struct {
-    const uint8_t *p;
-    size_t n, at;
-} reader;
-static int next(reader *r) { return r->at < r->n ? r->p[r->at++] : 0; }
-
 /* The header's definition of a well-formed tree, written out plainly: the children of every
  * node, in ascending index order, are exactly the nodes naming it as parent; depths follow the
  * parents and stay within L; siblings carry distinct tokens. */
@@ -48,23 +42,23 @@ static int well_formed(const int32_t *n_nodes, int s, int max_nodes, int L, cons
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    reader r = {data, size, 0};
-    const int S = 1 + next(&r) % S_MAX, max_nodes = 1 + next(&r) % N_MAX, L = 1 + next(&r) % KDT_MAX_DEPTH;
+    fuzz_reader r = {data, size, 0};
+    const int S = 1 + fuzz_byte(&r) % S_MAX, max_nodes = 1 + fuzz_byte(&r) % N_MAX, L = 1 + fuzz_byte(&r) % KDT_MAX_DEPTH;
     const int cells = S * max_nodes;
     int32_t n_nodes[S_MAX], par[S_MAX * N_MAX], dep[S_MAX * N_MAX], fc[S_MAX * N_MAX], ns[S_MAX * N_MAX],
         tok[S_MAX * N_MAX], pos[S_MAX * N_MAX], tgt[S_MAX * N_MAX];
     float score[S_MAX * N_MAX];
     uint64_t mask[S_MAX * N_MAX];
     for (int s = 0; s < S; s++) {
-        const int b = next(&r);
+        const int b = fuzz_byte(&r);
         n_nodes[s] = b < 240 ? 1 + b % max_nodes : b - 242; /* mostly in range; -2 .. 13 otherwise */
-        const int derive = next(&r) & 1;
+        const int derive = fuzz_byte(&r) & 1;
         for (int i = 0; i < max_nodes; i++) {
             const int k = s * max_nodes + i;
-            const int pb = next(&r);
+            const int pb = fuzz_byte(&r);
             par[k] = i == 0 ? -1 : (derive ? pb % i : pb % (i + 3) - 2);
-            tok[k] = next(&r) % 4;
-            tgt[k] = next(&r) % 4;
+            tok[k] = fuzz_byte(&r) % 4;
+            tgt[k] = fuzz_byte(&r) % 4;
             dep[k] = 0, fc[k] = -1, ns[k] = -1, pos[k] = 0, score[k] = 0, mask[k] = 0;
         }
         if (derive) {
@@ -77,16 +71,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         } else {
             for (int i = 0; i < max_nodes; i++) {
                 const int k = s * max_nodes + i;
-                dep[k] = next(&r) % (L + 3) - 1;
-                fc[k] = next(&r) % (max_nodes + 2) - 1;
-                ns[k] = next(&r) % (max_nodes + 2) - 1;
+                dep[k] = fuzz_byte(&r) % (L + 3) - 1;
+                fc[k] = fuzz_byte(&r) % (max_nodes + 2) - 1;
+                ns[k] = fuzz_byte(&r) % (max_nodes + 2) - 1;
             }
         }
         for (int i = 0; i < max_nodes; i++) pos[s * max_nodes + i] = dep[s * max_nodes + i];
     }
     /* single-field overwrites: (field, cell, value) triples */
     while (r.at + 3 <= r.n) {
-        const int f = next(&r) % 5, k = next(&r) % cells, v = next(&r) % (max_nodes + 3) - 2;
+        const int f = fuzz_byte(&r) % 5, k = fuzz_byte(&r) % cells, v = fuzz_byte(&r) % (max_nodes + 3) - 2;
         int32_t *arr[5] = {par, dep, fc, ns, tok};
         arr[f][k] = f == 4 ? (v & 3) : v;
     }

@@ -11,7 +11,7 @@
 #include "fuzz.h"
 
 static char dir[256];
-static char path[512];
+static char written[512]; /* fuzz_write_file's result */
 
 static void remove_dir(void) {
     /* the harnesses write only files with fixed names (and fuzz_dflash_config a link to the
@@ -33,11 +33,26 @@ const char *fuzz_tmpdir(void) {
     return dir;
 }
 
+uint8_t *fuzz_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    uint8_t *buf = NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc(n ? (size_t)n : 1)) &&
+        fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    *len = (size_t)(n > 0 ? n : 0);
+    return buf;
+}
+
 const char *fuzz_write_file(const char *name, const void *data, size_t n) {
-    snprintf(path, sizeof path, "%s/%s", fuzz_tmpdir(), name);
-    FILE *f = fopen(path, "wb");
-    if (!f || (n && fwrite(data, 1, n, f) != n) || fclose(f) != 0) FUZZ_FAIL("cannot write %s", path);
-    return path;
+    snprintf(written, sizeof written, "%s/%s", fuzz_tmpdir(), name);
+    FILE *f = fopen(written, "wb");
+    if (!f || (n && fwrite(data, 1, n, f) != n) || fclose(f) != 0) FUZZ_FAIL("cannot write %s", written);
+    return written;
 }
 
 void fuzz_remove_file(const char *name) {
