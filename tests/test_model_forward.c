@@ -1,7 +1,7 @@
 /* test_model_forward.c - the CPU forward on tiny random checkpoints:
- *  - against an independent fp64 reference written here in the plain (non-absorbed) MLA form with
- *    transformers' RoPE convention (de-interleave + rotate_half) and fp64 YaRN tables: max
- *    |logit error| <= 1e-4 * max |logit| and the same argmax wherever the top-2 gap exceeds 1e-3;
+ *  - against the independent fp64 reference of tests/model_ref.h (plain, non-absorbed MLA form,
+ *    transformers' RoPE convention, fp64 YaRN tables from the config): max |logit error| <=
+ *    1e-4 * max |logit| and the same argmax wherever the top-2 gap exceeds 1e-3;
  *  - bitwise equalities: prefill == token-by-token decode, any prefill chunk size, decode of a
  *    stream alone == with other streams, tree verify at every node == decode along that node's
  *    path (logits, argmax, taps, KV rows), and decoding after kdt_kv_cache_commit == decoding the
@@ -12,6 +12,7 @@
 #include "t.h"
 
 #ifdef KDT_WITH_MODEL
+#include "model_ref.h"
 #include "test_model_util.h"
 
 #include "kdtree/model.h"
@@ -34,192 +35,6 @@ static kdt_kv_cache *new_cache(const kdt_model *m, int pages, int streams) {
     return c;
 }
 
-/* ---- fp64 reference ------------------------------------------------------------------------ */
-
-static double wat(const kdt_weight *w, int64_t r, int64_t c) { return kdt_weight_at(w, r * w->cols + c); }
-
-static void ref_matvec(const kdt_weight *w, const double *x, double *y) {
-    for (int64_t r = 0; r < w->rows; r++) {
-        double a = 0;
-        for (int64_t c = 0; c < w->cols; c++) a += wat(w, r, c) * x[c];
-        y[r] = a;
-    }
-}
-
-static void ref_rmsnorm(const double *x, const kdt_weight *w, double eps, int n, double *out) {
-    double ss = 0;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    double inv = 1.0 / sqrt(ss / n + eps);
-    for (int i = 0; i < n; i++) out[i] = kdt_weight_at(w, i) * x[i] * inv;
-}
-
-static double ref_mscale(double f, double m) { return f <= 1 ? 1.0 : 0.1 * m * log(f) + 1.0; }
-
-/* transformers' convention: de-interleave (x0,x2,..,x1,x3,..) then rotate_half; output permuted */
-static void ref_rope(const kdt_model_config *c, double *v, int pos) {
-    int dr = c->qk_rope_head_dim, half = dr / 2;
-    double tmp[256];
-    for (int i = 0; i < half; i++) {
-        tmp[i] = c->rope_interleave ? v[2 * i] : v[i];
-        tmp[i + half] = c->rope_interleave ? v[2 * i + 1] : v[i + half];
-    }
-    double af = 1.0;
-    if (c->rope_kind == KDT_ROPE_YARN)
-        af = (c->rope_mscale && c->rope_mscale_all_dim)
-                 ? ref_mscale(c->rope_factor, c->rope_mscale) / ref_mscale(c->rope_factor, c->rope_mscale_all_dim)
-                 : ref_mscale(c->rope_factor, 1.0);
-    for (int i = 0; i < half; i++) {
-        double inv = pow(c->rope_theta, -2.0 * i / dr);
-        if (c->rope_kind == KDT_ROPE_YARN) {
-            double om = c->rope_original_max_position;
-            double lo = floor(dr * log(om / (c->rope_beta_fast * 2 * M_PI)) / (2 * log(c->rope_theta)));
-            double hi = ceil(dr * log(om / (c->rope_beta_slow * 2 * M_PI)) / (2 * log(c->rope_theta)));
-            lo = lo < 0 ? 0 : lo;
-            hi = hi > dr - 1 ? dr - 1 : hi;
-            if (lo == hi) hi += 0.001;
-            double ramp = (i - lo) / (hi - lo);
-            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
-            inv = inv / c->rope_factor * ramp + inv * (1 - ramp);
-        }
-        double cs = cos(pos * inv) * af, sn = sin(pos * inv) * af;
-        double a = tmp[i], b = tmp[i + half];
-        v[i] = a * cs - b * sn;
-        v[i + half] = b * cs + a * sn;
-    }
-}
-
-static void ref_swiglu(const kdt_expert_weights *e, const double *x, double *out) {
-    int64_t I = e->gate.rows;
-    double *g = malloc((size_t)I * sizeof *g), *u = malloc((size_t)I * sizeof *u);
-    ref_matvec(&e->gate, x, g);
-    ref_matvec(&e->up, x, u);
-    for (int64_t i = 0; i < I; i++) g[i] = g[i] / (1 + exp(-g[i])) * u[i];
-    ref_matvec(&e->down, g, out);
-    free(g);
-    free(u);
-}
-
-static void ref_moe(const kdt_model *m, const kdt_layer_weights *L, const double *x, double *out) {
-    const kdt_model_config *c = &m->cfg;
-    int E = c->n_routed_experts, D = c->hidden_size, G = c->n_group, per = E / G;
-    double s[512], key[512], gs[64], w[64];
-    int ok[512], sel[64], gk[64] = {0};
-    ref_matvec(&L->router, x, s);
-    for (int e = 0; e < E; e++) {
-        s[e] = 1 / (1 + exp(-s[e]));
-        key[e] = s[e] + kdt_weight_at(&L->router_bias, e);
-    }
-    for (int g = 0; g < G; g++) {
-        double t1 = -1e300, t2 = -1e300;
-        for (int i = 0; i < per; i++) {
-            double v = key[g * per + i];
-            if (v > t1) { t2 = t1; t1 = v; } else if (v > t2) t2 = v;
-        }
-        gs[g] = G > 1 ? t1 + t2 : 0;
-    }
-    for (int t = 0; t < c->topk_group; t++) {
-        int b = -1;
-        for (int g = 0; g < G; g++) if (!gk[g] && (b < 0 || gs[g] > gs[b])) b = g;
-        gk[b] = 1;
-    }
-    for (int e = 0; e < E; e++) ok[e] = gk[e / per];
-    double sum = 0;
-    for (int k = 0; k < c->n_experts_per_tok; k++) {
-        int b = -1;
-        for (int e = 0; e < E; e++) if (ok[e] && (b < 0 || key[e] > key[b])) b = e;
-        ok[b] = 0;
-        sel[k] = b;
-        w[k] = s[b];
-        sum += s[b];
-    }
-    double *tmp = malloc((size_t)D * sizeof *tmp);
-    for (int d = 0; d < D; d++) out[d] = 0;
-    for (int k = 0; k < c->n_experts_per_tok; k++) {
-        double wk = (c->norm_topk_prob ? w[k] / sum : w[k]) * c->routed_scaling_factor;
-        ref_swiglu(&L->experts[sel[k]], x, tmp);
-        for (int d = 0; d < D; d++) out[d] += wk * tmp[d];
-    }
-    if (c->n_shared_experts) {
-        ref_swiglu(&L->shared, x, tmp);
-        for (int d = 0; d < D; d++) out[d] += tmp[d];
-    }
-    free(tmp);
-}
-
-/* logits [n][V], taps [n][n_layers][D] (every layer's output) */
-static void ref_forward(const kdt_model *m, const int32_t *toks, int n, double *logits, double *taps) {
-    const kdt_model_config *c = &m->cfg;
-    const int D = c->hidden_size, H = c->n_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
-              dv = c->v_head_dim, dc = c->kv_lora_rank, dqk = dn + dr, V = c->vocab_size;
-    double scale = 1 / sqrt((double)dqk);
-    if (c->rope_kind == KDT_ROPE_YARN && c->rope_mscale_all_dim)
-        scale *= pow(ref_mscale(c->rope_factor, c->rope_mscale_all_dim), 2);
-    double *x = calloc((size_t)n * D, sizeof *x), *xn = calloc((size_t)D, sizeof *xn);
-    double *q = calloc((size_t)n * H * dqk, sizeof *q), *k = calloc((size_t)n * H * dqk, sizeof *k);
-    double *v = calloc((size_t)n * H * dv, sizeof *v), *kva = calloc((size_t)(dc + dr), sizeof *kva);
-    double *cn = calloc((size_t)dc, sizeof *cn), *qa = calloc((size_t)(c->q_lora_rank + 1), sizeof *qa);
-    double *kvb = calloc((size_t)H * (dn + dv), sizeof *kvb), *att = calloc((size_t)H * dv, sizeof *att);
-    double *o = calloc((size_t)D, sizeof *o), *p = calloc((size_t)n, sizeof *p);
-    for (int t = 0; t < n; t++)
-        for (int d = 0; d < D; d++) x[t * D + d] = wat(&m->embed, toks[t], d);
-    for (int l = 0; l < c->n_layers; l++) {
-        const kdt_layer_weights *L = &m->layers[l];
-        for (int t = 0; t < n; t++) {
-            ref_rmsnorm(x + t * D, &L->input_norm, c->rms_norm_eps, D, xn);
-            double *qt = q + (size_t)t * H * dqk;
-            if (c->q_lora_rank) {
-                ref_matvec(&L->q_a, xn, qa);
-                ref_rmsnorm(qa, &L->q_a_norm, 1e-6, c->q_lora_rank, qa);
-                ref_matvec(&L->q_b, qa, qt);
-            } else {
-                ref_matvec(&L->q_proj, xn, qt);
-            }
-            ref_matvec(&L->kv_a, xn, kva);
-            ref_rmsnorm(kva, &L->kv_a_norm, 1e-6, dc, cn);
-            ref_matvec(&L->kv_b, cn, kvb);
-            ref_rope(c, kva + dc, t);
-            for (int h = 0; h < H; h++) {
-                ref_rope(c, qt + h * dqk + dn, t);
-                double *kt = k + ((size_t)t * H + h) * dqk;
-                for (int i = 0; i < dn; i++) kt[i] = kvb[h * (dn + dv) + i];
-                for (int i = 0; i < dr; i++) kt[dn + i] = kva[dc + i];
-                for (int i = 0; i < dv; i++) v[((size_t)t * H + h) * dv + i] = kvb[h * (dn + dv) + dn + i];
-            }
-        }
-        for (int t = 0; t < n; t++) {
-            for (int h = 0; h < H; h++) {
-                double mx = -1e300, sum = 0;
-                for (int j = 0; j <= t; j++) {
-                    double a = 0;
-                    for (int i = 0; i < dqk; i++) a += q[((size_t)t * H + h) * dqk + i] * k[((size_t)j * H + h) * dqk + i];
-                    p[j] = a * scale;
-                    mx = p[j] > mx ? p[j] : mx;
-                }
-                for (int j = 0; j <= t; j++) sum += (p[j] = exp(p[j] - mx));
-                for (int i = 0; i < dv; i++) {
-                    double a = 0;
-                    for (int j = 0; j <= t; j++) a += p[j] / sum * v[((size_t)j * H + h) * dv + i];
-                    att[h * dv + i] = a;
-                }
-            }
-            ref_matvec(&L->o_proj, att, o);
-            double *xt = x + (size_t)t * D;
-            for (int d = 0; d < D; d++) xt[d] += o[d];
-            ref_rmsnorm(xt, &L->post_norm, c->rms_norm_eps, D, xn);
-            if (L->is_moe) ref_moe(m, L, xn, o);
-            else ref_swiglu(&L->dense, xn, o);
-            for (int d = 0; d < D; d++) xt[d] += o[d];
-            memcpy(taps + ((size_t)t * c->n_layers + l) * D, xt, (size_t)D * sizeof *xt);
-        }
-    }
-    for (int t = 0; t < n; t++) {
-        ref_rmsnorm(x + (size_t)t * D, &m->final_norm, c->rms_norm_eps, D, xn);
-        ref_matvec(&m->lm_head, xn, logits + (size_t)t * V);
-    }
-    free(x); free(xn); free(q); free(k); free(v); free(kva); free(cn); free(qa); free(kvb); free(att);
-    free(o); free(p);
-}
-
 /* ---- tests ------------------------------------------------------------------------------------ */
 
 static void check_against_reference(const tm_spec *s, const char *label) {
@@ -239,7 +54,7 @@ static void check_against_reference(const tm_spec *s, const char *label) {
     kdt_kv_cache *kv = new_cache(m, 4, 1);
     CHECK_EQ_INT(kdt_model_prefill(m, kv, 0, toks, n, &out), KDT_OK);
     double *rl = malloc((size_t)n * V * sizeof *rl), *rt = malloc((size_t)n * NL * D * sizeof *rt);
-    ref_forward(m, toks, n, rl, rt);
+    mref_forward(m, toks, n, rl, rt, NULL);
     double max_err = 0, max_ref = 0, tap_err = 0, tap_ref = 0;
     int argmax_bad = 0;
     for (int t = 0; t < n; t++) {

@@ -34,6 +34,7 @@
 #include "t.h"
 
 #ifdef KDT_WITH_MODEL
+#include "model_ref.h"
 #include "test_model_util.h"
 
 #include "kdtree/model.h"
@@ -172,223 +173,6 @@ static int make_twin(const kdt_model *m, const char *src_dir, char *dst, size_t 
     return 1;
 }
 
-
-/* ---- fp64 reference: where routing is a near tie ----------------------------------------------
- * A bf16 KV cache moves router scores by ~1e-4; where two experts (or groups) are closer than
- * that, CPU and GPU may route a token differently, legitimately. This plain-MLA fp64 forward
- * (checked against the CPU forward to ~1e-5) finds the rows whose routing margin in some MoE layer
- * (gap between the k-th and (k+1)-th biased score among allowed experts, and between the last
- * kept and the first dropped group) is below ROUTE_MARGIN. A different choice at (row t, layer l)
- * changes row t, and rows after t only from layer l + 1 on (through t's KV rows), so a row is
- * "excused" when it has a near tie itself or follows a near tie in a layer before the last. */
-#define ROUTE_MARGIN 2e-3
-
-static double wget(const kdt_weight *w, int64_t r, int64_t c) {
-    const int64_t i = r * w->cols + c;
-    if (w->format == KDT_WF_PLAIN && w->dtype == KDT_W_F32) return ((const float *)w->data)[i];
-    if (w->format == KDT_WF_PLAIN && w->dtype == KDT_W_BF16) return kdt_bf16_to_f32(((const uint16_t *)w->data)[i]);
-    return kdt_weight_at(w, i);
-}
-
-static void ref_mv(const kdt_weight *w, const double *x, double *y) {
-    for (int64_t r = 0; r < w->rows; r++) {
-        double a = 0;
-        for (int64_t c = 0; c < w->cols; c++) a += wget(w, r, c) * x[c];
-        y[r] = a;
-    }
-}
-
-static void ref_norm(const double *x, const kdt_weight *w, double eps, int n, double *out) {
-    double ss = 0;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    const double inv = 1.0 / sqrt(ss / n + eps);
-    for (int i = 0; i < n; i++) out[i] = kdt_weight_at(w, i) * x[i] * inv;
-}
-
-static void ref_rope(const kdt_model *m, double *v, int pos) {
-    const kdt_model_config *c = &m->cfg;
-    const int dr = c->qk_rope_head_dim;
-    for (int i = 0; i < dr / 2; i++) {
-        const int a = c->rope_interleave ? 2 * i : i, b = c->rope_interleave ? 2 * i + 1 : i + dr / 2;
-        const double ang = (double)pos * m->rope_inv_freq[i];
-        const double cs = cos(ang) * c->rope_attention_factor, sn = sin(ang) * c->rope_attention_factor;
-        const double x0 = v[a], x1 = v[b];
-        v[a] = x0 * cs - x1 * sn;
-        v[b] = x1 * cs + x0 * sn;
-    }
-}
-
-static void ref_swiglu(const kdt_expert_weights *e, const double *x, double *out) {
-    const int64_t I = e->gate.rows;
-    double *g = xmalloc((size_t)I * sizeof *g), *u = xmalloc((size_t)I * sizeof *u);
-    ref_mv(&e->gate, x, g);
-    ref_mv(&e->up, x, u);
-    for (int64_t i = 0; i < I; i++) g[i] = g[i] / (1 + exp(-g[i])) * u[i];
-    ref_mv(&e->down, g, out);
-    free(g);
-    free(u);
-}
-
-/* MoE output of one row and its routing margin */
-static double ref_moe(const kdt_model *m, const kdt_layer_weights *L, const double *x, double *out) {
-    const kdt_model_config *c = &m->cfg;
-    const int E = c->n_routed_experts, D = c->hidden_size, K = c->n_experts_per_tok;
-    const int G = c->n_group > 1 ? c->n_group : 1, per = E / G;
-    double *s = xmalloc((size_t)E * sizeof *s), *key = xmalloc((size_t)E * sizeof *key), gs[64];
-    int *ok = xmalloc((size_t)E * sizeof *ok), sel[64], kept[64] = {0};
-    double margin = INFINITY;
-    ref_mv(&L->router, x, s);
-    for (int e = 0; e < E; e++) {
-        s[e] = 1 / (1 + exp(-s[e]));
-        key[e] = s[e] + kdt_weight_at(&L->router_bias, e);
-        ok[e] = 1;
-    }
-    if (G > 1) {
-        for (int g = 0; g < G; g++) {
-            double t1 = -INFINITY, t2 = -INFINITY;
-            for (int i = 0; i < per; i++) {
-                const double v = key[g * per + i];
-                if (v > t1) t2 = t1, t1 = v;
-                else if (v > t2) t2 = v;
-            }
-            gs[g] = t1 + t2;
-        }
-        double last_kept = INFINITY;
-        for (int t = 0; t < c->topk_group; t++) {
-            int b = -1;
-            for (int g = 0; g < G; g++)
-                if (!kept[g] && (b < 0 || gs[g] > gs[b])) b = g;
-            kept[b] = 1;
-            last_kept = gs[b];
-        }
-        for (int g = 0; g < G; g++)
-            if (!kept[g] && last_kept - gs[g] < margin) margin = last_kept - gs[g];
-        for (int e = 0; e < E; e++) ok[e] = kept[e / per];
-    }
-    double sum = 0, last = INFINITY;
-    for (int k = 0; k < K; k++) {
-        int b = -1;
-        for (int e = 0; e < E; e++)
-            if (ok[e] && (b < 0 || key[e] > key[b])) b = e;
-        ok[b] = 0;
-        sel[k] = b;
-        sum += s[b];
-        last = key[b];
-    }
-    for (int e = 0; e < E; e++)
-        if (ok[e] && last - key[e] < margin) margin = last - key[e];
-    double *tmp = xmalloc((size_t)D * sizeof *tmp);
-    for (int d = 0; d < D; d++) out[d] = 0;
-    for (int k = 0; k < K; k++) {
-        const double wk = (c->norm_topk_prob ? s[sel[k]] / sum : s[sel[k]]) * c->routed_scaling_factor;
-        ref_swiglu(&L->experts[sel[k]], x, tmp);
-        for (int d = 0; d < D; d++) out[d] += wk * tmp[d];
-    }
-    if (c->n_shared_experts) {
-        ref_swiglu(&L->shared, x, tmp);
-        for (int d = 0; d < D; d++) out[d] += tmp[d];
-    }
-    free(tmp);
-    free(s);
-    free(key);
-    free(ok);
-    return margin;
-}
-
-/* The reference forward of toks[0..n): excused[t] (or NULL) as above, logits [n][V] (or NULL).
- * Returns the number of excused rows. */
-static int ref_forward(const kdt_model *m, const int32_t *toks, int n, uint8_t *excused, double *logits) {
-    const kdt_model_config *c = &m->cfg;
-    const int D = c->hidden_size, H = c->n_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
-              dv = c->v_head_dim, dc = c->kv_lora_rank, dqk = dn + dr, ql = c->q_lora_rank;
-    double *x = xmalloc((size_t)n * D * sizeof *x), *xn = xmalloc((size_t)D * sizeof *xn);
-    double *q = xmalloc((size_t)n * H * dqk * sizeof *q), *ckv = xmalloc((size_t)n * dc * sizeof *ckv);
-    double *kpe = xmalloc((size_t)n * dr * sizeof *kpe), *kva = xmalloc((size_t)(dc + dr) * sizeof *kva);
-    double *qa = xmalloc((size_t)(ql + 1) * sizeof *qa), *qlat = xmalloc((size_t)dc * sizeof *qlat);
-    double *olat = xmalloc((size_t)dc * sizeof *olat), *heads = xmalloc((size_t)H * dv * sizeof *heads);
-    double *o = xmalloc((size_t)D * sizeof *o), *p = xmalloc((size_t)n * sizeof *p);
-    uint8_t *own = calloc((size_t)n, 1);
-    int early = n; /* first near tie in a layer before the last */
-    for (int t = 0; t < n; t++)
-        for (int d = 0; d < D; d++) x[(size_t)t * D + d] = wget(&m->embed, toks[t], d);
-    for (int l = 0; l < c->n_layers; l++) {
-        const kdt_layer_weights *L = &m->layers[l];
-        for (int t = 0; t < n; t++) {
-            ref_norm(x + (size_t)t * D, &L->input_norm, c->rms_norm_eps, D, xn);
-            double *qt = q + (size_t)t * H * dqk;
-            if (ql) {
-                ref_mv(&L->q_a, xn, qa);
-                ref_norm(qa, &L->q_a_norm, 1e-6, ql, qa);
-                ref_mv(&L->q_b, qa, qt);
-            } else {
-                ref_mv(&L->q_proj, xn, qt);
-            }
-            for (int h = 0; h < H; h++) ref_rope(m, qt + h * dqk + dn, t);
-            ref_mv(&L->kv_a, xn, kva);
-            ref_norm(kva, &L->kv_a_norm, 1e-6, dc, ckv + (size_t)t * dc);
-            memcpy(kpe + (size_t)t * dr, kva + dc, (size_t)dr * sizeof *kva);
-            ref_rope(m, kpe + (size_t)t * dr, t);
-        }
-        for (int t = 0; t < n; t++) {
-            for (int h = 0; h < H; h++) {
-                const double *qn = q + ((size_t)t * H + h) * dqk, *qp = qn + dn;
-                for (int e = 0; e < dc; e++) {
-                    double a = 0;
-                    for (int i = 0; i < dn; i++) a += wget(&L->kv_b, (int64_t)h * (dn + dv) + i, e) * qn[i];
-                    qlat[e] = a;
-                }
-                double mx = -INFINITY, sum = 0;
-                for (int s2 = 0; s2 <= t; s2++) {
-                    double a = 0;
-                    for (int e = 0; e < dc; e++) a += qlat[e] * ckv[(size_t)s2 * dc + e];
-                    for (int e = 0; e < dr; e++) a += qp[e] * kpe[(size_t)s2 * dr + e];
-                    p[s2] = a * c->softmax_scale;
-                    if (p[s2] > mx) mx = p[s2];
-                }
-                for (int s2 = 0; s2 <= t; s2++) sum += (p[s2] = exp(p[s2] - mx));
-                for (int e = 0; e < dc; e++) {
-                    double a = 0;
-                    for (int s2 = 0; s2 <= t; s2++) a += p[s2] * ckv[(size_t)s2 * dc + e];
-                    olat[e] = a / sum;
-                }
-                for (int j = 0; j < dv; j++) {
-                    double a = 0;
-                    for (int e = 0; e < dc; e++) a += wget(&L->kv_b, (int64_t)h * (dn + dv) + dn + j, e) * olat[e];
-                    heads[h * dv + j] = a;
-                }
-            }
-            ref_mv(&L->o_proj, heads, o);
-            double *xt = x + (size_t)t * D;
-            for (int d = 0; d < D; d++) xt[d] += o[d];
-            ref_norm(xt, &L->post_norm, c->rms_norm_eps, D, xn);
-            if (L->is_moe) {
-                if (ref_moe(m, L, xn, o) < ROUTE_MARGIN) {
-                    own[t] = 1;
-                    if (l < c->n_layers - 1 && t < early) early = t;
-                }
-            } else {
-                ref_swiglu(&L->dense, xn, o);
-            }
-            for (int d = 0; d < D; d++) xt[d] += o[d];
-        }
-    }
-    if (logits)
-        for (int t = 0; t < n; t++) {
-            double *hn = xmalloc((size_t)D * sizeof *hn);
-            ref_norm(x + (size_t)t * D, &m->final_norm, c->rms_norm_eps, D, hn);
-            ref_mv(&m->lm_head, hn, logits + (size_t)t * c->vocab_size);
-            free(hn);
-        }
-    free(x); free(xn); free(q); free(ckv); free(kpe); free(kva); free(qa); free(qlat); free(olat); free(heads);
-    int n_excused = 0;
-    for (int t = 0; t < n; t++) {
-        const int ex = own[t] || t >= early;
-        if (excused) excused[t] = (uint8_t)ex;
-        n_excused += ex;
-    }
-    free(o); free(p); free(own);
-    return n_excused;
-}
 
 /* max |a - ref| and max |ref| over the rows [0, n) of width w that are not excused */
 static void max_err_rows(const float *a, const float *ref, int n, int w, const uint8_t *excused, double *err,
@@ -547,7 +331,7 @@ static void check_fixture(const char *name) {
         CHECK(all_finite(lg, (size_t)n * V) && all_finite(tg, (size_t)n * NL * D));
         /* rows that may legitimately route differently (near ties) are not compared */
         uint8_t *excused = xmalloc((size_t)n);
-        const int n_ex = ref_forward(f.twin, toks, n, excused, NULL);
+        const int n_ex = mref_forward(f.twin, toks, n, NULL, NULL, excused);
         double le, lm, te, tm, le_all, scale;
         max_err_rows(lg, lc, n, V, excused, &le, &lm);
         max_err_rows(tg, tc, n, NL * D, excused, &te, &tm);
@@ -591,7 +375,7 @@ static void check_fixture(const char *name) {
             uint8_t *ex = xmalloc((size_t)(n + diverged));
             memcpy(seq, toks, (size_t)n * 4);
             memcpy(seq + n, path, (size_t)diverged * 4);
-            ref_forward(f.twin, seq, n + diverged, ex, NULL);
+            mref_forward(f.twin, seq, n + diverged, NULL, NULL, ex);
             route_tie = ex[n + diverged - 1];
             free(seq);
             free(ex);
@@ -838,7 +622,7 @@ static void check_random_spec(const char *dir, const char *label, uint64_t seed)
         CHECK_EQ_INT(kdt_gpu_prefill(r, gk, 0, toks, n, &og), KDT_OK);
         CHECK(all_finite(lg, (size_t)n * V));
         uint8_t excused[37];
-        const int n_ex = ref_forward(f.twin, toks, n, excused, NULL);
+        const int n_ex = mref_forward(f.twin, toks, n, NULL, NULL, excused);
         double le, lm;
         max_err_rows(lg, lc, n, V, excused, &le, &lm);
         printf("  %s: max |logit err| %.3g of %.3g (%.1e); %d rows excused\n", label, le, lm, lm > 0 ? le / lm : 0.0,
@@ -1489,7 +1273,7 @@ static void test_fused_swiglu(void) {
         CHECK_MSG(memcmp(la, lb, (size_t)N * V * 4) == 0, "prefill: fused and separate SwiGLU differ");
         CHECK_MSG(memcmp(da, db, (size_t)3 * V * 4) == 0, "decode: fused and separate SwiGLU differ");
         uint8_t excused[N];
-        ref_forward(m.cpu, toks, N, excused, NULL);
+        mref_forward(m.cpu, toks, N, NULL, NULL, excused);
         float *lc = xmalloc((size_t)N * V * 4);
         kdt_kv_cache *ck = new_ckv(m.cpu, 2, 1);
         kdt_model_outputs oc = {lc, NULL, 0, 0, NULL, NULL};
@@ -1527,7 +1311,7 @@ static void shared_apart_case(int tiled) {
         uint64_t rng = 9 + tiled;
         for (int i = 0; i < N; i++) toks[i] = t_rand_int(&rng, V);
         uint8_t excused[N];
-        ref_forward(m.cpu, toks, N, excused, NULL);
+        mref_forward(m.cpu, toks, N, NULL, NULL, excused);
         float *lc = xmalloc((size_t)N * V * 4), *lg = xmalloc((size_t)N * V * 4);
         float *dec = xmalloc((size_t)S * V * 4), *ver = xmalloc((size_t)S * V * 4);
         kdt_kv_cache *ck = new_ckv(m.cpu, 2, 1);
@@ -1606,7 +1390,7 @@ static void test_kimi_dims(void) {
     kdt_model_outputs og = {lg, NULL, 0, 0, NULL, NULL};
     CHECK_EQ_INT(kdt_gpu_prefill(r, gk, 0, toks, n, &og), KDT_OK);
     uint8_t excused[24];
-    const int n_ex = ref_forward(m.cpu, toks, n, excused, NULL);
+    const int n_ex = mref_forward(m.cpu, toks, n, NULL, NULL, excused);
     double le, lm;
     max_err_rows(lg, lc, n, V, excused, &le, &lm);
     printf("  kimi dims: max |logit err| %.3g of %.3g (%.1e); %d of %d rows excused (routing near ties)\n", le, lm,
