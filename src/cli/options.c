@@ -108,7 +108,7 @@ int cli_parse(const char *prog, const char *usage, const cli_opt *opts, int n_op
     }
     lo[n_opts] = (struct option){"help", no_argument, NULL, 'h'};
     int rc = 0;
-    optind = 1;
+    optind = 0; /* glibc's full reset: with 1, a second call would resume the last one's scan */
     opterr = 0;
     for (;;) {
         int c = getopt_long(argc, argv, shorts, lo, NULL);
