@@ -119,10 +119,13 @@ int cli_parse(const char *prog, const char *usage, const cli_opt *opts, int n_op
             break;
         }
         if (c == '?' || c == ':') {
-            const char *bad = argv[optind - 1];
-            char short_form[3] = {'-', (char)optopt, 0};
-            /* for a bad short option inside a cluster, name the letter, not the whole word */
-            if (optopt > 0 && optopt < 256 && bad[0] == '-' && bad[1] != '-') bad = short_form;
+            /* a bad short option is named by its letter: its word may be a cluster, and inside
+             * one optind still points at that word or, before its last letter, at the word
+             * before it. A bad long option (optopt 0, or its val: 256 + i, or 'h' for --help=x)
+             * is named by its word, which optind has passed. */
+            const char short_form[3] = {'-', (char)optopt, 0};
+            const int is_short = optopt != 0 && optopt < 256 && optopt != 'h';
+            const char *bad = is_short ? short_form : argv[optind - 1];
             if (c == '?') fprintf(stderr, "%s: unknown option \"%s\" (see --help)\n", prog, bad);
             else fprintf(stderr, "%s: option \"%s\" needs a value\n", prog, bad);
             rc = 2;
