@@ -2,6 +2,7 @@
  * parsing with range checks, and the --help text, so the three never disagree. */
 #include "cli.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -67,7 +68,9 @@ static int set_value(const char *prog, const cli_opt *o, const char *v) {
         return 0;
     }
     case CLI_U64: {
-        if (v[0] == '-') {
+        const char *sign = v;
+        while (isspace((unsigned char)*sign)) sign++; /* strtoull skips these, then negates "-1" */
+        if (sign[0] == '-') {
             fprintf(stderr, "%s: --%s: \"%s\" is negative\n", prog, o->name, v);
             return -1;
         }
