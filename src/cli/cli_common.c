@@ -86,7 +86,11 @@ int cli_parse_ids(const char *cmd, const char *text, int32_t **ids, int32_t *n) 
         }
         if (cnt == cap) {
             int32_t *nv = realloc(v, (cap *= 2) * sizeof *v);
-            if (!nv) break;
+            if (!nv) { /* refused below as out of memory, not returned as a shorter list */
+                free(v);
+                v = NULL;
+                break;
+            }
             v = nv;
         }
         v[cnt++] = (int32_t)x;

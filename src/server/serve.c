@@ -110,7 +110,7 @@ static int parse_options(int argc, char **argv, serve_options *o) {
                          .max_budget = 64, .grace = 10.0, .mock_round_ms = 2,
                          .idle_timeout = 300};
     int spec_given = 0;
-    optind = 1;
+    optind = 0; /* glibc's full reset, as cli_parse: 1 would resume an earlier scan */
     opterr = 1;
     int c;
     long long v;
