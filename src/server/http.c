@@ -81,12 +81,19 @@ static int client_gone(int fd) {
     return !(errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
 }
 
+/* Closes the connection without an answer, saying why (mhd_log drops libmicrohttpd's own line,
+ * which gives no cause). A vanished client is closed with a bare MHD_NO instead: not news. */
+static enum MHD_Result drop_connection(const char *why) {
+    fprintf(stderr, "kdtree serve: http: connection closed: %s\n", why);
+    return MHD_NO;
+}
+
 static enum MHD_Result respond(conn_ctx *ctx, struct MHD_Connection *c, int status,
                                const char *ctype, const void *data, size_t len, int retry_after,
                                const char *allow) {
     struct MHD_Response *r =
         MHD_create_response_from_buffer(len, (void *)data, MHD_RESPMEM_MUST_COPY);
-    if (!r) return MHD_NO;
+    if (!r) return drop_connection("out of memory for a response");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
     if (retry_after > 0) {
@@ -278,10 +285,10 @@ static enum MHD_Result handle_generation(conn_ctx *ctx, struct MHD_Connection *c
         }
     }
     if (ctx->gen.api.stream) {
-        if (srv_gen_begin_stream(&ctx->gen)) return MHD_NO;
+        if (srv_gen_begin_stream(&ctx->gen)) return drop_connection("out of memory starting a stream");
         struct MHD_Response *r =
             MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, sse_reader, ctx, NULL);
-        if (!r) return MHD_NO;
+        if (!r) return drop_connection("out of memory starting a stream");
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
         MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
         MHD_add_response_header(r, "X-Accel-Buffering", "no");
@@ -332,7 +339,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     srv_server *srv = cls;
     conn_ctx *ctx = *con_cls;
     if (!ctx) { /* headers are in: route, and refuse a too-large body before reading it */
-        if (!(ctx = calloc(1, sizeof *ctx))) return MHD_NO;
+        if (!(ctx = calloc(1, sizeof *ctx))) return drop_connection("out of memory for a connection");
         *con_cls = ctx;
         ctx->srv = srv;
         ctx->t_start = srv_now();
@@ -372,11 +379,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                 ctx->too_big = 1;
                 srv_buf_free(&ctx->body);
             } else if (srv_buf_append(&ctx->body, upload_data, *upload_data_size)) {
-                return MHD_NO;
+                return drop_connection("out of memory reading a request body");
             }
         }
         *upload_data_size = 0;
-        return ctx->body_seen > drain_limit(srv) ? MHD_NO : MHD_YES;
+        if (ctx->body_seen > drain_limit(srv))
+            return drop_connection("a request body far over --max-body-bytes (read and dropped up to a bound)");
+        return MHD_YES;
     }
     /* the whole request is in */
     if (ctx->ep == SRV_EP_OTHER) {
@@ -430,10 +439,16 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
     (void)cls;
-    /* returning MHD_NO is how we drop a vanished client; that is not worth a log line */
-    if (strstr(fmt, "Application reported internal error")) return;
-    fprintf(stderr, "kdtree serve: http: ");
-    vfprintf(stderr, fmt, ap);
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap); /* libmicrohttpd passes most messages as "%s" */
+    /* How we drop a vanished client: MHD_NO from the handler, or END_WITH_ERROR from the SSE
+     * reader. A client that gives up (a timeout, a closed tab) is not worth a log line; the other
+     * causes of either are logged by the code that returns them. */
+    if (strstr(line, "Application reported internal error") ||
+        strstr(line, "application error generating response"))
+        return;
+    fprintf(stderr, "kdtree serve: http: %s", line);
+    if (!strchr(line, '\n')) fputc('\n', stderr);
 }
 
 /* ---- start / stop ----------------------------------------------------------------------------- */

@@ -278,6 +278,21 @@ await t.check('a client that disconnects mid-stream frees its KV pages', async (
     m.kdtree_streams_cancelled_total >= before.kdtree_streams_cancelled_total + 1);
 });
 
+await t.check('a client that gives up on a non-streaming answer frees its KV pages', async () => {
+  const before = await metrics(BASE);
+  const ac = new AbortController();
+  const pending = fetch(BASE + '/v1/completions', { method: 'POST', signal: ac.signal,
+    headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ model: MODEL, prompt: 'a long story', max_tokens: longTokens,
+                           kdtree: { ignore_eos: true } }) }).catch(() => null);
+  await waitMetrics(BASE, 60000, 'the request decoding', (m) => m.kdtree_kv_pages_used > 0);
+  ac.abort(); /* what a client's timeout does; run_tests.sh then finds no error line in the log */
+  await pending;
+  await waitMetrics(BASE, 5000, 'pages freed after the client gave up', (m) =>
+    m.kdtree_kv_pages_used === 0 && m.kdtree_active_streams === 0 &&
+    m.kdtree_streams_cancelled_total >= before.kdtree_streams_cancelled_total + 1);
+});
+
 await t.check('queue full: 429 with Retry-After, and the queue drains after cancels', async () => {
   assert(BASE_SMALL, 'KDT_BASE_SMALL is not set');
   const small = (await (await fetch(BASE_SMALL + '/health')).json());
