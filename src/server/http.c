@@ -441,12 +441,16 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     (void)cls;
     char line[512];
     vsnprintf(line, sizeof line, fmt, ap); /* libmicrohttpd passes most messages as "%s" */
-    /* How we drop a vanished client: MHD_NO from the handler, or END_WITH_ERROR from the SSE
-     * reader. A client that gives up (a timeout, a closed tab) is not worth a log line; the other
-     * causes of either are logged by the code that returns them. */
-    if (strstr(line, "Application reported internal error") ||
-        strstr(line, "application error generating response"))
-        return;
+    /* A client that went away (a timeout, a closed tab, a load balancer's bare TCP probe) is not
+     * worth a log line: libmicrohttpd's own notes of it, and its lines for how we drop one (MHD_NO
+     * from the handler, END_WITH_ERROR from the SSE reader; the other causes of those two are
+     * logged by the code that returns them). */
+    static const char *const vanished[] = {"Application reported internal error",
+                                           "application error generating response",
+                                           "Connection was closed by remote side",
+                                           "Socket has been disconnected"};
+    for (size_t i = 0; i < sizeof vanished / sizeof vanished[0]; i++)
+        if (strstr(line, vanished[i])) return;
     fprintf(stderr, "kdtree serve: http: %s", line);
     if (!strchr(line, '\n')) fputc('\n', stderr);
 }
