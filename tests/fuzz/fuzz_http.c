@@ -165,12 +165,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         "", "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n",
         "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n",
         "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"};
+    const int templated = mode == 1 || mode == 2;
     srv_buf req = {0};
     if (srv_buf_puts(&req, heads[mode]) ||
-        ((mode == 1 || mode == 2) && srv_buf_printf(&req, "Content-Length: %zu\r\n\r\n", n_rest)) ||
+        (templated && srv_buf_printf(&req, "Content-Length: %zu\r\n\r\n", n_rest)) ||
         srv_buf_append(&req, rest, n_rest))
         FUZZ_FAIL("out of memory");
-    const int templated = mode == 1 || mode == 2;
     const int half_close = mode == 0 || (templated ? flip : !flip);
     static char reply[65536];
     int timed_out;
