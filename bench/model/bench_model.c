@@ -12,11 +12,15 @@
  *    kernel's code) stay out as in a 61-layer model; the 1-layer pass (embedding + layer 0, no
  *    lm_head) is reported too, and is the time itself when only one layer fits. Decode at S = 1, 8, 64 and tree
  *    verify of one stream with N = 9, 17, 33, 65 nodes (random tree shapes), each with random
- *    tokens and with correlated tokens (rows sharing a base embedding, sigma 0.05). For each:
+ *    tokens and with correlated tokens (rows sharing a base embedding, sigma 0.05), and prefill
+ *    of one stream's first 512 and 2,048 tokens (one causal chunk, random tokens; a runner of its
+ *    own, skipped when it does not fit). For each:
  *    distinct experts touched per layer D (the mean over the layers timed, 1..L-1; each layer's
  *    count is printed), the bytes floor (D routed experts + the shared expert + attention and
  *    router weights + KV read and written, over the measured copy bandwidth), time / floor, and
- *    verify / decode(S = 1) time.
+ *    time / decode(S = 1) time. A prefill chunk's line also prints its matrix FLOPs (projections,
+ *    the D experts' rows, attention) over its time, since at 2,048 rows (~43 per expert) the pass
+ *    nears the point where bytes stop bounding it.
  * Timing: CUDA-graph replays, L2 evicted by a 4x-L2 read before each replay, CUDA events around
  * the replay, median of 25 (7 with --quick) after 3 warm-ups; each Kimi shape draws its inputs
  * from a seed of its own and starts after 3 s of idle GPU, so its number does not depend on the
@@ -25,7 +29,7 @@
  *
  *   bench_model [--quick] [--md FILE] [--only tiny|kimi]
  * KDT_BENCH_MODEL_PAUSE_MS=n: idle time before each Kimi shape (default 3000; see pause_before_shape).
- * KDT_BENCH_MODEL_SHAPE=decode,S[,corr] or verify,N[,corr] (corr 0 or 1; default 0) times that
+ * KDT_BENCH_MODEL_SHAPE=decode,S[,corr], verify,N[,corr] or prefill,N (corr 0 or 1; default 0) times that
  * Kimi shape alone, then replays it once more between cudaProfilerStart / Stop (for
  * `ncu --profile-from-start off`: the kernels of one pass); with KDT_BENCH_MODEL_STEPS=1 it
  * also times the pass cut after each of its steps (a per-step breakdown at real clocks).
@@ -364,7 +368,8 @@ static double distinct_experts(kdt_gpu_runner *r, int E, int layers, char *per_l
 }
 
 /* The Kimi table's shapes: decode S streams, tree verify of N nodes (kimi_shapes runs them). */
-static const int kimi_decode_S[3] = {1, 8, 64}, kimi_verify_N[4] = {9, 17, 33, 65};
+static const int kimi_decode_S[3] = {1, 8, 64}, kimi_verify_N[4] = {9, 17, 33, 65}, kimi_prefill_N[2] = {512, 2048};
+enum { KIMI_PREFILL_MAX = 2048 };
 static int in_list(int v, const int *list, int n) {
     for (int i = 0; i < n; i++)
         if (list[i] == v) return 1;
@@ -372,24 +377,28 @@ static int in_list(int v, const int *list, int n) {
 }
 
 /* KDT_BENCH_MODEL_SHAPE: the one Kimi shape to run (mode 0 = all) */
-static int shape_mode, shape_n, shape_corr; /* mode 1 decode, 2 verify */
+static int shape_mode, shape_n, shape_corr; /* mode 1 decode, 2 verify, 3 prefill */
 static void read_shape(void) {
     const char *e = getenv("KDT_BENCH_MODEL_SHAPE");
     if (!e || !e[0]) return;
     char m[16] = {0};
     int n = 0, corr = 0;
-    if (sscanf(e, "%15[a-z],%d,%d", m, &n, &corr) < 2 || n < 1 || (strcmp(m, "decode") && strcmp(m, "verify"))) {
-        fprintf(stderr, "bench_model: KDT_BENCH_MODEL_SHAPE=%s (decode,S[,corr] or verify,N[,corr])\n", e);
+    if (sscanf(e, "%15[a-z],%d,%d", m, &n, &corr) < 2 || n < 1 ||
+        (strcmp(m, "decode") && strcmp(m, "verify") && strcmp(m, "prefill"))) {
+        fprintf(stderr, "bench_model: KDT_BENCH_MODEL_SHAPE=%s (decode,S[,corr], verify,N[,corr] or prefill,N)\n", e);
         exit(2);
     }
-    shape_mode = !strcmp(m, "decode") ? 1 : 2;
+    shape_mode = !strcmp(m, "decode") ? 1 : !strcmp(m, "verify") ? 2 : 3;
     shape_n = n;
     shape_corr = corr != 0;
     /* only the table's shapes run (kimi_shapes); any other would time nothing and exit 0 */
-    const int ok = shape_mode == 1 ? in_list(n, kimi_decode_S, 3) : in_list(n, kimi_verify_N, 4);
+    const int ok = shape_mode == 1   ? in_list(n, kimi_decode_S, 3)
+                   : shape_mode == 2 ? in_list(n, kimi_verify_N, 4)
+                                     : in_list(n, kimi_prefill_N, 2) && corr == 0;
     if (!ok || (corr != 0 && corr != 1)) {
         fprintf(stderr, "bench_model: KDT_BENCH_MODEL_SHAPE=%s is not one of the Kimi table's shapes "
-                        "(decode,S with S 1, 8 or 64; verify,N with N 9, 17, 33 or 65; then corr 0 or 1)\n", e);
+                        "(decode,S with S 1, 8 or 64; verify,N with N 9, 17, 33 or 65; then corr 0 or 1; "
+                        "prefill,N with N 512 or 2048)\n", e);
         exit(2);
     }
 }
@@ -428,10 +437,13 @@ static void set_ab_env(const char *spec, int on) {
 typedef struct kimi_bench {
     kdt_gpu_runner *r;
     kdt_gpu_kv *kv;
+    kdt_gpu_runner *rp; /* prefill: a runner of KIMI_PREFILL_MAX rows and a one-stream cache, or NULL */
+    kdt_gpu_kv *kvp;
     const kdt_gpu_weight_bytes *wb;
     int layers, V, E;
     double row_bytes, copy_gbps;
     int samples;
+    int heads, d_qk, d_v, experts_per_token; /* for a prefill chunk's FLOPs */
 } kimi_bench;
 static double decode1[2][2]; /* [ab][corr]: decode S = 1 of the latest pass, for verify / decode */
 static void kimi_shapes(const kimi_bench *kb, int ab) {
@@ -517,6 +529,49 @@ static void kimi_shapes(const kimi_bench *kb, int ab) {
             kdt_gpu_graph_free(gr);
             BENCH_OK(kdt_gpu_kv_stream_set_length(kv, 0, bench_prefix));
         }
+    for (int k = 0; kb->rp && k < 2; k++) {
+        const int N = kimi_prefill_N[k];
+        if (!shape_wanted(3, N, 0)) continue;
+        rnd_seed_shape(3, N, 0);
+        pause_before_shape();
+        int32_t tok[KIMI_PREFILL_MAX];
+        for (int i = 0; i < N; i++) tok[i] = pick_token(0, 0, V);
+        BENCH_OK(kdt_gpu_kv_stream_set_length(kb->kvp, 0, 0));
+        BENCH_OK(kdt_gpu_stage_prefill(kb->rp, kb->kvp, 0, tok, N, 1));
+        const kdt_gpu_run_config rc = {N, 0, 0, 0, NULL};
+        kdt_gpu_graph *gr;
+        double one;
+        const double us = time_layers(kb->rp, kb->kvp, &rc, samples, layers, &gr, &one);
+        char dl[64];
+        const double D = distinct_experts(kb->rp, E, layers, dl, sizeof dl);
+        /* row i sees keys 0..i: N (N + 1) / 2 (row, key) pairs, each a 576-wide score and a 512-wide sum */
+        const double keys = (double)N * (N + 1) / 2;
+        const double bytes = (double)D * wb->routed_expert + wb->shared_expert + wb->attention + wb->router +
+                             2.0 * N * row_bytes;
+        const double flops = (double)N * ((double)wb->attention + wb->router + wb->shared_expert +
+                                          (double)wb->routed_expert * kb->experts_per_token) + /* 2 per bf16 weight */
+                             2.0 * keys * kb->heads * (kb->d_qk + kb->d_v);
+        row *w = new_row();
+        memset(w, 0, sizeof *w);
+        snprintf(w->model, sizeof w->model, "kimi-k2.6 layer");
+        snprintf(w->mode, sizeof w->mode, "prefill");
+        snprintf(w->variant, sizeof w->variant, "random");
+        w->S = 1;
+        w->N = N;
+        w->distinct = (int)(D + 0.5);
+        w->us = us;
+        w->us_one = one;
+        w->layers = layers;
+        w->ab = ab;
+        w->floor_us = bytes / (copy_gbps * 1e3);
+        w->ratio_decode = decode1[ab][0] > 0 ? us / decode1[ab][0] : 0; /* 0: decode S 1 not timed in this run */
+        printf("  prefill N=%-4d random D=%5.1f %9.1f us/layer  floor %8.1f us  %.2fx  (%.1fx decode; %.0f TFLOP/s "
+               "of %.2f TFLOP; 1-layer pass %.1f us; D by layer %s)\n", N, D, us, w->floor_us, us / w->floor_us,
+               w->ratio_decode, flops / (us * 1e6), flops / 1e12, one, dl);
+        profile_replay(kb->rp, gr);
+        if (shape_mode) step_profile(kb->rp, kb->kvp, &rc, samples, us);
+        kdt_gpu_graph_free(gr);
+    }
 }
 
 static void bench_kimi(double copy_gbps) {
@@ -562,8 +617,22 @@ static void bench_kimi(double copy_gbps) {
     kdt_gpu_kv *kv;
     BENCH_OK(kdt_gpu_kv_create(g, &ko, &kv));
     for (int s = 0; s < Smax; s++) BENCH_OK(kdt_gpu_kv_fill_random(r, kv, s, bench_prefix, 1000 + s));
+    /* prefill: its own runner of KIMI_PREFILL_MAX rows and a one-stream cache; skipped with a
+     * message if they do not fit beside the weights */
+    kdt_gpu_runner *rp = NULL;
+    kdt_gpu_kv *kvp = NULL;
+    if (shape_mode == 0 || shape_mode == 3) {
+        kdt_gpu_runner_options po = {KIMI_PREFILL_MAX, KIMI_PREFILL_MAX + 1, 0, 0, 0, 0, NULL};
+        kdt_kv_cache_options pk = {KIMI_PREFILL_MAX / 64 + 2, 1, 0};
+        if (kdt_gpu_runner_create(g, &po, &rp) != KDT_OK || kdt_gpu_kv_create(g, &pk, &kvp) != KDT_OK) {
+            printf("  prefill rows skipped: %s\n", kdt_last_error());
+            kdt_gpu_runner_free(rp);
+            rp = NULL;
+        }
+    }
     const int samples = quick ? 7 : 25;
-    const kimi_bench k = {r, kv, &wb, layers, V, E, row_bytes, copy_gbps, samples};
+    const kimi_bench k = {r, kv, rp, kvp, &wb, layers, V, E, row_bytes, copy_gbps, samples, c->n_heads,
+                          c->kv_lora_rank + c->qk_rope_head_dim, c->kv_lora_rank, c->n_experts_per_tok};
     const char *ab = getenv("KDT_BENCH_MODEL_AB");
     const char *re = getenv("KDT_BENCH_MODEL_REPS");
     const int reps = re && atoi(re) >= 1 ? (atoi(re) > 8 ? 8 : atoi(re)) : 1;
@@ -578,6 +647,8 @@ static void bench_kimi(double copy_gbps) {
         }
         set_ab_env(ab, 0);
     }
+    kdt_gpu_kv_free(kvp);
+    kdt_gpu_runner_free(rp);
     kdt_gpu_kv_free(kv);
     kdt_gpu_runner_free(r);
     kdt_gpu_model_free(g);
@@ -603,9 +674,9 @@ static void print_table(FILE *f, int md, const char *dev, double copy_gbps) {
         if (w->floor_us > 0) {
             snprintf(fl, sizeof fl, "%.1f", w->floor_us);
             snprintf(rt, sizeof rt, "%.2f", w->us / w->floor_us);
-            snprintf(vs, sizeof vs, "%.2f", w->ratio_decode);
+            if (w->ratio_decode > 0) snprintf(vs, sizeof vs, "%.2f", w->ratio_decode);
         }
-        snprintf(tps, sizeof tps, "%.0f", (w->S * (w->mode[0] == 'v' ? w->N : 1)) / (w->us * 1e-6));
+        snprintf(tps, sizeof tps, "%.0f", (w->S * (w->mode[0] == 'd' ? 1 : w->N)) / (w->us * 1e-6));
         char var[24];
         snprintf(var, sizeof var, "%s%s", w->variant, w->ab ? "+ab" : "");
         char nl[16] = "-", one[32] = "-";
