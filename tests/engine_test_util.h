@@ -55,7 +55,7 @@ typedef struct et_oracle {
 static inline int et_oracle_init(et_oracle *o, const char *model_dir, uint64_t seed, double p_top,
                                  double p_second) {
     memset(o, 0, sizeof *o);
-    kdt_model_options mo = {0, 0};
+    kdt_model_options mo = {0, 0, KDT_PREFILL_ABSORBED};
     if (kdt_model_load(model_dir, &mo, &o->model) != KDT_OK) return -1;
     const int32_t pages = (ET_ORACLE_MAX_HIST + KDT_MAX_DEPTH) / KDT_KV_PAGE_SIZE + 2;
     kdt_kv_cache_options ko = {ET_ORACLE_SLOTS * pages, ET_ORACLE_SLOTS, pages};
@@ -149,7 +149,7 @@ static inline kdt_status et_greedy_reference(const char *model_dir, const int32_
                                              int32_t n_new, int32_t *out_tokens) {
     kdt_model *m = NULL;
     kdt_kv_cache *kv = NULL;
-    kdt_model_options mo = {0, 0};
+    kdt_model_options mo = {0, 0, KDT_PREFILL_ABSORBED};
     kdt_status st = kdt_model_load(model_dir, &mo, &m);
     if (st != KDT_OK) return st;
     kdt_kv_cache_options ko = {(n + n_new) / KDT_KV_PAGE_SIZE + 2, 1, 0};

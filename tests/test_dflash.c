@@ -555,7 +555,7 @@ int main(void) {
         return 0;
     }
     fclose(f);
-    kdt_model_options mo = {0, 0};
+    kdt_model_options mo = {0, 0, KDT_PREFILL_ABSORBED};
     if (kdt_model_load(ET_FIXTURE, &mo, &g_target) != KDT_OK) {
         fprintf(stderr, "target: %s\n", kdt_last_error());
         return 1;

@@ -34,7 +34,7 @@ static kdt_model *load(const char *name) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/%s", FIXTURES, name);
     kdt_model *m = NULL;
-    kdt_model_options o = {0, 0};
+    kdt_model_options o = {0, 0, KDT_PREFILL_ABSORBED};
     if (kdt_model_load(dir, &o, &m) != KDT_OK) fprintf(stderr, "  %s: %s\n", name, kdt_last_error());
     return m;
 }

@@ -18,14 +18,18 @@
 #include "kdtree/model.h"
 #include "model/model_internal.h"
 
-static kdt_model *load_spec(const tm_spec *s, int chunk, char *dir, size_t dn) {
+static kdt_model *load_spec_form(const tm_spec *s, int chunk, int form, char *dir, size_t dn) {
     tm_mkdtemp(dir, dn);
     tm_write_model(dir, s);
     kdt_model *m = NULL;
-    kdt_model_options o = {0, chunk};
+    kdt_model_options o = {0, chunk, form};
     kdt_status st = kdt_model_load(dir, &o, &m);
     if (st != KDT_OK) fprintf(stderr, "load: %s\n", kdt_last_error());
     return m;
+}
+
+static kdt_model *load_spec(const tm_spec *s, int chunk, char *dir, size_t dn) {
+    return load_spec_form(s, chunk, KDT_PREFILL_ABSORBED, dir, dn);
 }
 
 static kdt_kv_cache *new_cache(const kdt_model *m, int pages, int streams) {
@@ -37,9 +41,9 @@ static kdt_kv_cache *new_cache(const kdt_model *m, int pages, int streams) {
 
 /* ---- tests ------------------------------------------------------------------------------------ */
 
-static void check_against_reference(const tm_spec *s, const char *label) {
+static void check_against_reference_form(const tm_spec *s, int form, const char *label) {
     char dir[600];
-    kdt_model *m = load_spec(s, 0, dir, sizeof dir);
+    kdt_model *m = load_spec_form(s, 0, form, dir, sizeof dir);
     CHECK(m != NULL);
     if (!m) return;
     const kdt_model_config *c = kdt_model_get_config(m);
@@ -83,6 +87,10 @@ static void check_against_reference(const tm_spec *s, const char *label) {
     kdt_kv_cache_free(kv);
     kdt_model_free(m);
     tm_rmdir(dir);
+}
+
+static void check_against_reference(const tm_spec *s, const char *label) {
+    check_against_reference_form(s, KDT_PREFILL_ABSORBED, label);
 }
 
 static void test_vs_reference(void) {
@@ -160,6 +168,153 @@ static void test_prefill_decode_bitwise(void) {
     kdt_kv_cache_free(k1); kdt_kv_cache_free(k2); kdt_kv_cache_free(k3); kdt_kv_cache_free(k4);
     kdt_model_free(m); kdt_model_free(m5);
     tm_rmdir(d1); tm_rmdir(d2);
+}
+
+/* The plain prefill form (kdt_model_options.prefill_attention) against the same fp64 reference,
+ * on the named specs and random ones: its 37-row prompt is one chunk (64 rows), all of it plain. */
+static void test_plain_vs_reference(void) {
+    tm_spec s = tm_default_spec();
+    check_against_reference_form(&s, KDT_PREFILL_PLAIN, "plain: q_lora + YaRN + groups");
+    s = tm_default_spec();
+    s.q_lora = 0; s.yarn = 0; s.n_group = 1; s.topk_group = 1; s.norm_topk = 0; s.first_dense = 2;
+    s.layers = 3; s.seed = 99;
+    check_against_reference_form(&s, KDT_PREFILL_PLAIN, "plain: no q_lora");
+    s = tm_default_spec();
+    s.beta_fast = 1; s.beta_slow = 1; s.mscale_all_dim = 1; s.theta = 50000; s.n_group = 1; s.topk_group = 1;
+    s.shared = 2; s.bf16 = 1; s.seed = 5; s.heads = 3; s.eps = 1e-6;
+    check_against_reference_form(&s, KDT_PREFILL_PLAIN, "plain: Kimi-like BF16");
+    uint64_t rng = t_fuzz_seed(0x91a1);
+    const int n = t_fuzz_iters(6);
+    for (int it = 0; it < n; it++) {
+        const tm_spec r = tm_random_spec(&rng);
+        char label[180] = "plain: ";
+        tm_spec_label(&r, it, label + 7, sizeof label - 7);
+        check_against_reference_form(&r, KDT_PREFILL_PLAIN, label);
+    }
+}
+
+/* The plain form's own invariances, bitwise: any prefill chunk size, one call or a prefix then the
+ * rest, and a stream prefilled beside another. Against the absorbed form: the same function (a
+ * few ulps apart), and decoding after either prefill continues alike. */
+static void test_plain_prefill_chunks(void) {
+    tm_spec s = tm_default_spec();
+    char d0[600], d1[600], d2[600];
+    kdt_model *m = load_spec_form(&s, 0, KDT_PREFILL_PLAIN, d0, sizeof d0);
+    kdt_model *m5 = load_spec_form(&s, 5, KDT_PREFILL_PLAIN, d1, sizeof d1);
+    kdt_model *ma = load_spec(&s, 0, d2, sizeof d2);
+    CHECK(m && m5 && ma);
+    if (!m || !m5 || !ma) return;
+    const int n = 70, V = s.vocab;
+    int32_t toks[71];
+    uint64_t rng = 31;
+    for (int i = 0; i < n + 1; i++) toks[i] = t_rand_int(&rng, V);
+    float *a = malloc((size_t)(n + 1) * V * 4), *b = malloc((size_t)(n + 1) * V * 4), *c = malloc((size_t)(n + 1) * V * 4),
+          *ab = malloc((size_t)(n + 1) * V * 4);
+    kdt_kv_cache *k1 = new_cache(m, 8, 2), *k2 = new_cache(m5, 4, 1), *k3 = new_cache(m, 4, 1), *ka = new_cache(ma, 4, 1);
+    kdt_model_outputs o = {0};
+    o.logits = a;
+    CHECK_EQ_INT(kdt_model_prefill(m, k1, 1, toks + 1, 9, NULL), KDT_OK); /* another stream first */
+    CHECK_EQ_INT(kdt_model_prefill(m, k1, 0, toks, n, &o), KDT_OK);
+    o.logits = b;
+    CHECK_EQ_INT(kdt_model_prefill(m5, k2, 0, toks, n, &o), KDT_OK);
+    o.logits = c;
+    CHECK_EQ_INT(kdt_model_prefill(m, k3, 0, toks, 23, &o), KDT_OK);
+    o.logits = c + (size_t)23 * V;
+    CHECK_EQ_INT(kdt_model_prefill(m, k3, 0, toks + 23, n - 23, &o), KDT_OK);
+    o.logits = ab;
+    CHECK_EQ_INT(kdt_model_prefill(ma, ka, 0, toks, n, &o), KDT_OK);
+    CHECK(memcmp(a, b, (size_t)n * V * 4) == 0);
+    CHECK(memcmp(a, c, (size_t)n * V * 4) == 0);
+    for (int l = 0; l < s.layers; l++)
+        for (int t = 0; t < n; t++) {
+            CHECK(memcmp(kdt_kv_row(k1, l, 0, t), kdt_kv_row(k2, l, 0, t), (size_t)k1->row_elems * 4) == 0);
+            CHECK(memcmp(kdt_kv_row(k1, l, 0, t), kdt_kv_row(k3, l, 0, t), (size_t)k1->row_elems * 4) == 0);
+        }
+    /* one decode step after each prefill: the plain form's cache serves the absorbed decode */
+    o.logits = a + (size_t)n * V;
+    CHECK_EQ_INT(kdt_model_decode(m, k1, 1, NULL, toks + n, &o), KDT_OK);
+    o.logits = ab + (size_t)n * V;
+    CHECK_EQ_INT(kdt_model_decode(ma, ka, 1, NULL, toks + n, &o), KDT_OK);
+    double err = 0, ref = 0;
+    int same_bits = 1;
+    for (size_t i = 0; i < (size_t)(n + 1) * V; i++) {
+        const double e = fabs((double)a[i] - ab[i]);
+        err = e > err ? e : err;
+        ref = fabs(ab[i]) > ref ? fabs(ab[i]) : ref;
+        same_bits &= a[i] == ab[i];
+    }
+    printf("  plain vs absorbed prefill (70 rows + 1 decode): max |diff| %.3g of max |logit| %.3g%s\n", err, ref,
+           same_bits ? " (bitwise equal)" : "");
+    CHECK_MSG(err <= 1e-5 * ref, "plain vs absorbed: %g", err);
+    free(a); free(b); free(c); free(ab);
+    kdt_kv_cache_free(k1); kdt_kv_cache_free(k2); kdt_kv_cache_free(k3); kdt_kv_cache_free(ka);
+    kdt_model_free(m); kdt_model_free(m5); kdt_model_free(ma);
+    tm_rmdir(d0); tm_rmdir(d1); tm_rmdir(d2);
+}
+
+/* KDT_PREFILL_AUTO: the FLOP rule at Kimi K2.6's dimensions (a prompt's first chunk always pays;
+ * after a long prefix a chunk pays from 171 rows), and the forms it picks on a tiny model: its
+ * outputs equal the plain form's bitwise where every chunk pays and the absorbed form's where
+ * none does. A form outside 0..2 is refused at load. */
+static void test_prefill_auto(void) {
+    kdt_model_config k = {0};
+    k.kv_lora_rank = 512; k.qk_nope_head_dim = 128; k.qk_rope_head_dim = 64; k.v_head_dim = 128;
+    CHECK_EQ_INT(kdt_prefill_plain_pays(&k, 1, 0), 1);
+    CHECK_EQ_INT(kdt_prefill_plain_pays(&k, 2048, 0), 1);
+    CHECK_EQ_INT(kdt_prefill_plain_pays(&k, 1, 4096), 0);
+    CHECK_EQ_INT(kdt_prefill_plain_pays(&k, 64, 4096), 0);
+    CHECK_EQ_INT(kdt_prefill_plain_pays(&k, 170, 100000), 0);
+    CHECK_EQ_INT(kdt_prefill_plain_pays(&k, 171, 100000), 1);
+    CHECK_EQ_INT(kdt_prefill_plain_pays(&k, 0, 0), 0);
+    CHECK_EQ_INT(kdt_prefill_plain_pays(NULL, 8, 0), 0);
+
+    tm_spec s = tm_default_spec();
+    char da[600], dp[600], db[600];
+    kdt_model *mauto = load_spec_form(&s, 32, KDT_PREFILL_AUTO, da, sizeof da);
+    kdt_model *mplain = load_spec_form(&s, 32, KDT_PREFILL_PLAIN, dp, sizeof dp);
+    kdt_model *mabs = load_spec_form(&s, 32, KDT_PREFILL_ABSORBED, db, sizeof db);
+    CHECK(mauto && mplain && mabs);
+    if (!mauto || !mplain || !mabs) return;
+    const kdt_model_config *c = kdt_model_get_config(mauto);
+    const int V = s.vocab;
+    enum { NP = 64, NT = 84 };
+    int32_t toks[NT];
+    uint64_t rng = 5;
+    for (int i = 0; i < NT; i++) toks[i] = t_rand_int(&rng, V);
+    /* d_c 16, d_n 8, d_r 8, d_v 12: kv_b costs 640 FLOPs per key and head, the plain form saves 24
+     * per (row, key) pair, so 32-row chunks pay (from 0 and after 32) and 1-row chunks never do */
+    const int all_pay = kdt_prefill_plain_pays(c, 32, 0) && kdt_prefill_plain_pays(c, 32, 32);
+    int none_pays = !kdt_prefill_plain_pays(c, 8, 32);
+    for (int i = NP; i < NT; i++) none_pays &= !kdt_prefill_plain_pays(c, 1, i);
+    CHECK(all_pay && none_pays);
+    float *la = malloc((size_t)NT * V * 4), *lp = malloc((size_t)NT * V * 4), *lb = malloc((size_t)NT * V * 4);
+    kdt_kv_cache *ka = new_cache(mauto, 4, 1), *kp = new_cache(mplain, 4, 1), *kb = new_cache(mabs, 4, 1);
+    kdt_model_outputs o = {0};
+    o.logits = la;
+    CHECK_EQ_INT(kdt_model_prefill(mauto, ka, 0, toks, NP, &o), KDT_OK);
+    o.logits = lp;
+    CHECK_EQ_INT(kdt_model_prefill(mplain, kp, 0, toks, NP, &o), KDT_OK);
+    CHECK(memcmp(la, lp, (size_t)NP * V * 4) == 0);
+    for (int i = NP; i < NT; i++) { /* both caches from the plain prefix, so only the form differs */
+        o.logits = la + (size_t)i * V;
+        CHECK_EQ_INT(kdt_model_prefill(mauto, ka, 0, toks + i, 1, &o), KDT_OK);
+        o.logits = lb + (size_t)i * V;
+        CHECK_EQ_INT(kdt_model_decode(mplain, kp, 1, NULL, toks + i, &o), KDT_OK);
+    }
+    CHECK(memcmp(la + (size_t)NP * V, lb + (size_t)NP * V, (size_t)(NT - NP) * V * 4) == 0);
+    free(la); free(lp); free(lb);
+    kdt_kv_cache_free(ka); kdt_kv_cache_free(kp); kdt_kv_cache_free(kb);
+    kdt_model_free(mauto); kdt_model_free(mplain); kdt_model_free(mabs);
+    tm_rmdir(da); tm_rmdir(dp); tm_rmdir(db);
+    /* a form outside the enum */
+    char dx[600];
+    tm_mkdtemp(dx, sizeof dx);
+    tm_write_model(dx, &s);
+    kdt_model *mx = NULL;
+    kdt_model_options ox = {0, 0, 3};
+    CHECK_EQ_INT(kdt_model_load(dx, &ox, &mx), KDT_ERR_INVALID_ARG);
+    CHECK(mx == NULL && strstr(kdt_last_error(), "prefill_attention = 3") != NULL);
+    tm_rmdir(dx);
 }
 
 /* tm_spec.latent_shift makes the same model with its latent (KV cache) 2^shift larger: the CPU
@@ -403,7 +558,7 @@ static void test_argmax_ties(void) {
     tm_write_safetensors(p, &l, 0, l.n, 0);
     tm_list_free(&l);
     kdt_model *m = NULL;
-    kdt_model_options opt = {0, 0};
+    kdt_model_options opt = {0, 0, KDT_PREFILL_ABSORBED};
     CHECK_EQ_INT(kdt_model_load(d, &opt, &m), KDT_OK);
     if (m) {
         kdt_kv_cache *kv = new_cache(m, 2, 1);
@@ -681,6 +836,9 @@ int main(void) {
     T_RUN(test_vs_reference);
     T_RUN(test_random_specs);
     T_RUN(test_prefill_decode_bitwise);
+    T_RUN(test_plain_vs_reference);
+    T_RUN(test_plain_prefill_chunks);
+    T_RUN(test_prefill_auto);
     T_RUN(test_latent_shift_same_model);
     T_RUN(test_decode_batch_invariance);
     T_RUN(test_verify_equals_decode);

@@ -263,7 +263,7 @@ static void test_load_variants(void) {
     tm_write_model(w, &sw);
 
     kdt_model *ma = NULL, *mb = NULL, *mw = NULL;
-    kdt_model_options o = {0, 0};
+    kdt_model_options o = {0, 0, KDT_PREFILL_ABSORBED};
     CHECK_EQ_INT(kdt_model_load(a, &o, &ma), KDT_OK);
     CHECK_EQ_INT(kdt_model_load(b, &o, &mb), KDT_OK);
     CHECK_EQ_INT(kdt_model_load(w, &o, &mw), KDT_OK);
@@ -306,7 +306,7 @@ static void test_load_variants(void) {
 /* Loads dir and expects `want` with both fragments in the message; never a model. */
 static int load_fails(const char *dir, kdt_status want, const char *f1, const char *f2) {
     kdt_model *m = (kdt_model *)0x1;
-    kdt_model_options o = {0, 0};
+    kdt_model_options o = {0, 0, KDT_PREFILL_ABSORBED};
     kdt_status st = kdt_model_load(dir, &o, &m);
     int ok = err_is(st, want, f1, f2) && m == NULL;
     if (st == KDT_OK) kdt_model_free(m);
@@ -423,7 +423,7 @@ static void test_malformed_files(void) {
         tm_put_le64(b, hl + 8); /* the same file with the right length loads */
         tm_write_bytes(p, b, n + 8);
         kdt_model *m = NULL;
-        kdt_model_options o = {0, 0};
+        kdt_model_options o = {0, 0, KDT_PREFILL_ABSORBED};
         CHECK(kdt_model_load(d, &o, &m) == KDT_OK);
         kdt_model_free(m);
         free(b);
@@ -533,7 +533,7 @@ static int corrupt_and_load(const char *d, int n_files, int n_shards, char (*pat
         tm_write_bytes(path[f], b, n);
         free(b);
         kdt_model *m = (kdt_model *)0x1;
-        kdt_model_options o = {0, 0};
+        kdt_model_options o = {0, 0, KDT_PREFILL_ABSORBED};
         const kdt_status st = kdt_model_load(d, &o, &m);
         if (st == KDT_OK) {
             (*loaded)++;
@@ -645,7 +645,7 @@ static void test_random_config_values(void) {
         if (!text) continue;
         tm_write_bytes(path, text, strlen(text));
         kdt_model *m = (kdt_model *)0x1;
-        const kdt_model_options o = {0, 0};
+        const kdt_model_options o = {0, 0, KDT_PREFILL_ABSORBED};
         const kdt_status st = kdt_model_load(d, &o, &m);
         if (st != KDT_OK) {
             refused++;
@@ -709,7 +709,7 @@ static void test_tied_and_extra_tensors(void) {
     tm_write_model(d, &big);
     tm_write_config(d, &s);
     kdt_model *m = NULL;
-    kdt_model_options o = {0, 0};
+    kdt_model_options o = {0, 0, KDT_PREFILL_ABSORBED};
     CHECK_EQ_INT(kdt_model_load(d, &o, &m), KDT_OK);
     kdt_model_free(m);
     tm_rmdir(d);
@@ -722,7 +722,7 @@ static void test_misaligned_data_and_generation_config(void) {
     char d[600], p[700];
     tm_mkdtemp(d, sizeof d);
     tm_write_model(d, &s);
-    kdt_model_options o = {0, 0};
+    kdt_model_options o = {0, 0, KDT_PREFILL_ABSORBED};
     int32_t toks[4] = {9, 8, 7, 6};
     float a[4 * 96], b[4 * 96];
     kdt_kv_cache_options ko = {2, 1, 0};

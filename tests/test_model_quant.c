@@ -175,7 +175,7 @@ static void write_pair(const tm_spec *s, int kind, int block, const char *qdir, 
 
 static kdt_model *load_dir(const char *d) {
     kdt_model *m = NULL;
-    kdt_model_options o = {0, 0};
+    kdt_model_options o = {0, 0, KDT_PREFILL_ABSORBED};
     if (kdt_model_load(d, &o, &m) != KDT_OK) fprintf(stderr, "  load %s: %s\n", d, kdt_last_error());
     return m;
 }
@@ -232,7 +232,7 @@ static void test_int4_group(void) { check_pair(QUANT_INT4, 32, "INT4 group 32 ex
 
 static int load_fails(const char *d, kdt_status want, const char *f1, const char *f2) {
     kdt_model *m = NULL;
-    kdt_model_options o = {0, 0};
+    kdt_model_options o = {0, 0, KDT_PREFILL_ABSORBED};
     kdt_status st = kdt_model_load(d, &o, &m);
     const char *e = kdt_last_error();
     int ok = st == want && m == NULL && (!f1 || strstr(e, f1)) && (!f2 || strstr(e, f2));

@@ -167,7 +167,7 @@ static void test_draft_rounds(void) {
 int main(void) {
     json_error_t err;
     fx = json_load_file(FIXTURE, 0, &err);
-    kdt_model_options mo = {0, 0};
+    kdt_model_options mo = {0, 0, KDT_PREFILL_ABSORBED};
     if (!fx || kdt_model_load(TARGET, &mo, &model) != KDT_OK ||
         kdt_dflash_load(DRAFT, model, NULL, &draft) != KDT_OK) {
         fprintf(stderr, "cannot load the tiny pair or its fixture: %s / %s\n", err.text, kdt_last_error());

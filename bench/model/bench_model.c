@@ -190,7 +190,7 @@ static void bench_tiny(const char *name) {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/tests/fixtures/models/%s", KDT_SOURCE_DIR, name);
     kdt_model *m = NULL;
-    kdt_model_options mo = {0, 0};
+    kdt_model_options mo = {0, 0, KDT_PREFILL_ABSORBED};
     if (kdt_model_load(dir, &mo, &m) != KDT_OK) {
         fprintf(stderr, "bench_model: %s: %s (skipped)\n", name, kdt_last_error());
         return;

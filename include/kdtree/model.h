@@ -46,7 +46,8 @@
  *   bit for bit, with the number or content of other rows, with the prefill chunk size, or
  *   between prefill, decode and tree verify of the same path (in verify the visible keys are the
  *   committed prefix then the node's ancestors in increasing slot order, the same key order as
- *   decoding that path).
+ *   decoding that path). The last holds for prefill with the default absorbed attention; the
+ *   plain form (kdt_model_options.prefill_attention) computes the same function in another order.
  *
  * Thread safety: a loaded kdt_model is read-only and may be shared by threads; a kdt_kv_cache
  * must be used by one thread at a time.
@@ -123,14 +124,37 @@ typedef struct kdt_model_config {
     int32_t eos_token_ids[KDT_MODEL_MAX_EOS];
 } kdt_model_config;
 
+/* The form of a prefill chunk's attention (decode and tree verify always take the absorbed one).
+ * Absorbed: each head's query is folded through W_UK into the 576-wide latent space and scores
+ * the cache rows directly (per row, key and head 2 (d_c + d_r) + 2 d_c FLOPs, plus W_UK and W_UV
+ * per row). Plain: the chunk's visible keys are first up-projected through kv_b into per-head
+ * k_nope and v (2 d_c (d_n + d_v) FLOPs per key and head), then each head attends over 192-wide
+ * keys and 128-wide values (2 (d_n + d_r) + 2 d_v per row, key and head): about a third of the
+ * absorbed form's attention FLOPs at Kimi's dimensions, so it pays once a chunk's rows outnumber
+ * ~170 (or the chunk is the prompt's start, where keys = rows). */
+typedef enum kdt_prefill_attention {
+    KDT_PREFILL_ABSORBED = 0, /* the decode form: prefill, decode and verify of one path give the
+                                 same bits, for any prefill chunk size */
+    KDT_PREFILL_PLAIN = 1,    /* the plain form for every prefill chunk: prefill's bits differ from
+                                 decode's (the same math in another order, ~1e-6 relative on the
+                                 CPU) but not with the chunk size */
+    KDT_PREFILL_AUTO = 2,     /* per chunk, the form with fewer FLOPs (kdt_prefill_plain_pays) */
+} kdt_prefill_attention;
+
 typedef struct kdt_model_options {
     int32_t progress;       /* 1: a progress line on stderr while loading, only when stderr is a
                                terminal and CI is not "true"; 0: silent */
     int32_t prefill_chunk;  /* rows per forward chunk in prefill (scratch memory bound); 0 = 64 */
+    int32_t prefill_attention; /* a kdt_prefill_attention; 0 = KDT_PREFILL_ABSORBED */
 } kdt_model_options;
 
-/* Loads the model in directory `dir`. opt may be NULL (defaults: progress 1, chunk 64). On
- * failure *out is NULL and nothing is left open. */
+/* 1 when a prefill chunk of n_rows rows after prefix_len committed tokens costs fewer attention
+ * FLOPs in the plain form than in the absorbed one (the rule KDT_PREFILL_AUTO applies; a
+ * function of the config's dimensions, n_rows and prefix_len only). */
+int kdt_prefill_plain_pays(const kdt_model_config *c, int32_t n_rows, int32_t prefix_len);
+
+/* Loads the model in directory `dir`. opt may be NULL (defaults: progress 1, chunk 64, absorbed
+ * prefill attention). On failure *out is NULL and nothing is left open. */
 kdt_status kdt_model_load(const char *dir, const kdt_model_options *opt, kdt_model **out);
 void kdt_model_free(kdt_model *m);
 /* Read-only view of the configuration, valid while the model lives. NULL if m is NULL. */

@@ -41,7 +41,14 @@ typedef struct cli_engine_args {
     const char *model, *draft, *device, *tokenizer;
     int32_t max_streams, max_context, max_budget, kv_pages, yarn_legacy, verbose;
     int32_t threads; /* CPU threads for the CPU forward, 0 = every core (or OMP_NUM_THREADS) */
+    const char *prefill_attn; /* --prefill-attn: absorbed | plain | auto; NULL = auto */
 } cli_engine_args;
+
+/* The --prefill-attn help line, and its parser: "absorbed", "plain" or "auto" into *form (a
+ * kdt_prefill_attention); -1 with "kdtree <cmd>: --prefill-attn ..." on stderr otherwise. */
+#define CLI_PREFILL_ATTN_HELP \
+    "attention form of a CPU prefill chunk: absorbed (decode's bits) | plain | auto (fewer FLOPs) [auto]"
+int cli_parse_prefill_attn(const char *cmd, const char *text, int32_t *form);
 
 /* 0 if model and draft (NULL: nothing to check) name existing directories; else prints
  * "kdtree <cmd>: --model|--draft <path>: <why>" and returns -1. generate, bench and serve run it

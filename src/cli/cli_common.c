@@ -2,6 +2,8 @@
  * parsing, the run loop over an engine (continuous batching of the prompts), stats tables. */
 #include "cli.h"
 
+#include "kdtree/model.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +35,17 @@ int cli_check_model_dirs(const char *cmd, const char *model, const char *draft) 
     return cli_check_dir(cmd, "--model", model) != 0 || cli_check_dir(cmd, "--draft", draft) != 0 ? -1 : 0;
 }
 
+int cli_parse_prefill_attn(const char *cmd, const char *text, int32_t *form) {
+    if (!text || !strcmp(text, "auto")) *form = KDT_PREFILL_AUTO;
+    else if (!strcmp(text, "absorbed")) *form = KDT_PREFILL_ABSORBED;
+    else if (!strcmp(text, "plain")) *form = KDT_PREFILL_PLAIN;
+    else {
+        fprintf(stderr, "kdtree %s: --prefill-attn \"%s\": expected absorbed, plain or auto\n", cmd, text);
+        return -1;
+    }
+    return 0;
+}
+
 kdt_engine *cli_engine_create(const char *cmd, const cli_engine_args *a) {
     kdt_engine_options o;
     memset(&o, 0, sizeof o);
@@ -44,6 +57,7 @@ kdt_engine *cli_engine_create(const char *cmd, const cli_engine_args *a) {
     o.kv_pages = a->kv_pages;
     o.verbose = a->verbose;
     o.yarn_legacy_amplitude = a->yarn_legacy;
+    if (cli_parse_prefill_attn(cmd, a->prefill_attn, &o.prefill_attention) != 0) return NULL;
     o.device = KDT_DEVICE_AUTO;
     if (a->device) {
         if (!strcmp(a->device, "cpu")) o.device = KDT_DEVICE_CPU;

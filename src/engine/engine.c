@@ -145,7 +145,7 @@ kdt_status kdt_engine_create(const kdt_engine_options *opt, kdt_engine **out) {
     e->max_streams = max_streams;
     e->max_budget = max_budget;
     e->next_id = 1;
-    kdt_model_options mo = {opt->verbose ? 1 : 0, 0};
+    kdt_model_options mo = {opt->verbose ? 1 : 0, 0, opt->prefill_attention};
     kdt_status st = kdt_model_load(opt->model_dir, &mo, &e->model);
     if (st != KDT_OK) goto fail;
     e->mc = kdt_model_get_config(e->model);

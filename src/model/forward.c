@@ -10,6 +10,9 @@
  *   per head: q_lat = W_UK[h]^T q_nope (d_c) ; score_t = scale * [q_lat | q_pe] . row_t
  *             o_lat = softmax-weighted sum of c_kv_t ; o_h = W_UV[h] o_lat (d_v)
  *   x += o_proj concat(o_h); x += MLP or MoE (RMSNorm(x))
+ * A prefill chunk may take the plain form instead (kdt_model_options.prefill_attention): every
+ * visible key's [k_nope | v] per head = kv_b c_kv once per chunk, then per head
+ * score_t = scale * [q_nope | q_pe] . [k_nope_t | k_pe_t] and o_h = softmax-weighted sum of v_t.
  * Every reduction runs in one fixed order (see kdt_weight_matvec), keys in increasing slot
  * order, so a row's results never depend on the other rows (batch invariance). The matrix
  * products of a chunk's rows run together (kdt_weight_matmul: each weight row read once per block
@@ -82,6 +85,12 @@ typedef struct run_state {
     float *logit_w;     /* [W][R][LOGIT_BLOCK] lm_head logits, one block of the vocabulary */
     int32_t *best_id_w; /* [W][R] lm_head: the row's best id in the worker's blocks */
     float *best_v_w;    /* [W][R] its logit */
+    /* the plain prefill form only (NULL otherwise) */
+    float *ckv;         /* [K][d_c] the chunk's visible latent rows, gathered */
+    float *kup_w;       /* [W][K][d_n + d_v] one head's up-projected keys and values */
+    float *krow_w;      /* [W][K][d_n + d_r] the same head's keys [k_nope | k_pe] */
+    const float **vrows_w; /* [W][K] its value rows (in kup_w) */
+    float *qt_plain_w;  /* [W][d_n + d_r][8] up to 8 rows' queries of that head, transposed */
 } run_state;
 
 #define LOGIT_BLOCK 256
@@ -94,7 +103,7 @@ static void *carve(char **p, size_t bytes) {
     return r;
 }
 
-static kdt_status run_state_alloc(const kdt_model *m, int32_t max_rows, int32_t max_keys, run_state *rs,
+static kdt_status run_state_alloc(const kdt_model *m, int32_t max_rows, int32_t max_keys, int plain, run_state *rs,
                                   void **block) {
     const kdt_model_config *c = &m->cfg;
     const size_t D = (size_t)c->hidden_size, H = (size_t)c->n_heads, dqk = (size_t)(c->qk_nope_head_dim + c->qk_rope_head_dim),
@@ -114,6 +123,8 @@ static kdt_status run_state_alloc(const kdt_model *m, int32_t max_rows, int32_t 
         W * K * sizeof(float *), W * ATTN_GROUP * dc * f, W * R * D * f, W * R * D * f,
         W * R * expert_inter * f, W * R * expert_inter * f, W * R * i32, W * R * i32, W * R * LOGIT_BLOCK * f,
         W * R * i32, W * R * f,
+        plain ? K * dc * f : 0, plain ? W * K * (size_t)(c->qk_nope_head_dim + c->v_head_dim) * f : 0,
+        plain ? W * K * dqk * f : 0, plain ? W * K * sizeof(float *) : 0, plain ? W * dqk * 8 * f : 0,
     };
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] + 63) & ~(size_t)63;
@@ -163,6 +174,11 @@ static kdt_status run_state_alloc(const kdt_model *m, int32_t max_rows, int32_t 
     rs->logit_w = carve(&p, sizes[i++]);
     rs->best_id_w = carve(&p, sizes[i++]);
     rs->best_v_w = carve(&p, sizes[i++]);
+    rs->ckv = plain ? carve(&p, sizes[i]) : NULL;
+    rs->kup_w = plain ? carve(&p, sizes[i + 1]) : NULL;
+    rs->krow_w = plain ? carve(&p, sizes[i + 2]) : NULL;
+    rs->vrows_w = plain ? carve(&p, sizes[i + 3]) : NULL;
+    rs->qt_plain_w = plain ? carve(&p, sizes[i + 4]) : NULL;
     return KDT_OK;
 }
 
@@ -457,6 +473,86 @@ static void attn_rows(const kdt_model *m, const kdt_kv_cache *kv, int32_t l, con
     kdt_parallel_for((int64_t)R * groups, 1, cost, rs->n_workers, attn_piece, &j);
 }
 
+/* ---- the plain form of a prefill chunk's attention ----------------------------------------- */
+
+int kdt_prefill_plain_pays(const kdt_model_config *c, int32_t n_rows, int32_t prefix_len) {
+    if (!c || n_rows < 1 || prefix_len < 0) return 0;
+    const double dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, dv = c->v_head_dim, dc = c->kv_lora_rank;
+    const double R = n_rows, T = (double)prefix_len + n_rows;
+    const double pairs = R * prefix_len + R * (R + 1) / 2; /* row i sees prefix_len + i + 1 keys */
+    /* per head: absorbed = W_UK and W_UV per row + [q_lat | q_pe] . row and the c_kv sum per pair;
+     * plain = kv_b per key + [q_nope | q_pe] . [k_nope | k_pe] and the v sum per pair */
+    const double absorbed = R * 2 * dc * (dn + dv) + pairs * (2 * (dc + dr) + 2 * dc);
+    const double plain = T * 2 * dc * (dn + dv) + pairs * (2 * (dn + dr) + 2 * dv);
+    return plain < absorbed;
+}
+
+typedef struct plain_job {
+    const kdt_model *m;
+    const kdt_kv_cache *kv;
+    int32_t l;
+    const row_desc *rows;
+    int32_t R, T;           /* rows; keys 0..T-1 (the last row's visible slots) */
+    run_state *rs;
+} plain_job;
+
+/* Heads [b, e): a head's [k_nope | v] for keys 0..T-1 (kv_b rows of that head over the gathered
+ * c_kv), then for every row: score_t = (sum over i ascending of [q_nope | q_pe][i] *
+ * [k_nope_t | k_pe_t][i]) * scale for t < n_prefix, softmax, o = (sum over t ascending of
+ * p_t v_t) / l: attn_cpu.c's scores, softmax and weighted sum (the absorbed form's AVX2 code),
+ * eight rows of the head at a time over the last one's keys (a score does not depend on the other
+ * keys, so a row's first n_prefix are what it would get alone). Each head's outputs are its own,
+ * so any cut of the heads gives the same values. */
+static void plain_piece(void *ctx, int worker, int64_t b, int64_t e) {
+    const plain_job *j = ctx;
+    const kdt_model_config *c = &j->m->cfg;
+    run_state *rs = j->rs;
+    const int32_t dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim, dv = c->v_head_dim, dc = c->kv_lora_rank,
+                  dqk = dn + dr, du = dn + dv, H = c->n_heads, T = j->T, stream = j->rows[0].stream;
+    const int64_t K = rs->max_keys;
+    float *kup = rs->kup_w + (int64_t)worker * K * du, *krow = rs->krow_w + (int64_t)worker * K * dqk;
+    float *p = rs->p_w + (int64_t)worker * ATTN_GROUP * K, *qt = rs->qt_plain_w + (int64_t)worker * dqk * 8;
+    const float **keys = rs->key_rows_w + (int64_t)worker * K, **vrows = rs->vrows_w + (int64_t)worker * K;
+    const kdt_weight *kvb = &j->m->layers[j->l].kv_b;
+    for (int64_t h = b; h < e; h++) {
+        kdt_weight_matmul(kvb, rs->ckv, dc, T, kup, du, h * du, (h + 1) * du);
+        for (int32_t t = 0; t < T; t++) {
+            float *k = krow + (int64_t)t * dqk;
+            memcpy(k, kup + (int64_t)t * du, (size_t)dn * sizeof(float));
+            memcpy(k + dn, kdt_kv_row(j->kv, j->l, stream, t) + dc, (size_t)dr * sizeof(float));
+            keys[t] = k;
+            vrows[t] = kup + (int64_t)t * du + dn;
+        }
+        for (int32_t r0 = 0; r0 < j->R; r0 += ATTN_GROUP) {
+            const int32_t nq = j->R - r0 < ATTN_GROUP ? j->R - r0 : ATTN_GROUP, nk = j->rows[r0 + nq - 1].n_prefix;
+            kdt_cpu_scores(keys, nk, dqk, c->softmax_scale, nq, rs->q + (int64_t)r0 * H * dqk + h * dqk, (int64_t)H * dqk,
+                           p, qt);
+            for (int32_t g = 0; g < nq; g++) {
+                const int32_t n = j->rows[r0 + g].n_prefix;
+                float *s = p + (int64_t)g * nk, *o = rs->heads + (int64_t)(r0 + g) * H * dv + h * dv;
+                const float lsum = kdt_cpu_softmax_weights(s, n);
+                kdt_cpu_weighted_sum(s, vrows, n, dv, o);
+                for (int32_t v = 0; v < dv; v++) o[v] /= lsum;
+            }
+        }
+    }
+}
+
+/* Stage 2 in the plain form for a prefill chunk rows[0..R) of one stream (consecutive slots,
+ * row r seeing slots 0..n_prefix-1): the visible latent rows gathered once, then the heads cut
+ * among the CPU threads. */
+static void attn_rows_plain(const kdt_model *m, const kdt_kv_cache *kv, int32_t l, const row_desc *rows, int32_t R,
+                            run_state *rs) {
+    const kdt_model_config *c = &m->cfg;
+    const int32_t dc = c->kv_lora_rank, T = rows[R - 1].n_prefix;
+    for (int32_t t = 0; t < T; t++)
+        memcpy(rs->ckv + (int64_t)t * dc, kdt_kv_row(kv, l, rows[0].stream, t), (size_t)dc * sizeof(float));
+    const double cost = (double)T * dc * (c->qk_nope_head_dim + c->v_head_dim) +
+                        (double)R * T * (c->qk_nope_head_dim + c->qk_rope_head_dim + c->v_head_dim);
+    plain_job j = {m, kv, l, rows, R, T, rs};
+    kdt_parallel_for(c->n_heads, 1, cost, rs->n_workers, plain_piece, &j);
+}
+
 typedef struct lm_head_job {
     const kdt_model *m;
     const row_desc *rows;
@@ -519,7 +615,7 @@ static void lm_head_rows(const kdt_model *m, const row_desc *rows, int32_t R, ru
 
 /* Runs rows[0..R) through the whole model: per layer, every row's projections and KV row, then
  * every row's attention, then o_proj and the MLP over all rows. */
-static void forward_chunk(const kdt_model *m, kdt_kv_cache *kv, const row_desc *rows, int32_t R,
+static void forward_chunk(const kdt_model *m, kdt_kv_cache *kv, const row_desc *rows, int32_t R, int plain,
                           const kdt_model_outputs *out, run_state *rs) {
     const kdt_model_config *c = &m->cfg;
     const int32_t D = c->hidden_size, half = c->qk_rope_head_dim / 2;
@@ -535,7 +631,8 @@ static void forward_chunk(const kdt_model *m, kdt_kv_cache *kv, const row_desc *
     for (int32_t l = 0; l < c->n_layers; l++) {
         const kdt_layer_weights *L = &m->layers[l];
         attn_project_rows(m, kv, l, rows, R, rs);
-        attn_rows(m, kv, l, rows, R, rs);
+        if (plain) attn_rows_plain(m, kv, l, rows, R, rs);
+        else attn_rows(m, kv, l, rows, R, rs);
         kdt_weight_matmul(&L->o_proj, rs->heads, dh, R, rs->tmp, D, 0, D);
         for (int32_t r = 0; r < R; r++) {
             float *x = rs->x + (int64_t)r * D;
@@ -594,19 +691,34 @@ static void fill_outputs(const kdt_model *m, const kdt_model_outputs *out, int64
     if (out->n_taps > 0) r->taps = out->taps + tap_row * out->n_taps * D;
 }
 
-/* Runs `n` rows in chunks of the model's prefill_chunk. */
-static kdt_status run_rows(const kdt_model *m, kdt_kv_cache *kv, const row_desc *rows, int64_t n,
+/* Whether a prefill chunk of R rows whose first row is at slot `first` takes the plain form. */
+static int chunk_plain(const kdt_model *m, int32_t R, int32_t first) {
+    switch (m->opt.prefill_attention) {
+    case KDT_PREFILL_PLAIN: return 1;
+    case KDT_PREFILL_AUTO: return kdt_prefill_plain_pays(&m->cfg, R, first);
+    default: return 0;
+    }
+}
+
+/* Runs `n` rows in chunks of the model's prefill_chunk. prefill: the rows are one stream's
+ * consecutive slots, each seeing every slot up to its own (the plain form may apply). */
+static kdt_status run_rows(const kdt_model *m, kdt_kv_cache *kv, const row_desc *rows, int64_t n, int prefill,
                            const kdt_model_outputs *out) {
     int32_t max_keys = 1;
     for (int64_t i = 0; i < n; i++)
         if (rows[i].n_prefix + rows[i].tail_n > max_keys) max_keys = rows[i].n_prefix + rows[i].tail_n;
     const int32_t chunk = (int32_t)(n < m->opt.prefill_chunk ? n : m->opt.prefill_chunk);
+    int any_plain = 0;
+    for (int64_t i = 0; prefill && i < n; i += chunk)
+        any_plain |= chunk_plain(m, (int32_t)(n - i < chunk ? n - i : chunk), rows[i].slot);
     run_state rs = {0}; /* every field is set by run_state_alloc; zeroed so that gcc can see it */
     void *block = NULL;
-    kdt_status st = run_state_alloc(m, chunk, max_keys, &rs, &block);
+    kdt_status st = run_state_alloc(m, chunk, max_keys, any_plain, &rs, &block);
     if (st != KDT_OK) return st;
-    for (int64_t i = 0; i < n; i += chunk)
-        forward_chunk(m, kv, rows + i, (int32_t)(n - i < chunk ? n - i : chunk), out, &rs);
+    for (int64_t i = 0; i < n; i += chunk) {
+        const int32_t R = (int32_t)(n - i < chunk ? n - i : chunk);
+        forward_chunk(m, kv, rows + i, R, prefill && chunk_plain(m, R, rows[i].slot), out, &rs);
+    }
     free(block);
     return KDT_OK;
 }
@@ -641,7 +753,7 @@ kdt_status kdt_model_prefill(const kdt_model *m, kdt_kv_cache *kv, int32_t strea
         int64_t out_row = out && out->last_only ? (i == n - 1 ? 0 : -1) : i;
         fill_outputs(m, out, out_row, i, r);
     }
-    st = run_rows(m, kv, rows, n, out);
+    st = run_rows(m, kv, rows, n, 1, out);
     free(rows);
     if (st == KDT_OK) kv->length[stream] = kv->written[stream] = len + n;
     return st;
@@ -683,7 +795,7 @@ kdt_status kdt_model_decode(const kdt_model *m, kdt_kv_cache *kv, int32_t n_stre
         r->n_prefix = r->slot + 1;
         fill_outputs(m, out, s, s, r);
     }
-    if ((st = run_rows(m, kv, rows, n_streams, out)) != KDT_OK) goto done;
+    if ((st = run_rows(m, kv, rows, n_streams, 0, out)) != KDT_OK) goto done;
     for (int32_t s = 0; s < n_streams; s++) kv->length[ids[s]] = kv->written[ids[s]] = need[s];
 done:
     free(ids);
@@ -746,7 +858,7 @@ kdt_status kdt_model_verify(const kdt_model *m, kdt_kv_cache *kv, const kdt_tree
             fill_outputs(m, out, idx, idx, r);
         }
     }
-    if ((st = run_rows(m, kv, rows, n_rows, out)) != KDT_OK) goto done;
+    if ((st = run_rows(m, kv, rows, n_rows, 0, out)) != KDT_OK) goto done;
     for (int32_t s = 0; s < S; s++) kv->written[ids[s]] = need[s];
 done:
     free(ids);

@@ -7,6 +7,7 @@
  */
 #include "server/server.h"
 #include "cli/cli.h"
+#include "kdtree/model.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -24,6 +25,7 @@ typedef struct serve_options {
     long long max_body;
     kdt_spec_mode spec;
     kdt_device device;
+    int32_t prefill_attention;
     double grace;
     int idle_timeout;
     int verbose;
@@ -54,6 +56,8 @@ static const char usage_text[] =
     "  --kv-pages N             KV pool size in 64-token pages (default: max-streams x ctx)\n"
     "  --device auto|cpu|cuda   (default auto)\n"
     "  --threads N              CPU threads of the CPU forward, 0 = every core or OMP_NUM_THREADS (default 0)\n"
+    "  --prefill-attn FORM      attention form of a CPU prefill chunk: absorbed (decode's bits),\n"
+    "                           plain, or auto (the one with fewer FLOPs; default)\n"
     "  --static-dir DIR         serve the web page from DIR instead of the built-in copy\n"
     "  --shutdown-grace S       seconds running requests may finish after SIGINT/SIGTERM (10)\n"
     "  --idle-timeout S         close a connection idle this long (default 300; 0 = never)\n"
@@ -79,7 +83,7 @@ static int parse_int(const char *opt, const char *s, long long lo, long long hi,
 /* 0 ok, 1 help printed, -1 bad option. */
 static int parse_options(int argc, char **argv, serve_options *o) {
     enum { O_DRAFT = 256, O_TOK, O_NAME, O_HOST, O_PORT, O_STREAMS, O_QUEUE, O_BODY, O_SPEC,
-           O_BUDGET, O_MAXB, O_CTX, O_PAGES, O_DEVICE, O_THREADS, O_STATIC, O_GRACE, O_MOCKMS, O_MOCKFAULT, O_IDLE };
+           O_BUDGET, O_MAXB, O_CTX, O_PAGES, O_DEVICE, O_THREADS, O_PREFILL_ATTN, O_STATIC, O_GRACE, O_MOCKMS, O_MOCKFAULT, O_IDLE };
     static const struct option longopts[] = {
         {"model", required_argument, NULL, 'm'},
         {"draft", required_argument, NULL, O_DRAFT},
@@ -97,6 +101,7 @@ static int parse_options(int argc, char **argv, serve_options *o) {
         {"kv-pages", required_argument, NULL, O_PAGES},
         {"device", required_argument, NULL, O_DEVICE},
         {"threads", required_argument, NULL, O_THREADS},
+        {"prefill-attn", required_argument, NULL, O_PREFILL_ATTN},
         {"static-dir", required_argument, NULL, O_STATIC},
         {"shutdown-grace", required_argument, NULL, O_GRACE},
         {"mock-round-ms", required_argument, NULL, O_MOCKMS},
@@ -108,7 +113,7 @@ static int parse_options(int argc, char **argv, serve_options *o) {
     *o = (serve_options){.host = "127.0.0.1", .port = 8080, .max_streams = 8, .max_queue = 64,
                          .max_body = 1 << 20, .spec = KDT_SPEC_DDTREE, .budget = 32,
                          .max_budget = 64, .grace = 10.0, .mock_round_ms = 2,
-                         .idle_timeout = 300};
+                         .idle_timeout = 300, .prefill_attention = KDT_PREFILL_AUTO};
     int spec_given = 0;
     optind = 0; /* glibc's full reset, as cli_parse: 1 would resume an earlier scan */
     opterr = 1;
@@ -184,6 +189,9 @@ static int parse_options(int argc, char **argv, serve_options *o) {
             if (parse_int("--threads", optarg, 0, 1024, &v)) return -1;
             kdt_set_cpu_threads((int)v);
             break;
+        case O_PREFILL_ATTN:
+            if (cli_parse_prefill_attn("serve", optarg, &o->prefill_attention)) return -1;
+            break;
         case O_DEVICE:
             if (!strcmp(optarg, "auto")) o->device = KDT_DEVICE_AUTO;
             else if (!strcmp(optarg, "cpu")) o->device = KDT_DEVICE_CPU;
@@ -257,7 +265,8 @@ int kdt_cli_serve(int argc, char **argv) {
         srv_engine_options eo = {
             .engine = {.model_dir = o.model, .draft_dir = o.draft, .device = o.device,
                        .max_streams = o.max_streams, .max_context = o.max_context,
-                       .kv_pages = o.kv_pages, .max_budget = o.max_budget, .verbose = 1},
+                       .kv_pages = o.kv_pages, .max_budget = o.max_budget, .verbose = 1,
+                       .prefill_attention = o.prefill_attention},
             .tokenizer_path = o.tokenizer};
         st = srv_backend_engine_create(&eo, &be);
     }

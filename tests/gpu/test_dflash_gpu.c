@@ -138,7 +138,7 @@ static void compare_stream(const char *what, int s, int P, const float *gpu, con
 /* ---- setup ------------------------------------------------------------------------------------ */
 
 static int setup(void) {
-    kdt_model_options mo = {0, 0};
+    kdt_model_options mo = {0, 0, KDT_PREFILL_ABSORBED};
     if (kdt_model_load(TARGET_DIR, &mo, &g_m) != KDT_OK) {
         fprintf(stderr, "load %s: %s\n", TARGET_DIR, kdt_last_error());
         return 0;

@@ -40,7 +40,7 @@ static kdt_status gpu_greedy_reference(const char *dir, int32_t *const *prompts,
     kdt_gpu_model *g = NULL;
     kdt_gpu_kv *kv = NULL;
     kdt_gpu_runner *r = NULL;
-    kdt_model_options mo = {0, 0};
+    kdt_model_options mo = {0, 0, KDT_PREFILL_ABSORBED};
     kdt_status st = kdt_model_load(dir, &mo, &m);
     if (st == KDT_OK) st = kdt_model_to_gpu(m, NULL, &g);
     kdt_kv_cache_options ko = {64, 1, 0};

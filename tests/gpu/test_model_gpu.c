@@ -54,7 +54,7 @@ static int quick;
 
 static kdt_model *load_dir(const char *dir) {
     kdt_model *m = NULL;
-    kdt_model_options o = {0, 0};
+    kdt_model_options o = {0, 0, KDT_PREFILL_ABSORBED};
     if (kdt_model_load(dir, &o, &m) != KDT_OK) fprintf(stderr, "  load %s: %s\n", dir, kdt_last_error());
     return m;
 }
