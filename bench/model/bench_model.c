@@ -73,7 +73,7 @@
 static int quick;
 
 typedef struct row {
-    char model[24], mode[16], variant[12];
+    char model[24], mode[16], variant[16];
     int S, N;
     int distinct;       /* -1: not a MoE measurement */
     double us, floor_us, ratio_decode;
@@ -202,7 +202,7 @@ static void bench_tiny(const char *name) {
     const int Ss[3] = {1, 8, 64};
     for (int k = 0; k < 3; k++) {
         const int S = Ss[k];
-        kdt_gpu_runner_options ro = {S > ctx ? S : ctx, 0, 0, 0, 0, 0, NULL};
+        kdt_gpu_runner_options ro = {S > ctx ? S : ctx, 0, 0, 0, 0, 0, NULL, KDT_PREFILL_ABSORBED};
         kdt_gpu_runner *r;
         BENCH_OK(kdt_gpu_runner_create(g, &ro, &r));
         kdt_kv_cache_options ko = {S * 4 + 4, S, 0};
@@ -443,7 +443,8 @@ typedef struct kimi_bench {
     int layers, V, E;
     double row_bytes, copy_gbps;
     int samples;
-    int heads, d_qk, d_v, experts_per_token; /* for a prefill chunk's FLOPs */
+    int heads, d_qk, d_v, experts_per_token; /* for a prefill chunk's FLOPs (d_qk, d_v: absorbed) */
+    int d_nope, d_rope, d_vh;                 /* the plain form's head dims */
 } kimi_bench;
 static double decode1[2][2]; /* [ab][corr]: decode S = 1 of the latest pass, for verify / decode */
 static void kimi_shapes(const kimi_bench *kb, int ab) {
@@ -529,9 +530,14 @@ static void kimi_shapes(const kimi_bench *kb, int ab) {
             kdt_gpu_graph_free(gr);
             BENCH_OK(kdt_gpu_kv_stream_set_length(kv, 0, bench_prefix));
         }
-    for (int k = 0; kb->rp && k < 2; k++) {
-        const int N = kimi_prefill_N[k];
+    for (int k = 0; kb->rp && k < 4; k++) {
+        const int N = kimi_prefill_N[k / 2], plain = k % 2; /* each N in the absorbed, then the plain form */
         if (!shape_wanted(3, N, 0)) continue;
+        if (plain && kdt_gpu_runner_set_prefill_attention(kb->rp, KDT_PREFILL_PLAIN) != KDT_OK) {
+            printf("  prefill N=%d plain: %s\n", N, kdt_last_error());
+            continue;
+        }
+        if (!plain) BENCH_OK(kdt_gpu_runner_set_prefill_attention(kb->rp, KDT_PREFILL_ABSORBED));
         rnd_seed_shape(3, N, 0);
         pause_before_shape();
         int32_t tok[KIMI_PREFILL_MAX];
@@ -548,14 +554,18 @@ static void kimi_shapes(const kimi_bench *kb, int ab) {
         const double keys = (double)N * (N + 1) / 2;
         const double bytes = (double)D * wb->routed_expert + wb->shared_expert + wb->attention + wb->router +
                              2.0 * N * row_bytes;
+        /* the attention's FLOPs in the form timed: absorbed 2 (d_c + d_r) + 2 d_c per (row, key,
+         * head); plain 2 (d_n + d_r) + 2 d_v, plus kv_b's up-projection of the N keys (its bytes
+         * are in wb->attention already, so N x those bytes counts it) */
+        const double pair = plain ? 2.0 * (kb->d_nope + kb->d_rope) + 2.0 * kb->d_vh : 2.0 * (kb->d_qk + kb->d_v);
         const double flops = (double)N * ((double)wb->attention + wb->router + wb->shared_expert +
                                           (double)wb->routed_expert * kb->experts_per_token) + /* 2 per bf16 weight */
-                             2.0 * keys * kb->heads * (kb->d_qk + kb->d_v);
+                             keys * kb->heads * pair;
         row *w = new_row();
         memset(w, 0, sizeof *w);
         snprintf(w->model, sizeof w->model, "kimi-k2.6 layer");
         snprintf(w->mode, sizeof w->mode, "prefill");
-        snprintf(w->variant, sizeof w->variant, "random");
+        snprintf(w->variant, sizeof w->variant, plain ? "random plain" : "random");
         w->S = 1;
         w->N = N;
         w->distinct = (int)(D + 0.5);
@@ -565,8 +575,8 @@ static void kimi_shapes(const kimi_bench *kb, int ab) {
         w->ab = ab;
         w->floor_us = bytes / (copy_gbps * 1e3);
         w->ratio_decode = decode1[ab][0] > 0 ? us / decode1[ab][0] : 0; /* 0: decode S 1 not timed in this run */
-        printf("  prefill N=%-4d random D=%5.1f %9.1f us/layer  floor %8.1f us  %.2fx  (%.1fx decode; %.0f TFLOP/s "
-               "of %.2f TFLOP; 1-layer pass %.1f us; D by layer %s)\n", N, D, us, w->floor_us, us / w->floor_us,
+        printf("  prefill N=%-4d %-6s D=%5.1f %9.1f us/layer  floor %8.1f us  %.2fx  (%.1fx decode; %.0f TFLOP/s "
+               "of %.2f TFLOP; 1-layer pass %.1f us; D by layer %s)\n", N, plain ? "plain" : "absorb", D, us, w->floor_us, us / w->floor_us,
                w->ratio_decode, flops / (us * 1e6), flops / 1e12, one, dl);
         profile_replay(kb->rp, gr);
         if (shape_mode) step_profile(kb->rp, kb->kvp, &rc, samples, us);
@@ -610,7 +620,7 @@ static void bench_kimi(double copy_gbps) {
            wb.routed_expert / 1e6, wb.shared_expert / 1e6);
     const int V = c->vocab_size, E = c->n_routed_experts, Smax = 64, Nmax = 65;
     const double row_bytes = (double)(c->kv_lora_rank + c->qk_rope_head_dim) * 2;
-    kdt_gpu_runner_options ro = {Nmax, bench_prefix + Nmax + 1, Nmax, 0, 0, 0, NULL};
+    kdt_gpu_runner_options ro = {Nmax, bench_prefix + Nmax + 1, Nmax, 0, 0, 0, NULL, KDT_PREFILL_ABSORBED};
     kdt_gpu_runner *r;
     BENCH_OK(kdt_gpu_runner_create(g, &ro, &r));
     kdt_kv_cache_options ko = {Smax * ((bench_prefix + Nmax + 63) / 64 + 1), Smax, 0};
@@ -622,7 +632,7 @@ static void bench_kimi(double copy_gbps) {
     kdt_gpu_runner *rp = NULL;
     kdt_gpu_kv *kvp = NULL;
     if (shape_mode == 0 || shape_mode == 3) {
-        kdt_gpu_runner_options po = {KIMI_PREFILL_MAX, KIMI_PREFILL_MAX + 1, 0, 0, 0, 0, NULL};
+        kdt_gpu_runner_options po = {KIMI_PREFILL_MAX, KIMI_PREFILL_MAX + 1, 0, 0, 0, 0, NULL, KDT_PREFILL_AUTO};
         kdt_kv_cache_options pk = {KIMI_PREFILL_MAX / 64 + 2, 1, 0};
         if (kdt_gpu_runner_create(g, &po, &rp) != KDT_OK || kdt_gpu_kv_create(g, &pk, &kvp) != KDT_OK) {
             printf("  prefill rows skipped: %s\n", kdt_last_error());
@@ -632,7 +642,8 @@ static void bench_kimi(double copy_gbps) {
     }
     const int samples = quick ? 7 : 25;
     const kimi_bench k = {r, kv, rp, kvp, &wb, layers, V, E, row_bytes, copy_gbps, samples, c->n_heads,
-                          c->kv_lora_rank + c->qk_rope_head_dim, c->kv_lora_rank, c->n_experts_per_tok};
+                          c->kv_lora_rank + c->qk_rope_head_dim, c->kv_lora_rank, c->n_experts_per_tok,
+                          c->qk_nope_head_dim, c->qk_rope_head_dim, c->v_head_dim};
     const char *ab = getenv("KDT_BENCH_MODEL_AB");
     const char *re = getenv("KDT_BENCH_MODEL_REPS");
     const int reps = re && atoi(re) >= 1 ? (atoi(re) > 8 ? 8 : atoi(re)) : 1;

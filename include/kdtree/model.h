@@ -352,7 +352,17 @@ typedef struct kdt_gpu_runner_options {
     int32_t logits;         /* 1: keep a [max_rows][V] fp32 logits buffer */
     int32_t attn_heads_per_item; /* 0 = automatic, 16 or 64 (tests; results do not change) */
     void *stream;           /* cudaStream_t to run on; NULL = a stream the runner creates */
+    int32_t prefill_attention; /* a kdt_prefill_attention for prefill passes (0 = absorbed). Plain
+                               or auto allocate per-head key / value scratch for up to
+                               KDT_GPU_PLAIN_MAX_KEYS keys (2 x H x keys x ~(d_n + d_r + d_v)
+                               bytes); a chunk that sees more keys takes the absorbed form. Plain
+                               needs d_n + d_r <= 256 and d_v <= 256 (else KDT_ERR_UNSUPPORTED). */
 } kdt_gpu_runner_options;
+#define KDT_GPU_PLAIN_MAX_KEYS 16384
+
+/* Switches a runner created with plain or auto prefill attention between the three forms (the
+ * scratch stays); a runner created absorbed accepts only absorbed. For A/B measurements. */
+kdt_status kdt_gpu_runner_set_prefill_attention(kdt_gpu_runner *r, int32_t prefill_attention);
 
 kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_options *opt,
                                  kdt_gpu_runner **out);

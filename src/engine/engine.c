@@ -144,6 +144,7 @@ kdt_status kdt_engine_create(const kdt_engine_options *opt, kdt_engine **out) {
     e->kern = &kdt_engine_kernels_cpu;
     e->max_streams = max_streams;
     e->max_budget = max_budget;
+    e->prefill_attention = opt->prefill_attention;
     e->next_id = 1;
     kdt_model_options mo = {opt->verbose ? 1 : 0, 0, opt->prefill_attention};
     kdt_status st = kdt_model_load(opt->model_dir, &mo, &e->model);

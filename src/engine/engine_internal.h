@@ -86,6 +86,7 @@ struct kdt_engine {
     struct eng_gpu *gpu;        /* the GPU side (engine_gpu.h), NULL on the CPU; then kv is NULL */
 
     int32_t max_streams, max_context, max_budget, max_nodes; /* max_nodes = 1 + max(max_budget, L) */
+    int32_t prefill_attention;                   /* kdt_prefill_attention of the CPU and GPU prefill */
     int32_t pages_total, pages_reserved, pages_per_stream_max;
     int32_t next_id;
     eng_stream *streams;        /* [max_streams]; KV cache stream = slot index */

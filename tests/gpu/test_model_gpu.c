@@ -67,7 +67,7 @@ static kdt_gpu_model *to_gpu(const kdt_model *m) {
 }
 
 static kdt_gpu_runner *new_runner(const kdt_gpu_model *g, int max_rows, int max_nodes, int max_taps, int hg) {
-    kdt_gpu_runner_options o = {max_rows, 0, max_nodes, max_taps, 1, hg, NULL};
+    kdt_gpu_runner_options o = {max_rows, 0, max_nodes, max_taps, 1, hg, NULL, KDT_PREFILL_ABSORBED};
     kdt_gpu_runner *r = NULL;
     if (kdt_gpu_runner_create(g, &o, &r) != KDT_OK) fprintf(stderr, "  runner: %s\n", kdt_last_error());
     return r;
@@ -752,6 +752,229 @@ static void test_random_specs_gpu(void) {
     }
 }
 
+/* ---- the plain prefill form ------------------------------------------------------------------ */
+
+static char *env_save(const char *name) {
+    const char *v = getenv(name);
+    return v ? strdup(v) : NULL;
+}
+static void env_restore(const char *name, char *saved) {
+    if (saved) setenv(name, saved, 1);
+    else unsetenv(name);
+    free(saved);
+}
+
+
+static kdt_gpu_runner *new_runner_form(const kdt_gpu_model *g, int max_rows, int form) {
+    kdt_gpu_runner_options o = {max_rows, 0, 0, 0, 1, 0, NULL, form};
+    kdt_gpu_runner *r = NULL;
+    if (kdt_gpu_runner_create(g, &o, &r) != KDT_OK) fprintf(stderr, "  runner (form %d): %s\n", form, kdt_last_error());
+    return r;
+}
+
+/* The GPU plain form (gpu_plain.cu) on `dir`'s checkpoint, n prompt tokens:
+ *  - against the CPU plain form on the bf16 twin, and against the GPU absorbed form, within REL_TOL
+ *    (rows at a routing near-tie excused, as check_random_spec does);
+ *  - bitwise the same in 64-row and 7-row chunks (logits and KV rows), and for a prompt whose
+ *    second part is a second prefill call;
+ *  - a decode step after it, close to the one after an absorbed prefill;
+ *  - auto: a prompt's first chunk takes the plain form (bitwise plain's rows), a one-row chunk
+ *    after a prefix the absorbed one (bitwise an absorbed runner's row). */
+static void plain_case(const char *dir, const char *label, int n, uint64_t seed) {
+    fixture f;
+    memset(&f, 0, sizeof f);
+    f.cpu = load_dir(dir);
+    kdt_model *twin_plain = NULL;
+    kdt_model_options po = {0, 0, KDT_PREFILL_PLAIN};
+    if (!f.cpu || !make_twin(f.cpu, dir, f.twin_dir, sizeof f.twin_dir) || !(f.twin = load_dir(f.twin_dir)) ||
+        kdt_model_load(f.twin_dir, &po, &twin_plain) != KDT_OK || !(f.g = to_gpu(f.cpu))) {
+        CHECK_MSG(0, "%s: could not load, twin or upload", label);
+        kdt_model_free(twin_plain);
+        fixture_close(&f);
+        return;
+    }
+    const kdt_model_config *c = &f.cpu->cfg;
+    const int V = c->vocab_size, dq = c->kv_lora_rank + c->qk_rope_head_dim, pages = (n + 1 + 63) / 64 + 1;
+    uint64_t rng = seed;
+    int32_t *toks = xmalloc((size_t)(n + 1) * sizeof *toks);
+    float *lc = random_prompt_cpu(twin_plain, n, &rng, toks);
+    toks[n] = t_rand_int(&rng, V);
+    float *lp = xmalloc((size_t)(n + 1) * V * 4), *l7 = xmalloc((size_t)(n + 1) * V * 4),
+          *la = xmalloc((size_t)(n + 1) * V * 4), *ls = xmalloc((size_t)(n + 1) * V * 4);
+    kdt_gpu_runner *rp = new_runner_form(f.g, 64, KDT_PREFILL_PLAIN), *r7 = new_runner_form(f.g, 7, KDT_PREFILL_PLAIN),
+                   *ra = new_runner_form(f.g, 64, KDT_PREFILL_ABSORBED), *rauto = new_runner_form(f.g, 64, KDT_PREFILL_AUTO);
+    kdt_gpu_kv *kp = new_gkv(f.g, pages, 1), *k7 = new_gkv(f.g, pages, 1), *ka = new_gkv(f.g, pages, 1),
+               *ks = new_gkv(f.g, pages, 1), *kauto = new_gkv(f.g, pages, 1);
+    CHECK(rp && r7 && ra && rauto && kp && k7 && ka && ks && kauto);
+    if (rp && r7 && ra && rauto && kp && k7 && ka && ks && kauto) {
+        fill_nan(lp, (size_t)(n + 1) * V);
+        poison_device(rp);
+        kdt_model_outputs o = {lp, NULL, 0, 0, NULL, NULL};
+        CHECK_EQ_INT(kdt_gpu_prefill(rp, kp, 0, toks, n, &o), KDT_OK);
+        o.logits = l7;
+        CHECK_EQ_INT(kdt_gpu_prefill(r7, k7, 0, toks, n, &o), KDT_OK);
+        o.logits = la;
+        CHECK_EQ_INT(kdt_gpu_prefill(ra, ka, 0, toks, n, &o), KDT_OK);
+        const int n1 = n / 3;
+        o.logits = ls;
+        CHECK_EQ_INT(kdt_gpu_prefill(rp, ks, 0, toks, n1, &o), KDT_OK);
+        o.logits = ls + (size_t)n1 * V;
+        CHECK_EQ_INT(kdt_gpu_prefill(rp, ks, 0, toks + n1, n - n1, &o), KDT_OK);
+        CHECK(all_finite(lp, (size_t)n * V));
+        CHECK_MSG(memcmp(lp, l7, (size_t)n * V * 4) == 0, "%s: plain prefill: 64- and 7-row chunks differ", label);
+        CHECK_MSG(memcmp(lp, ls, (size_t)n * V * 4) == 0, "%s: plain prefill: one call and two differ", label);
+        int kv_same = 1;
+        for (int t = 0; t < n; t++) kv_same &= rows_equal(kp, 0, t, k7, 0, t, c->n_layers, dq) && rows_equal(kp, 0, t, ks, 0, t, c->n_layers, dq);
+        CHECK_MSG(kv_same, "%s: plain prefill: KV rows depend on the chunking", label);
+        uint8_t *excused = xmalloc((size_t)n);
+        const int n_ex = mref_forward(f.twin, toks, n, NULL, NULL, excused);
+        double le, lm, ae, am;
+        max_err_rows(lp, lc, n, V, excused, &le, &lm);
+        max_err_rows(lp, la, n, V, excused, &ae, &am);
+        printf("  %s: GPU plain vs CPU plain max |err| %.3g of %.3g (%.1e); vs GPU absorbed %.3g (%.1e); %d rows "
+               "excused\n", label, le, lm, lm > 0 ? le / lm : 0.0, ae, am > 0 ? ae / am : 0.0, n_ex);
+        CHECK_MSG(le <= REL_TOL * lm, "%s: plain vs CPU plain %.3g > %.0e * %.3g", label, le, REL_TOL, lm);
+        CHECK_MSG(ae <= REL_TOL * am, "%s: plain vs absorbed %.3g > %.0e * %.3g", label, ae, REL_TOL, am);
+        free(excused);
+        /* a decode step after each prefill */
+        o.logits = lp + (size_t)n * V;
+        CHECK_EQ_INT(kdt_gpu_decode(rp, kp, 1, NULL, toks + n, &o), KDT_OK);
+        o.logits = la + (size_t)n * V;
+        CHECK_EQ_INT(kdt_gpu_decode(ra, ka, 1, NULL, toks + n, &o), KDT_OK);
+        double de, dm;
+        max_err(lp + (size_t)n * V, la + (size_t)n * V, (size_t)V, &de, &dm);
+        CHECK_MSG(all_finite(lp + (size_t)n * V, (size_t)V) && de <= REL_TOL * dm, "%s: decode after plain: %.3g of %.3g",
+                  label, de, dm);
+        /* auto: the first chunk pays (keys = rows); then one row after n keys: absorbed when it does not pay */
+        const int n_first = n < 64 ? n : 64;
+        o.logits = ls;
+        CHECK_EQ_INT(kdt_gpu_prefill(rauto, kauto, 0, toks, n_first, &o), KDT_OK);
+        CHECK_MSG(memcmp(ls, lp, (size_t)n_first * V * 4) == 0, "%s: auto's first chunk is not plain's", label);
+        if (!kdt_prefill_plain_pays(c, 1, n_first)) {
+            float *one = xmalloc((size_t)V * 4), *ref = xmalloc((size_t)V * 4);
+            kdt_gpu_kv *kb = new_gkv(f.g, pages, 1);
+            CHECK_EQ_INT(kdt_gpu_prefill(rp, kb, 0, toks, n_first, NULL), KDT_OK); /* the same cache rows */
+            o.logits = one;
+            CHECK_EQ_INT(kdt_gpu_prefill(rauto, kauto, 0, toks + n_first, 1, &o), KDT_OK);
+            o.logits = ref;
+            CHECK_EQ_INT(kdt_gpu_decode(ra, kb, 1, NULL, toks + n_first, &o), KDT_OK);
+            CHECK_MSG(memcmp(one, ref, (size_t)V * 4) == 0, "%s: auto's one-row chunk is not the absorbed form's", label);
+            kdt_gpu_kv_free(kb);
+            free(one), free(ref);
+        }
+    }
+    kdt_gpu_kv_free(kp); kdt_gpu_kv_free(k7); kdt_gpu_kv_free(ka); kdt_gpu_kv_free(ks); kdt_gpu_kv_free(kauto);
+    kdt_gpu_runner_free(rp); kdt_gpu_runner_free(r7); kdt_gpu_runner_free(ra); kdt_gpu_runner_free(rauto);
+    free(lc), free(lp), free(l7), free(la), free(ls), free(toks);
+    kdt_model_free(twin_plain);
+    fixture_close(&f);
+}
+
+/* A plain chunk's graph replays that chunk only; the form switch needs the scratch. */
+static void plain_graph_and_switch(void) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/kimi_tiny", FIXTURES);
+    gmodel m;
+    CHECK(gmodel_open(&m, dir));
+    if (!m.g) {
+        gmodel_close(&m);
+        return;
+    }
+    int32_t toks[20];
+    uint64_t rng = 9;
+    for (int i = 0; i < 20; i++) toks[i] = t_rand_int(&rng, m.cpu->cfg.vocab_size);
+    kdt_gpu_runner *rp = new_runner_form(m.g, 32, KDT_PREFILL_PLAIN), *ra = new_runner_form(m.g, 32, KDT_PREFILL_ABSORBED);
+    kdt_gpu_kv *kv = new_gkv(m.g, 2, 2);
+    CHECK(rp && ra && kv);
+    if (rp && ra && kv) {
+        CHECK_EQ_INT(kdt_gpu_stage_prefill(rp, kv, 0, toks, 16, 0), KDT_OK);
+        const kdt_gpu_run_config rc = {16, 1, 0, 0, NULL};
+        kdt_gpu_graph *gr = NULL;
+        CHECK_EQ_INT(kdt_gpu_graph_capture(rp, kv, &rc, &gr), KDT_OK);
+        CHECK_EQ_INT(kdt_gpu_graph_launch(gr), KDT_OK); /* the chunk it was captured on */
+        CHECK_EQ_INT(kdt_gpu_stage_decode(rp, kv, 1, NULL, toks + 16), KDT_OK);
+        CHECK_EQ_INT(kdt_gpu_graph_launch(gr), KDT_ERR_INVALID_ARG);
+        CHECK(strstr(kdt_last_error(), "plain-form prefill chunk") != NULL);
+        CHECK_EQ_INT(kdt_gpu_stage_prefill(rp, kv, 1, toks, 16, 0), KDT_OK); /* another stream */
+        CHECK_EQ_INT(kdt_gpu_graph_launch(gr), KDT_ERR_INVALID_ARG);
+        CHECK_EQ_INT(kdt_gpu_runner_sync(rp), KDT_OK);
+        kdt_gpu_graph_free(gr);
+    }
+    CHECK_EQ_INT(kdt_gpu_runner_set_prefill_attention(ra, KDT_PREFILL_PLAIN), KDT_ERR_INVALID_ARG);
+    CHECK_EQ_INT(kdt_gpu_runner_set_prefill_attention(rp, KDT_PREFILL_AUTO), KDT_OK);
+    CHECK_EQ_INT(kdt_gpu_runner_set_prefill_attention(rp, 7), KDT_ERR_INVALID_ARG);
+    kdt_gpu_runner_options bad = {8, 0, 0, 0, 0, 0, NULL, 5};
+    kdt_gpu_runner *rb = NULL;
+    CHECK_EQ_INT(kdt_gpu_runner_create(m.g, &bad, &rb), KDT_ERR_INVALID_ARG);
+    kdt_gpu_kv_free(kv);
+    kdt_gpu_runner_free(rp);
+    kdt_gpu_runner_free(ra);
+    gmodel_close(&m);
+}
+
+/* one K / V stage (what a 99 KB part takes at Kimi's dimensions) gives two stages' bits */
+static void plain_stages_same(void) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/kimi_tiny", FIXTURES);
+    gmodel m;
+    CHECK(gmodel_open(&m, dir));
+    if (!m.g) {
+        gmodel_close(&m);
+        return;
+    }
+    const int n = 150, V = m.cpu->cfg.vocab_size;
+    int32_t toks[150];
+    uint64_t rng = 17;
+    for (int i = 0; i < n; i++) toks[i] = t_rand_int(&rng, V);
+    float *a = xmalloc((size_t)n * V * 4), *b = xmalloc((size_t)n * V * 4);
+    kdt_gpu_runner *r2 = new_runner_form(m.g, 64, KDT_PREFILL_PLAIN);
+    char *saved = env_save("KDT_GPU_PLAIN_STAGES");
+    setenv("KDT_GPU_PLAIN_STAGES", "1", 1);
+    kdt_gpu_runner *r1 = new_runner_form(m.g, 64, KDT_PREFILL_PLAIN);
+    env_restore("KDT_GPU_PLAIN_STAGES", saved);
+    kdt_gpu_kv *k2 = new_gkv(m.g, 4, 1), *k1 = new_gkv(m.g, 4, 1);
+    CHECK(r1 && r2 && k1 && k2 && r1->plain_stages == 1 && r2->plain_stages == 2);
+    if (r1 && r2 && k1 && k2) {
+        kdt_model_outputs o = {a, NULL, 0, 0, NULL, NULL};
+        CHECK_EQ_INT(kdt_gpu_prefill(r2, k2, 0, toks, n, &o), KDT_OK);
+        o.logits = b;
+        CHECK_EQ_INT(kdt_gpu_prefill(r1, k1, 0, toks, n, &o), KDT_OK);
+        CHECK(all_finite(a, (size_t)n * V));
+        CHECK_MSG(memcmp(a, b, (size_t)n * V * 4) == 0, "plain prefill: one and two K / V stages differ");
+    }
+    kdt_gpu_kv_free(k1); kdt_gpu_kv_free(k2);
+    kdt_gpu_runner_free(r1); kdt_gpu_runner_free(r2);
+    free(a), free(b);
+    gmodel_close(&m);
+}
+
+static void test_plain_prefill(void) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/kimi_tiny", FIXTURES);
+    plain_case(dir, "kimi_tiny", quick ? 70 : 150, 41);
+    plain_graph_and_switch();
+    plain_stages_same();
+    /* Kimi's attention dimensions (d_n + d_r 192, d_v 128: the instance a Kimi prefill runs), then
+     * random small specs (odd head dims and d_c: the padding paths) */
+    tm_spec k = kimi_dims_spec(4242);
+    tm_mkdtemp(dir, sizeof dir);
+    tm_write_model(dir, &k);
+    plain_case(dir, "Kimi attention dimensions", quick ? 70 : 200, 43);
+    tm_rmdir(dir);
+    uint64_t rng = t_fuzz_seed(0x91a1);
+    const int n = t_fuzz_iters(quick ? 1 : 4);
+    for (int it = 0; it < n; it++) {
+        tm_spec s = tm_random_spec(&rng);
+        while ((s.kv_lora + s.rope) % 8) s.rope += 2; /* what the GPU supports */
+        char label[180] = "plain: ";
+        tm_spec_label(&s, it, label + 7, sizeof label - 7);
+        tm_mkdtemp(dir, sizeof dir);
+        tm_write_model(dir, &s);
+        plain_case(dir, label, 70, s.seed);
+        tm_rmdir(dir);
+    }
+}
+
 static void test_decode_batch_invariance(void) {
     const char *names[] = {"kimi_tiny", "dsv3_tiny"};
     for (int k = 0; k < 2; k++) {
@@ -1007,7 +1230,7 @@ static void test_bad_inputs(void) {
     int32_t dup[2] = {0, 0}, tk[2] = {1, 2};
     CHECK_EQ_INT(kdt_gpu_decode(r, kv, 2, dup, tk, NULL), KDT_ERR_INVALID_ARG);
     /* outputs the runner has no buffer for */
-    kdt_gpu_runner_options ro = {4, 0, 0, 0, 0, 0, NULL};
+    kdt_gpu_runner_options ro = {4, 0, 0, 0, 0, 0, NULL, KDT_PREFILL_ABSORBED};
     kdt_gpu_runner *r0 = NULL;
     CHECK_EQ_INT(kdt_gpu_runner_create(m.g, &ro, &r0), KDT_OK);
     float lg[1024];
@@ -1047,7 +1270,7 @@ static void test_bad_inputs(void) {
     /* commit without its arrays */
     CHECK_EQ_INT(kdt_gpu_kv_commit(r, kv, 1, NULL, NULL, NULL), KDT_ERR_INVALID_ARG);
     /* keys beyond the runner's max_keys */
-    kdt_gpu_runner_options rk = {16, 40, 8, 0, 0, 0, NULL};
+    kdt_gpu_runner_options rk = {16, 40, 8, 0, 0, 0, NULL, KDT_PREFILL_ABSORBED};
     kdt_gpu_runner *rs = NULL;
     CHECK_EQ_INT(kdt_gpu_runner_create(m.g, &rk, &rs), KDT_OK);
     kdt_gpu_kv *k2 = new_gkv(m.g, 2, 1);
@@ -1208,15 +1431,6 @@ static void test_router_wide(void) {
 
 /* A switch set for part of a test: env_save copies its value (NULL: unset), env_restore puts it
  * back (or unsets it) and frees the copy. */
-static char *env_save(const char *name) {
-    const char *v = getenv(name);
-    return v ? strdup(v) : NULL;
-}
-static void env_restore(const char *name, char *saved) {
-    if (saved) setenv(name, saved, 1);
-    else unsetenv(name);
-    free(saved);
-}
 
 /* gmodel_open with KDT_GPU_TILED_EXPERTS (read at upload) set to `tiled` for this load only. */
 static int gmodel_open_tiled(gmodel *m, const char *dir, int tiled) {
@@ -1405,7 +1619,7 @@ static void test_kimi_dims(void) {
     decode_invariance(&m, 20, 31);
     verify_vs_decode(&m, 3, 24, 0, 32);
     const int cc_major = gpu_test_cc_major();
-    kdt_gpu_runner_options o64 = {3 * 40, 0, 40, 0, 1, 64, NULL};
+    kdt_gpu_runner_options o64 = {3 * 40, 0, 40, 0, 1, 64, NULL, KDT_PREFILL_ABSORBED};
     kdt_gpu_runner *r64 = NULL;
     if (kdt_gpu_runner_create(m.g, &o64, &r64) == KDT_OK) {
         verify_vs_decode(&m, 3, 6, 64, 33); /* verify == decode with either setting forced */
@@ -1540,6 +1754,7 @@ int main(void) {
     T_RUN(test_kimi_dims);
     T_RUN(test_latent_scale);
     T_RUN(test_random_specs_gpu);
+    T_RUN(test_plain_prefill);
     return t_summary();
 }
 #else

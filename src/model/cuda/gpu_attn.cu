@@ -103,11 +103,6 @@ struct AttCfg {
     static_assert(!ROWS || (WARPS == MT * PLANES && PPW % 2 == 0), "ROWS: one m-tile and a chain share per warp");
 };
 
-__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
 /* lanes 0-15 address the rows of the two matrices (the others' addresses are ignored) */
 __device__ __forceinline__ void ldsm_x2(uint32_t r[2], const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"

@@ -108,6 +108,38 @@ void kdt_gpu_runner_free(kdt_gpu_runner *r) {
     free(r);
 }
 
+/* The plain prefill form's scratch and instance (gpu_plain.cu) for a runner asking for plain or
+ * auto: per-head K [cap][d_n + d_r, padded to 16] and V [cap][d_v, padded to a power of two] in
+ * bf16, cap = min(max_keys, KDT_GPU_PLAIN_MAX_KEYS) rounded up to 64. Dimensions without an
+ * instance: plain is refused, auto keeps the absorbed form. */
+static kdt_status plain_setup(kdt_gpu_runner *r) {
+    const kdt_gpu_model *g = r->g;
+    const kdt_model_config *c = &g->cfg;
+    const int32_t dqk_p = (int32_t)kdt_g_round_up(c->qk_nope_head_dim + c->qk_rope_head_dim, 16);
+    const int32_t dv_p = kdt_plain_dv_pad(c->v_head_dim);
+    int32_t stages = kdt_g_env_is("KDT_GPU_PLAIN_STAGES", '1') ? 1 : 2; /* 1: the small-smem path (tests) */
+    while (stages >= 1 && (kdt_plain_smem_bytes(dqk_p, dv_p, stages) == 0 ||
+                           kdt_plain_smem_bytes(dqk_p, dv_p, stages) > g->smem_optin))
+        stages--;
+    if (dv_p == 0 || stages == 0) {
+        if (r->opt.prefill_attention == KDT_PREFILL_PLAIN)
+            return kdt_fail(KDT_ERR_UNSUPPORTED,
+                            "kdt_gpu_runner_create: plain prefill attention has no kernel for d_n + d_r = %d, d_v = %d "
+                            "on this device (at most 256 each, within %zu bytes of shared memory)",
+                            c->qk_nope_head_dim + c->qk_rope_head_dim, c->v_head_dim, g->smem_optin);
+        r->opt.prefill_attention = KDT_PREFILL_ABSORBED;
+        return KDT_OK;
+    }
+    const int32_t keys = r->opt.max_keys < KDT_GPU_PLAIN_MAX_KEYS ? r->opt.max_keys : KDT_GPU_PLAIN_MAX_KEYS;
+    r->plain_cap = (int32_t)kdt_g_round_up(keys, 64);
+    r->plain_dqk = dqk_p;
+    r->plain_dv = dv_p;
+    r->plain_stages = stages;
+    const size_t n = (size_t)c->n_heads * r->plain_cap;
+    KDT_TRY(ralloc(r, (void **)&r->plain_k, n * dqk_p * 2, "plain prefill keys"));
+    return ralloc(r, (void **)&r->plain_v, n * dv_p * 2, "plain prefill values");
+}
+
 kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_options *opt, kdt_gpu_runner **out) {
     KDT_CHECK_ARG(out, "kdt_gpu_runner_create: out is NULL");
     *out = NULL;
@@ -126,6 +158,8 @@ kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_op
     KDT_CHECK_ARG(o.logits == 0 || o.logits == 1, "kdt_gpu_runner_create: logits = %d (0 or 1)", o.logits);
     KDT_CHECK_ARG(o.attn_heads_per_item == 0 || o.attn_heads_per_item == 16 || o.attn_heads_per_item == 64,
                   "kdt_gpu_runner_create: attn_heads_per_item = %d (0, 16 or 64)", o.attn_heads_per_item);
+    KDT_CHECK_ARG(o.prefill_attention >= KDT_PREFILL_ABSORBED && o.prefill_attention <= KDT_PREFILL_AUTO,
+                  "kdt_gpu_runner_create: prefill_attention = %d (0 absorbed, 1 plain, 2 auto)", o.prefill_attention);
     if (o.attn_heads_per_item == 64 && !hg64_supported(g))
         return kdt_fail(KDT_ERR_UNSUPPORTED,
                         "kdt_gpu_runner_create: 64 heads per attention item do not fit this device's shared memory "
@@ -240,6 +274,7 @@ kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_op
     STEP(ralloc(r, (void **)&r->d_argmax, (size_t)R * sizeof(int32_t), "argmax"));
     if (o.logits) STEP(ralloc(r, (void **)&r->d_logits, (size_t)R * V * f, "logits"));
     if (o.max_taps) STEP(ralloc(r, (void **)&r->d_taps, (size_t)R * o.max_taps * D * f, "taps"));
+    if (o.prefill_attention != KDT_PREFILL_ABSORBED && st == KDT_OK) STEP(plain_setup(r));
 #undef STEP
     if (st == KDT_OK && (e = cudaDeviceSynchronize()) != cudaSuccess) st = cuda_fail(e, "kdt_gpu_runner_create");
     if (st != KDT_OK) {
@@ -251,6 +286,17 @@ kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_op
 }
 
 void *kdt_gpu_runner_stream(kdt_gpu_runner *r) { return r ? (void *)r->stream : NULL; }
+
+kdt_status kdt_gpu_runner_set_prefill_attention(kdt_gpu_runner *r, int32_t prefill_attention) {
+    KDT_CHECK_ARG(r, "kdt_gpu_runner_set_prefill_attention: runner is NULL");
+    KDT_CHECK_ARG(prefill_attention >= KDT_PREFILL_ABSORBED && prefill_attention <= KDT_PREFILL_AUTO,
+                  "kdt_gpu_runner_set_prefill_attention: %d (0 absorbed, 1 plain, 2 auto)", prefill_attention);
+    KDT_CHECK_ARG(prefill_attention == KDT_PREFILL_ABSORBED || r->plain_k,
+                  "kdt_gpu_runner_set_prefill_attention: the runner was created with absorbed prefill attention "
+                  "(no plain-form scratch)");
+    r->opt.prefill_attention = prefill_attention;
+    return KDT_OK;
+}
 
 kdt_status kdt_gpu_runner_sync(kdt_gpu_runner *r) {
     KDT_CHECK_ARG(r, "kdt_gpu_runner_sync: runner is NULL");
@@ -292,6 +338,7 @@ static kdt_status stage_begin(kdt_gpu_runner *r, stage_view *v) {
     v->updates = (int32_t *)(b + r->off_updates);
     v->masks = (uint64_t *)(b + r->off_masks);
     memset(v->hdr, 0, sizeof *v->hdr);
+    r->staged_plain = 0;
     return KDT_OK;
 }
 
@@ -391,6 +438,13 @@ kdt_status kdt_gpu_stage_prefill(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t strea
     }
     KDT_TRY(stage_end(r, c, &v, n, 0));
     c->length[stream] = c->written[stream] = len + n;
+    /* the attention's form for this chunk (decided here, on the host, so a pass stays kernels only) */
+    const int32_t form = r->opt.prefill_attention;
+    r->staged_plain = r->plain_k && len + n <= r->plain_cap &&
+                      (form == KDT_PREFILL_PLAIN || (form == KDT_PREFILL_AUTO && kdt_prefill_plain_pays(&r->g->cfg, n, len)));
+    r->plain_stream = stream;
+    r->plain_first = len;
+    r->plain_rows = n;
     return KDT_OK;
 }
 
@@ -834,25 +888,51 @@ static kdt_status dense_mlp(pass *p, const kdt_gpu_layer *L) {
     return KDT_OK;
 }
 
-static kdt_status layer(pass *p, int32_t l, const kdt_gpu_run_config *rc) {
-    const kdt_gpu_model *g = p->g;
-    const kdt_model_config *c = &g->cfg;
-    const kdt_gpu_layer *L = &g->layers[l];
+/* The plain form of a prefill chunk's attention (gpu_plain.cu) straight into the heads o_proj reads:
+ * it replaces W_UK, the absorbed attention and W_UV. */
+static kdt_status plain_attention(pass *p, int32_t l) {
+    const kdt_model_config *c = &p->g->cfg;
     kdt_gpu_runner *r = p->r;
-    kdt_gpu_kv *kv = p->c;
-    const int32_t D = c->hidden_size, H = c->n_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
-                  dv = c->v_head_dim, dc = c->kv_lora_rank, dq = dc + dr, ql = c->q_lora_rank, dqk = dn + dr;
+    kdt_plain_args a;
+    memset(&a, 0, sizeof a);
+    a.q_nope = r->q_nope;
+    a.q_abs = r->q_abs;
+    a.kv = p->c->cache + (int64_t)l * p->c->layer_stride;
+    a.row_stride = p->c->row_stride;
+    a.page_size = p->c->page_size;
+    a.max_pages = p->c->max_pages;
+    a.stream = r->plain_stream;
+    a.block_table = p->c->d_block_table;
+    a.k = r->plain_k;
+    a.v = r->plain_v;
+    a.cap = r->plain_cap;
+    a.heads = r->heads;
+    a.R = r->plain_rows;
+    a.first = r->plain_first;
+    a.T = r->plain_first + r->plain_rows;
+    a.H = c->n_heads;
+    a.dn = c->qk_nope_head_dim;
+    a.dr = c->qk_rope_head_dim;
+    a.dc = c->kv_lora_rank;
+    a.dv = c->v_head_dim;
+    a.dqk_p = r->plain_dqk;
+    a.dv_p = r->plain_dv;
+    a.stages = r->plain_stages;
+    a.scale_log2 = c->softmax_scale * LOG2E;
+    if (step_cut(p, "plain_attention")) return KDT_OK;
+    p->plain_next = 1; /* o_proj follows plain launches: no programmatic dependence to inherit */
+    return kdt_plain_launch(&a, &p->g->layers[l].uk_t, &p->g->layers[l].uv, p->s);
+}
+
+/* The absorbed form (decode, verify, and prefill by default): W_UK folds q_nope into the latent,
+ * the attention runs over the cache rows (o_lat), W_UV lifts o_lat into the heads o_proj reads. */
+static kdt_status absorbed_attention(pass *p, const kdt_gpu_layer *L, int32_t l) {
+    const kdt_model_config *c = &p->g->cfg;
+    kdt_gpu_runner *r = p->r;
+    const int32_t H = c->n_heads, dn = c->qk_nope_head_dim, dv = c->v_head_dim, dc = c->kv_lora_rank,
+                  dq = dc + c->qk_rope_head_dim;
     int32_t splits;
     int64_t ss;
-    PASS_STEP(p, "input_norm", kdt_op_rmsnorm(r->x, NULL, L->input_norm, c->rms_norm_eps, D, r->xn, p->m_dev, p->M, p->s));
-    KDT_TRY(gemm(p, "q_a_kv_a", r->xn, D, 0, D, &L->w_a, L->w_a.rows, 0, &splits, &ss));
-    PASS_STEP(p, "post_a", kdt_op_post_a(r->part, splits, ss, L->w_a.rows, ql, dc, dr, L->q_a_norm, L->kv_a_norm, g->rope_cs,
-                      c->rope_interleave, p->hdr, p->rows, kv->cache + (int64_t)l * kv->layer_stride,
-                      kv->d_block_table, kv->max_pages, kv->page_size, kv->n_pages, kv->row_stride, r->qa, p->M, p->s));
-    if (ql > 0) KDT_TRY(gemm(p, "q_b", r->qa, ql, 0, ql, &L->q_b, (int64_t)H * dqk, 0, &splits, &ss));
-    else KDT_TRY(gemm(p, "q_proj", r->xn, D, 0, D, &L->q_b, (int64_t)H * dqk, 0, &splits, &ss));
-    PASS_STEP(p, "post_q", kdt_op_post_q(r->part, splits, ss, H * dqk, H, dn, dr, dc, g->rope_cs, c->rope_interleave, p->hdr, p->rows,
-                      r->q_nope, r->q_abs, p->M, p->s));
     /* q_lat = q_nope W_UK per head, into q_abs's first d_c columns: directly when K is one split
      * (Kimi: d_n = 128; the split sum would be a copy: same bits), else via the partials */
     int32_t uk_splits, uk_chunk;
@@ -870,6 +950,30 @@ static kdt_status layer(pass *p, int32_t l, const kdt_gpu_run_config *rc) {
      * W_UK does) made the Kimi decode layer ~2 us slower (H200, session 10) */
     KDT_TRY(gemm(p, "w_uv", r->o_lat, (int64_t)H * dc, dc, dc, &L->uv, (int64_t)H * dv, dv, &splits, &ss));
     PASS_STEP(p, "sum_uv", kdt_op_sum_splits(r->part, splits, ss, H * dv, H, dv, dv, r->heads, H * dv, dv, p->m_dev, p->M, p->s));
+    return KDT_OK;
+}
+
+static kdt_status layer(pass *p, int32_t l, const kdt_gpu_run_config *rc) {
+    const kdt_gpu_model *g = p->g;
+    const kdt_model_config *c = &g->cfg;
+    const kdt_gpu_layer *L = &g->layers[l];
+    kdt_gpu_runner *r = p->r;
+    kdt_gpu_kv *kv = p->c;
+    const int32_t D = c->hidden_size, H = c->n_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim,
+                  dv = c->v_head_dim, dc = c->kv_lora_rank, ql = c->q_lora_rank, dqk = dn + dr;
+    int32_t splits;
+    int64_t ss;
+    PASS_STEP(p, "input_norm", kdt_op_rmsnorm(r->x, NULL, L->input_norm, c->rms_norm_eps, D, r->xn, p->m_dev, p->M, p->s));
+    KDT_TRY(gemm(p, "q_a_kv_a", r->xn, D, 0, D, &L->w_a, L->w_a.rows, 0, &splits, &ss));
+    PASS_STEP(p, "post_a", kdt_op_post_a(r->part, splits, ss, L->w_a.rows, ql, dc, dr, L->q_a_norm, L->kv_a_norm, g->rope_cs,
+                      c->rope_interleave, p->hdr, p->rows, kv->cache + (int64_t)l * kv->layer_stride,
+                      kv->d_block_table, kv->max_pages, kv->page_size, kv->n_pages, kv->row_stride, r->qa, p->M, p->s));
+    if (ql > 0) KDT_TRY(gemm(p, "q_b", r->qa, ql, 0, ql, &L->q_b, (int64_t)H * dqk, 0, &splits, &ss));
+    else KDT_TRY(gemm(p, "q_proj", r->xn, D, 0, D, &L->q_b, (int64_t)H * dqk, 0, &splits, &ss));
+    PASS_STEP(p, "post_q", kdt_op_post_q(r->part, splits, ss, H * dqk, H, dn, dr, dc, g->rope_cs, c->rope_interleave, p->hdr, p->rows,
+                      r->q_nope, r->q_abs, p->M, p->s));
+    if (r->staged_plain) KDT_TRY(plain_attention(p, l));
+    else KDT_TRY(absorbed_attention(p, L, l));
     KDT_TRY(gemm(p, "o_proj", r->heads, (int64_t)H * dv, 0, H * dv, &L->o_proj, D, 0, &splits, &ss));
     PASS_STEP(p, "post_o", kdt_op_post_o(r->x, r->part, splits, ss, L->post_norm, c->rms_norm_eps, D, r->xn, p->m_dev, p->M, p->s));
     if (L->is_moe) KDT_TRY(moe(p, L, l));
@@ -999,6 +1103,10 @@ kdt_status kdt_gpu_graph_capture(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_gpu
     gr->r = r;
     gr->graph = graph;
     gr->max_rows = rc->max_rows;
+    gr->plain = r->staged_plain;
+    gr->plain_stream = r->plain_stream;
+    gr->plain_first = r->plain_first;
+    gr->plain_rows = r->plain_rows;
     *out = gr;
     return KDT_OK;
 }
@@ -1007,6 +1115,14 @@ kdt_status kdt_gpu_graph_launch(kdt_gpu_graph *g) {
     KDT_CHECK_ARG(g, "kdt_gpu_graph_launch: graph is NULL");
     KDT_CHECK_ARG(g->r->staged_rows <= g->max_rows, "kdt_gpu_graph_launch: %d staged rows, the graph holds %d",
                   g->r->staged_rows, g->max_rows);
+    /* a plain prefill chunk's launches carry its stream, slots and rows: it replays only that chunk */
+    const kdt_gpu_runner *r = g->r;
+    KDT_CHECK_ARG(g->plain == r->staged_plain &&
+                      (!g->plain || (g->plain_stream == r->plain_stream && g->plain_first == r->plain_first &&
+                                     g->plain_rows == r->plain_rows)),
+                  "kdt_gpu_graph_launch: the graph was captured for %s, the staged pass is %s",
+                  g->plain ? "a plain-form prefill chunk" : "an absorbed-form pass",
+                  r->staged_plain ? "another plain-form prefill chunk" : "an absorbed-form pass");
     const cudaError_t e = cudaGraphLaunch(g->exec, g->r->stream);
     return e == cudaSuccess ? KDT_OK : cuda_fail(e, "kdt_gpu_graph_launch");
 }

@@ -419,13 +419,6 @@ __device__ __forceinline__ void cp_async16_pol(void *dst, const void *src, int s
                  "l"(src), "r"(src_bytes), "l"(pol));
 }
 
-/* Four 8x8 b16 matrices (not transposed); lane l addresses row (l % 8) of matrix (l / 8). */
-__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(p)));
-}
-
 /* cp.async.wait_group with a run-time count (n <= MAX_STAGES - 2). */
 __device__ __forceinline__ void cp_async_wait_n(int n) {
     switch (n) {

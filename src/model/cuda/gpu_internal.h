@@ -233,6 +233,11 @@ struct kdt_gpu_runner {
     size_t flush_bytes;
     void **allocs;
     int32_t n_allocs, cap_allocs;
+    /* the plain prefill form (gpu_plain.cu): scratch when opt.prefill_attention allows it */
+    uint16_t *plain_k, *plain_v;    /* [H][plain_cap][plain_dqk], [H][plain_cap][plain_dv] */
+    int32_t plain_cap, plain_dqk, plain_dv, plain_stages;
+    int32_t staged_plain;           /* the staged pass is a prefill chunk that takes the plain form */
+    int32_t plain_stream, plain_first, plain_rows;
     /* profiling (kdt_gpu_runner_set_step_limit): steps of a pass, the last full pass's names */
     int32_t step_limit, n_steps;
     const char *step_names[KDT_GPU_STEP_NAMES];
@@ -243,6 +248,7 @@ struct kdt_gpu_graph {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     int32_t max_rows;               /* the captured launch bound */
+    int32_t plain, plain_stream, plain_first, plain_rows; /* captured for this plain prefill chunk */
 };
 
 /* 1 when the forward's row kernels, attention, router and gate/up GEMM go out with programmatic
@@ -341,6 +347,27 @@ kdt_status kdt_attn_launch(const kdt_attn_args *a, cudaStream_t s);
 /* Keys per split of a row with n_keys visible keys (the one rule). */
 int32_t kdt_attn_split_keys(int32_t n_keys);
 int32_t kdt_attn_n_splits(int32_t n_keys);
+/* The plain form of a prefill chunk's attention (gpu_plain.cu): R rows of one stream at slots
+ * first..first+R-1, keys 0..T-1 (T = first + R) up-projected into k / v, then per head a causal
+ * flash attention into heads. */
+typedef struct kdt_plain_args {
+    const float *q_nope;            /* [R][H][d_n] */
+    const float *q_abs;             /* [R][H][d_c + d_r]: q_pe (after RoPE) at column d_c */
+    const uint16_t *kv;             /* one layer of the cache [n_pages][page][row_stride] */
+    int32_t row_stride, page_size, max_pages, stream;
+    const int32_t *block_table;
+    uint16_t *k, *v;                /* [H][cap][dqk_p], [H][cap][dv_p] bf16 scratch */
+    int32_t cap;                    /* keys the scratch holds */
+    float *heads;                   /* [R][H * d_v] */
+    int32_t R, first, T, H, dn, dr, dc, dv, dqk_p, dv_p, stages;
+    float scale_log2;
+} kdt_plain_args;
+/* d_v padded for the plain attention's instances (16, 32, ..., 256; 0: too wide) */
+int32_t kdt_plain_dv_pad(int32_t dv);
+/* its shared memory (0: a configuration it has no instance for) */
+size_t kdt_plain_smem_bytes(int32_t dqk_p, int32_t dv_p, int32_t stages);
+kdt_status kdt_plain_launch(const kdt_plain_args *a, const kdt_gmat *uk_t, const kdt_gmat *uv, cudaStream_t s);
+
 /* Fills the staged verify rows from a device tree (kdt_gpu_stage_verify_device); streams [S][3]
  * = (cache stream, committed length, node bound) in device memory. */
 kdt_status kdt_op_stage_tree(kdt_gstage_hdr *hdr, kdt_grow *rows, int32_t *head, uint64_t *masks,

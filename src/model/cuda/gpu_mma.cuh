@@ -74,6 +74,13 @@ __device__ __forceinline__ void bulk_bar_wait(uint32_t bar, uint32_t parity) {
 #endif
 }
 
+/* Four 8x8 b16 matrices; lane l addresses row (l % 8) of matrix (l / 8). */
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+
 /* Four transposed 8x8 b16 matrices; lane l addresses row (l % 8) of matrix (l / 8). */
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const void *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"

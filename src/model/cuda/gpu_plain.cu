@@ -1,0 +1,336 @@
+/* gpu_plain.cu - the plain (non-absorbed) MLA attention of a prefill chunk on the GPU, the twin of
+ * forward.c's plain form (kdt_model_options / kdt_gpu_runner_options.prefill_attention):
+ *
+ *   plain_up:   for every visible key t < T of the chunk's stream and every head h,
+ *               k_nope[h][t] = W_UK[h] c_kv_t and v[h][t] = W_UV[h] c_kv_t (bf16 cache rows times
+ *               the bf16 weights on tensor cores, fp32 sums, stored as bf16), plus k_pe copied
+ *               beside k_nope: K[h][t] = [k_nope | k_pe | 0 pad], V[h][t] = [v | 0 pad].
+ *   plain_attn: per head, a causal flash attention of the chunk's rows (row r at slot
+ *               first + r sees keys 0..first + r) over K and V: S = [q_nope | q_pe] K^T,
+ *               online softmax in fp32 (exp2 of the scaled scores), O += P V with P in bf16,
+ *               O / l into the heads buffer o_proj reads ([R][H * d_v] fp32).
+ *
+ * Both are mma.sync m16n8k16 kernels (sm_80 and later; no wgmma), CTAs of 4 warps, 16 rows per
+ * warp, 64-key tiles. Bits: a key's K / V row is a function of its cache row alone; a query row
+ * walks the keys in 64-key tiles from key 0 by absolute index, and tiles past its slot only add
+ * exact zeros (p = exp2(-inf) = 0, the max unchanged), so its result depends on its token,
+ * position and keys only: not on the chunk size, the other rows, or which warp holds it. It is
+ * not the absorbed form's bits (another order of the same sums). */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "gpu_internal.h"
+#include "gpu_mma.cuh"
+
+namespace {
+using namespace kg;
+
+constexpr int BM = 64;        /* query rows (up-projection: keys) per CTA */
+constexpr int BN = 64;        /* keys per tile (up-projection: output columns per CTA) */
+constexpr int PAD = 8;        /* bf16 per smem row beyond its data: conflict-free ldmatrix rows */
+constexpr int THREADS = 128;
+
+/* ---- up-projection ------------------------------------------------------------------------- */
+
+/* One CTA: 64 keys x 64 output columns of one head, K = d_c in 64-wide steps. TRANS: the weight
+ * is stored [d_c][n] (uk_t, W_UK transposed), else [n][d_c] (uv); its rows (columns) past n_out
+ * read as zero. Writes columns [0, n_store) of out[h][t][ld_out] for t < T (bf16): V's padding
+ * columns get zeros. */
+template <bool TRANS>
+__global__ void __launch_bounds__(THREADS) plain_up(kdt_plain_args a, const uint16_t *__restrict__ w, int32_t ldw,
+                                                    int64_t w_batch, int32_t n_out, int32_t n_store,
+                                                    uint16_t *__restrict__ out, int32_t ld_out) {
+    __shared__ __align__(16) uint16_t As[BM][64 + PAD];
+    __shared__ __align__(16) uint16_t Bs[64][64 + PAD];
+    const int h = blockIdx.y, t0 = blockIdx.x * BM, n0 = blockIdx.z * BN;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const uint16_t *wh = w + (int64_t)h * w_batch;
+    float acc[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    for (int e0 = 0; e0 < a.dc; e0 += 64) {
+        /* A: 64 cache rows' c_kv[e0, e0 + 64) (zero past d_c or T), 8 chunks of 16 bytes a row */
+        for (int i = threadIdx.x; i < BM * 8; i += THREADS) {
+            const int r = i >> 3, ch = i & 7, t = t0 + r, e = e0 + ch * 8;
+            const uint16_t *src = a.kv;
+            int bytes = 0;
+            if (t < a.T && e < a.dc) {
+                const int32_t page = a.block_table[(int64_t)a.stream * a.max_pages + t / a.page_size];
+                src = a.kv + ((int64_t)page * a.page_size + t % a.page_size) * a.row_stride + e;
+                bytes = 16;
+            }
+            cp_async16(&As[r][ch * 8], src, bytes);
+        }
+        /* B: the weight block, as stored (TRANS: rows e, columns n; else rows n, columns e) */
+        for (int i = threadIdx.x; i < 64 * 8; i += THREADS) {
+            const int r = i >> 3, ch = i & 7;
+            const uint16_t *src = wh;
+            int bytes = 0;
+            if (TRANS) {
+                if (e0 + r < a.dc && n0 + ch * 8 < ldw) src = wh + (int64_t)(e0 + r) * ldw + n0 + ch * 8, bytes = 16;
+            } else {
+                if (n0 + r < n_out && e0 + ch * 8 < ldw) src = wh + (int64_t)(n0 + r) * ldw + e0 + ch * 8, bytes = 16;
+            }
+            cp_async16(&Bs[r][ch * 8], src, bytes);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t af[4];
+            ldsm_x4(af, &As[warp * 16 + (lane & 15)][kk * 16 + (lane >> 4) * 8]);
+#pragma unroll
+            for (int nb = 0; nb < 4; nb++) { /* two 8-column blocks per ldmatrix */
+                uint32_t bf[4];
+                if (TRANS) ldsm_x4_trans(bf, &Bs[kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8][nb * 16 + (lane >> 4) * 8]);
+                else ldsm_x4(bf, &Bs[nb * 16 + (lane & 7) + (lane >> 4) * 8][kk * 16 + ((lane >> 3) & 1) * 8]);
+                mma16816(acc[2 * nb], af, bf[0], bf[1]);
+                mma16816(acc[2 * nb + 1], af, bf[2], bf[3]);
+            }
+        }
+        __syncthreads();
+    }
+    const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+    for (int nb = 0; nb < 8; nb++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int t = t0 + warp * 16 + g + half * 8, n = n0 + nb * 8 + 2 * c;
+            if (t >= a.T) continue;
+            uint16_t *o = out + ((int64_t)h * a.cap + t) * ld_out + n;
+            if (n < n_store) o[0] = f32_to_bf16(acc[nb][2 * half]);
+            if (n + 1 < n_store) o[1] = f32_to_bf16(acc[nb][2 * half + 1]);
+        }
+}
+
+/* K[h][t][dn .. dqk_p) = [k_pe_t | 0] for every head (the rope part is shared), t < T */
+__global__ void plain_kpe(kdt_plain_args a) {
+    const int t = blockIdx.x, width = a.dqk_p - a.dn;
+    const int32_t page = a.block_table[(int64_t)a.stream * a.max_pages + t / a.page_size];
+    const uint16_t *row = a.kv + ((int64_t)page * a.page_size + t % a.page_size) * a.row_stride + a.dc;
+    for (int i = threadIdx.x; i < a.H * width; i += blockDim.x) {
+        const int h = i / width, j = i % width;
+        a.k[((int64_t)h * a.cap + t) * a.dqk_p + a.dn + j] = j < a.dr ? row[j] : (uint16_t)0;
+    }
+}
+
+/* ---- attention ----------------------------------------------------------------------------- */
+
+/* One CTA: 64 rows of the chunk (later tiles first: they have the most keys), one head. DVP: d_v
+ * padded (16..256); dqk_p <= MAXK * 16. ST: K / V stages (2: the next tile loads during this one). */
+constexpr int MAXK = 16;
+template <int DVP, int ST>
+__global__ void __launch_bounds__(THREADS) plain_attn(kdt_plain_args a) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int qp = a.dqk_p + PAD, vp = DVP + PAD;
+    uint16_t *Qs = reinterpret_cast<uint16_t *>(smem_raw);
+    uint16_t *Ks = Qs + BM * qp;
+    uint16_t *Vs = Ks + ST * BN * qp;
+    const int h = blockIdx.y, q0 = (gridDim.x - 1 - blockIdx.x) * BM;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int rows = a.R - q0 < BM ? a.R - q0 : BM;
+    const int last_slot = a.first + q0 + rows - 1, n_tiles = last_slot / BN + 1;
+    const int nks = a.dqk_p / 16;
+
+    /* Q: [q_nope | q_pe | 0] as bf16 (rows past R zero) */
+    for (int i = threadIdx.x; i < BM * a.dqk_p; i += THREADS) {
+        const int r = i / a.dqk_p, j = i % a.dqk_p, row = q0 + r;
+        float v = 0.0f;
+        if (row < a.R) {
+            if (j < a.dn) v = a.q_nope[((int64_t)row * a.H + h) * a.dn + j];
+            else if (j < a.dn + a.dr) v = a.q_abs[((int64_t)row * a.H + h) * (a.dc + a.dr) + a.dc + (j - a.dn)];
+        }
+        Qs[r * qp + j] = f32_to_bf16(v);
+    }
+    auto load_tile = [&](int tile, int st) {
+        const int kt0 = tile * BN;
+        const int kch = a.dqk_p / 8, vch = DVP / 8;
+        uint16_t *kd = Ks + st * BN * qp, *vd = Vs + st * BN * vp;
+        const uint16_t *kh = a.k + (int64_t)h * a.cap * a.dqk_p, *vh = a.v + (int64_t)h * a.cap * DVP;
+        for (int i = threadIdx.x; i < BN * kch; i += THREADS) {
+            const int r = i / kch, ch = i % kch, t = kt0 + r;
+            cp_async16(kd + r * qp + ch * 8, t < a.T ? kh + (int64_t)t * a.dqk_p + ch * 8 : kh, t < a.T ? 16 : 0);
+        }
+        for (int i = threadIdx.x; i < BN * vch; i += THREADS) {
+            const int r = i / vch, ch = i % vch, t = kt0 + r;
+            cp_async16(vd + r * vp + ch * 8, t < a.T ? vh + (int64_t)t * DVP + ch * 8 : vh, t < a.T ? 16 : 0);
+        }
+    };
+    load_tile(0, 0);
+    cp_async_commit();
+    __syncthreads(); /* Q */
+    uint32_t qf[MAXK][4];
+#pragma unroll
+    for (int ks = 0; ks < MAXK; ks++)
+        if (ks < nks) ldsm_x4(qf[ks], Qs + (warp * 16 + (lane & 15)) * qp + ks * 16 + (lane >> 4) * 8);
+
+    float o[DVP / 8][4];
+#pragma unroll
+    for (int i = 0; i < DVP / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    const int slot0 = a.first + q0 + warp * 16 + g; /* this thread's rows: slot0, slot0 + 8 */
+
+    for (int tile = 0; tile < n_tiles; tile++) {
+        const int st = ST == 2 ? tile & 1 : 0;
+        if (ST == 1 && tile > 0) { /* one stage: this tile loads now (the last one's readers are done) */
+            load_tile(tile, 0);
+            cp_async_commit();
+        }
+        if (ST == 2 && tile + 1 < n_tiles) {
+            load_tile(tile + 1, (tile + 1) & 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const uint16_t *kd = Ks + st * BN * qp, *vd = Vs + st * BN * vp;
+        float s[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < MAXK; ks++) {
+            if (ks >= nks) break;
+#pragma unroll
+            for (int nb = 0; nb < 4; nb++) {
+                uint32_t bf[4];
+                ldsm_x4(bf, kd + (nb * 16 + (lane & 7) + (lane >> 4) * 8) * qp + ks * 16 + ((lane >> 3) & 1) * 8);
+                mma16816(s[2 * nb], qf[ks], bf[0], bf[1]);
+                mma16816(s[2 * nb + 1], qf[ks], bf[2], bf[3]);
+            }
+        }
+        /* mask (key t visible to the row at slot iff t <= slot), scale, the tile's row max */
+        const int kt0 = tile * BN;
+        float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nb = 0; nb < 8; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int t = kt0 + nb * 8 + 2 * c + (e & 1), half = e >> 1;
+                const float v = t <= slot0 + 8 * half ? s[nb][e] * a.scale_log2 : -INFINITY;
+                s[nb][e] = v;
+                mt[half] = fmaxf(mt[half], v);
+            }
+        float corr[2];
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            mt[half] = fmaxf(mt[half], __shfl_xor_sync(0xffffffffu, mt[half], 1));
+            mt[half] = fmaxf(mt[half], __shfl_xor_sync(0xffffffffu, mt[half], 2));
+            const float m_new = fmaxf(m_run[half], mt[half]); /* finite: key 0 is in tile 0 */
+            corr[half] = exp2f(m_run[half] - m_new);
+            m_run[half] = m_new;
+            l_run[half] *= corr[half];
+        }
+#pragma unroll
+        for (int nb = 0; nb < 8; nb++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int half = e >> 1;
+                const float p = exp2f(s[nb][e] - m_run[half]);
+                s[nb][e] = p;
+                l_run[half] += p;
+            }
+#pragma unroll
+        for (int i = 0; i < DVP / 8; i++) {
+            o[i][0] *= corr[0], o[i][1] *= corr[0];
+            o[i][2] *= corr[1], o[i][3] *= corr[1];
+        }
+        /* O += P V: P's accumulator layout is the A fragment of keys [16 kk, 16 kk + 16) */
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t pf[4];
+            pf[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+            pf[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+            pf[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pf[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+            for (int vb = 0; vb < DVP / 16; vb++) {
+                uint32_t bf[4];
+                ldsm_x4_trans(bf, vd + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * vp + vb * 16 + (lane >> 4) * 8);
+                mma16816(o[2 * vb], pf, bf[0], bf[1]);
+                mma16816(o[2 * vb + 1], pf, bf[2], bf[3]);
+            }
+        }
+        __syncthreads(); /* this stage is loaded again (two tiles on, or next with one stage) */
+    }
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        l_run[half] += __shfl_xor_sync(0xffffffffu, l_run[half], 1);
+        l_run[half] += __shfl_xor_sync(0xffffffffu, l_run[half], 2);
+    }
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int row = q0 + warp * 16 + g + 8 * half;
+        if (row >= a.R) continue;
+        float *dst = a.heads + (int64_t)row * a.H * a.dv + (int64_t)h * a.dv;
+        const float inv = 1.0f / l_run[half];
+#pragma unroll
+        for (int vb = 0; vb < DVP / 8; vb++) {
+            const int col = vb * 8 + 2 * c;
+            if (col < a.dv) dst[col] = o[vb][2 * half] * inv;
+            if (col + 1 < a.dv) dst[col + 1] = o[vb][2 * half + 1] * inv;
+        }
+    }
+}
+
+template <int DVP, int ST>
+size_t attn_smem(int dqk_p) {
+    return (size_t)(BM + ST * BN) * (dqk_p + PAD) * 2 + (size_t)ST * BN * (DVP + PAD) * 2;
+}
+
+template <int DVP, int ST>
+kdt_status launch_attn(const kdt_plain_args *a, cudaStream_t s) {
+    const size_t smem = attn_smem<DVP, ST>(a->dqk_p);
+    cudaError_t e = cudaFuncSetAttribute(plain_attn<DVP, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "plain attention: shared memory %zu B: %s", smem, cudaGetErrorString(e));
+    const dim3 grid((unsigned)((a->R + BM - 1) / BM), (unsigned)a->H);
+    plain_attn<DVP, ST><<<grid, THREADS, smem, s>>>(*a);
+    e = cudaGetLastError();
+    return e == cudaSuccess ? KDT_OK : kdt_fail(KDT_ERR_CUDA, "plain attention: %s", cudaGetErrorString(e));
+}
+
+template <int DVP>
+kdt_status launch_attn_st(const kdt_plain_args *a, cudaStream_t s) {
+    return a->stages == 2 ? launch_attn<DVP, 2>(a, s) : launch_attn<DVP, 1>(a, s);
+}
+
+} // namespace
+
+extern "C" {
+
+int32_t kdt_plain_dv_pad(int32_t dv) {
+    for (int32_t p = 16; p <= 256; p *= 2)
+        if (dv <= p) return p;
+    return 0;
+}
+
+size_t kdt_plain_smem_bytes(int32_t dqk_p, int32_t dv_p, int32_t stages) {
+    if (dqk_p < 16 || dqk_p > MAXK * 16 || dqk_p % 16 || kdt_plain_dv_pad(dv_p) != dv_p || stages < 1 || stages > 2)
+        return 0;
+    return (size_t)(BM + stages * BN) * (dqk_p + PAD) * 2 + (size_t)stages * BN * (dv_p + PAD) * 2;
+}
+
+kdt_status kdt_plain_launch(const kdt_plain_args *a, const kdt_gmat *uk_t, const kdt_gmat *uv, cudaStream_t s) {
+    if (a->T < 1 || a->T > a->cap || a->R < 1 || a->first + a->R != a->T)
+        return kdt_fail(KDT_ERR_INTERNAL, "plain attention: T %d, cap %d, rows %d from slot %d", a->T, a->cap, a->R, a->first);
+    const unsigned kt = (unsigned)((a->T + BM - 1) / BM);
+    plain_up<true><<<dim3(kt, (unsigned)a->H, (unsigned)((a->dn + BN - 1) / BN)), THREADS, 0, s>>>(
+        *a, uk_t->w, uk_t->ld, uk_t->batch_stride, a->dn, a->dn, a->k, a->dqk_p);
+    plain_up<false><<<dim3(kt, (unsigned)a->H, (unsigned)((a->dv_p + BN - 1) / BN)), THREADS, 0, s>>>(
+        *a, uv->w, uv->ld, uv->batch_stride, a->dv, a->dv_p, a->v, a->dv_p);
+    plain_kpe<<<(unsigned)a->T, 128, 0, s>>>(*a);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "plain up-projection: %s", cudaGetErrorString(e));
+    switch (a->dv_p) {
+    case 16: return launch_attn_st<16>(a, s);
+    case 32: return launch_attn_st<32>(a, s);
+    case 64: return launch_attn_st<64>(a, s);
+    case 128: return launch_attn_st<128>(a, s);
+    case 256: return launch_attn_st<256>(a, s);
+    default: return kdt_fail(KDT_ERR_INTERNAL, "plain attention: d_v padded to %d", a->dv_p);
+    }
+}
+
+} // extern "C"
