@@ -135,6 +135,7 @@ static kdt_status plain_setup(kdt_gpu_runner *r) {
     r->plain_dqk = dqk_p;
     r->plain_dv = dv_p;
     r->plain_stages = stages;
+    KDT_TRY(kdt_plain_init(dqk_p, dv_p, stages));
     const size_t n = (size_t)c->n_heads * r->plain_cap;
     KDT_TRY(ralloc(r, (void **)&r->plain_k, n * dqk_p * 2, "plain prefill keys"));
     return ralloc(r, (void **)&r->plain_v, n * dv_p * 2, "plain prefill values");

@@ -366,6 +366,8 @@ typedef struct kdt_plain_args {
 int32_t kdt_plain_dv_pad(int32_t dv);
 /* its shared memory (0: a configuration it has no instance for) */
 size_t kdt_plain_smem_bytes(int32_t dqk_p, int32_t dv_p, int32_t stages);
+/* raises the instance's shared-memory limit (once per runner, before any capture) */
+kdt_status kdt_plain_init(int32_t dqk_p, int32_t dv_p, int32_t stages);
 kdt_status kdt_plain_launch(const kdt_plain_args *a, const kdt_gmat *uk_t, const kdt_gmat *uv, cudaStream_t s);
 
 /* Fills the staged verify rows from a device tree (kdt_gpu_stage_verify_device); streams [S][3]

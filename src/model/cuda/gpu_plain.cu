@@ -282,18 +282,26 @@ size_t attn_smem(int dqk_p) {
 
 template <int DVP, int ST>
 kdt_status launch_attn(const kdt_plain_args *a, cudaStream_t s) {
-    const size_t smem = attn_smem<DVP, ST>(a->dqk_p);
-    cudaError_t e = cudaFuncSetAttribute(plain_attn<DVP, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "plain attention: shared memory %zu B: %s", smem, cudaGetErrorString(e));
     const dim3 grid((unsigned)((a->R + BM - 1) / BM), (unsigned)a->H);
-    plain_attn<DVP, ST><<<grid, THREADS, smem, s>>>(*a);
-    e = cudaGetLastError();
+    plain_attn<DVP, ST><<<grid, THREADS, attn_smem<DVP, ST>(a->dqk_p), s>>>(*a);
+    const cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? KDT_OK : kdt_fail(KDT_ERR_CUDA, "plain attention: %s", cudaGetErrorString(e));
 }
 
 template <int DVP>
 kdt_status launch_attn_st(const kdt_plain_args *a, cudaStream_t s) {
     return a->stages == 2 ? launch_attn<DVP, 2>(a, s) : launch_attn<DVP, 1>(a, s);
+}
+
+/* the instance's shared-memory limit, raised once per runner (outside any graph capture) */
+template <int DVP>
+kdt_status init_attn(int32_t dqk_p, int32_t stages) {
+    const size_t smem = stages == 2 ? attn_smem<DVP, 2>(dqk_p) : attn_smem<DVP, 1>(dqk_p);
+    const cudaError_t e = stages == 2
+                              ? cudaFuncSetAttribute(plain_attn<DVP, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
+                              : cudaFuncSetAttribute(plain_attn<DVP, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    return e == cudaSuccess ? KDT_OK
+                            : kdt_fail(KDT_ERR_CUDA, "plain attention: shared memory %zu B: %s", smem, cudaGetErrorString(e));
 }
 
 } // namespace
@@ -310,6 +318,17 @@ size_t kdt_plain_smem_bytes(int32_t dqk_p, int32_t dv_p, int32_t stages) {
     if (dqk_p < 16 || dqk_p > MAXK * 16 || dqk_p % 16 || kdt_plain_dv_pad(dv_p) != dv_p || stages < 1 || stages > 2)
         return 0;
     return (size_t)(BM + stages * BN) * (dqk_p + PAD) * 2 + (size_t)stages * BN * (dv_p + PAD) * 2;
+}
+
+kdt_status kdt_plain_init(int32_t dqk_p, int32_t dv_p, int32_t stages) {
+    switch (dv_p) {
+    case 16: return init_attn<16>(dqk_p, stages);
+    case 32: return init_attn<32>(dqk_p, stages);
+    case 64: return init_attn<64>(dqk_p, stages);
+    case 128: return init_attn<128>(dqk_p, stages);
+    case 256: return init_attn<256>(dqk_p, stages);
+    default: return kdt_fail(KDT_ERR_INTERNAL, "plain attention: d_v padded to %d", dv_p);
+    }
 }
 
 kdt_status kdt_plain_launch(const kdt_plain_args *a, const kdt_gmat *uk_t, const kdt_gmat *uv, cudaStream_t s) {
