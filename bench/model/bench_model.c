@@ -447,6 +447,26 @@ typedef struct kimi_bench {
     int d_nope, d_rope, d_vh;                 /* the plain form's head dims */
 } kimi_bench;
 static double decode1[2][2]; /* [ab][corr]: decode S = 1 of the latest pass, for verify / decode */
+/* A Kimi table row: mode, variant, S streams x N rows, distinct experts D, us per layer (and the
+ * 1-layer pass), the bytes floor in us and time / decode S 1 (0: not timed). */
+static row *kimi_row(const char *mode, const char *variant, int S, int N, double D, double us, double one, int layers,
+                     int ab, double floor_us, double ratio_decode) {
+    row *w = new_row();
+    memset(w, 0, sizeof *w);
+    snprintf(w->model, sizeof w->model, "kimi-k2.6 layer");
+    snprintf(w->mode, sizeof w->mode, "%s", mode);
+    snprintf(w->variant, sizeof w->variant, "%s", variant);
+    w->S = S;
+    w->N = N;
+    w->distinct = (int)(D + 0.5);
+    w->us = us;
+    w->us_one = one;
+    w->layers = layers;
+    w->ab = ab;
+    w->floor_us = floor_us;
+    w->ratio_decode = ratio_decode;
+    return w;
+}
 static void kimi_shapes(const kimi_bench *kb, int ab) {
     kdt_gpu_runner *r = kb->r;
     kdt_gpu_kv *kv = kb->kv;
@@ -470,21 +490,9 @@ static void kimi_shapes(const kimi_bench *kb, int ab) {
             const double D = distinct_experts(r, E, layers, dl, sizeof dl);
             const double bytes = (double)D * wb->routed_expert + wb->shared_expert + wb->attention + wb->router +
                                  S * ((bench_prefix + 1) * row_bytes + row_bytes);
-            row *w = new_row();
-            memset(w, 0, sizeof *w);
-            snprintf(w->model, sizeof w->model, "kimi-k2.6 layer");
-            snprintf(w->mode, sizeof w->mode, "decode");
-            snprintf(w->variant, sizeof w->variant, corr ? "corr0.05" : "random");
-            w->S = S;
-            w->N = 1;
-            w->distinct = (int)(D + 0.5);
-            w->us = us;
-            w->us_one = one;
-            w->layers = layers;
-            w->ab = ab;
-            w->floor_us = bytes / (copy_gbps * 1e3);
             if (S == 1) decode1[ab][corr] = us;
-            w->ratio_decode = us / decode1[ab][corr];
+            row *w = kimi_row("decode", corr ? "corr0.05" : "random", S, 1, D, us, one, layers, ab,
+                              bytes / (copy_gbps * 1e3), us / decode1[ab][corr]);
             printf("  decode S=%-2d %-8s D=%5.1f %9.1f us/layer  floor %8.1f us  %.2fx  (1-layer pass %.1f us; D by layer %s)\n",
                    S, w->variant, D, us, w->floor_us, us / w->floor_us, one, dl);
             profile_replay(r, gr);
@@ -509,20 +517,8 @@ static void kimi_shapes(const kimi_bench *kb, int ab) {
             const double D = distinct_experts(r, E, layers, dl, sizeof dl);
             const double bytes = (double)D * wb->routed_expert + wb->shared_expert + wb->attention + wb->router +
                                  (bench_prefix + N) * row_bytes + N * row_bytes;
-            row *w = new_row();
-            memset(w, 0, sizeof *w);
-            snprintf(w->model, sizeof w->model, "kimi-k2.6 layer");
-            snprintf(w->mode, sizeof w->mode, "verify");
-            snprintf(w->variant, sizeof w->variant, corr ? "corr0.05" : "random");
-            w->S = 1;
-            w->N = N;
-            w->distinct = (int)(D + 0.5);
-            w->us = us;
-            w->us_one = one;
-            w->layers = layers;
-            w->ab = ab;
-            w->floor_us = bytes / (copy_gbps * 1e3);
-            w->ratio_decode = us / decode1[ab][corr];
+            row *w = kimi_row("verify", corr ? "corr0.05" : "random", 1, N, D, us, one, layers, ab,
+                              bytes / (copy_gbps * 1e3), us / decode1[ab][corr]);
             printf("  verify N=%-2d %-8s D=%5.1f %9.1f us/layer  floor %8.1f us  %.2fx  (%.2fx decode; 1-layer pass "
                    "%.1f us; D by layer %s)\n", N, w->variant, D, us, w->floor_us, us / w->floor_us, w->ratio_decode, one, dl);
             profile_replay(r, gr);
@@ -561,20 +557,9 @@ static void kimi_shapes(const kimi_bench *kb, int ab) {
         const double flops = (double)N * ((double)wb->attention + wb->router + wb->shared_expert +
                                           (double)wb->routed_expert * kb->experts_per_token) + /* 2 per bf16 weight */
                              keys * kb->heads * pair;
-        row *w = new_row();
-        memset(w, 0, sizeof *w);
-        snprintf(w->model, sizeof w->model, "kimi-k2.6 layer");
-        snprintf(w->mode, sizeof w->mode, "prefill");
-        snprintf(w->variant, sizeof w->variant, plain ? "random plain" : "random");
-        w->S = 1;
-        w->N = N;
-        w->distinct = (int)(D + 0.5);
-        w->us = us;
-        w->us_one = one;
-        w->layers = layers;
-        w->ab = ab;
-        w->floor_us = bytes / (copy_gbps * 1e3);
-        w->ratio_decode = decode1[ab][0] > 0 ? us / decode1[ab][0] : 0; /* 0: decode S 1 not timed in this run */
+        /* time / decode S 1: 0 when decode S 1 was not timed in this run */
+        row *w = kimi_row("prefill", plain ? "random plain" : "random", 1, N, D, us, one, layers, ab,
+                          bytes / (copy_gbps * 1e3), decode1[ab][0] > 0 ? us / decode1[ab][0] : 0);
         printf("  prefill N=%-4d %-6s D=%5.1f %9.1f us/layer  floor %8.1f us  %.2fx  (%.1fx decode; %.0f TFLOP/s "
                "of %.2f TFLOP; 1-layer pass %.1f us; D by layer %s)\n", N, plain ? "plain" : "absorb", D, us, w->floor_us, us / w->floor_us,
                w->ratio_decode, flops / (us * 1e6), flops / 1e12, one, dl);

@@ -416,6 +416,15 @@ static void gmodel_close(gmodel *m) {
     kdt_gpu_model_free(m->g);
     kdt_model_free(m->cpu);
 }
+/* tests/fixtures/models/<name> on the CPU and the GPU; 0 (a failed check, nothing left open) if not */
+static int gmodel_open_fixture(gmodel *m, const char *name) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/%s", FIXTURES, name);
+    CHECK(gmodel_open(m, dir));
+    if (m->g) return 1;
+    gmodel_close(m);
+    return 0;
+}
 
 static int rows_equal(kdt_gpu_kv *a, int sa, int ta, kdt_gpu_kv *b, int sb, int tb, int n_layers, int row_elems) {
     float *x = xmalloc((size_t)row_elems * 4), *y = xmalloc((size_t)row_elems * 4);
@@ -872,14 +881,8 @@ static void plain_case(const char *dir, const char *label, int n, uint64_t seed)
 
 /* A plain chunk's graph replays that chunk only; the form switch needs the scratch. */
 static void plain_graph_and_switch(void) {
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/kimi_tiny", FIXTURES);
     gmodel m;
-    CHECK(gmodel_open(&m, dir));
-    if (!m.g) {
-        gmodel_close(&m);
-        return;
-    }
+    if (!gmodel_open_fixture(&m, "kimi_tiny")) return;
     int32_t toks[20];
     uint64_t rng = 9;
     for (int i = 0; i < 20; i++) toks[i] = t_rand_int(&rng, m.cpu->cfg.vocab_size);
@@ -914,14 +917,8 @@ static void plain_graph_and_switch(void) {
 
 /* one K / V stage (what a 99 KB part takes at Kimi's dimensions) gives two stages' bits */
 static void plain_stages_same(void) {
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/kimi_tiny", FIXTURES);
     gmodel m;
-    CHECK(gmodel_open(&m, dir));
-    if (!m.g) {
-        gmodel_close(&m);
-        return;
-    }
+    if (!gmodel_open_fixture(&m, "kimi_tiny")) return;
     const int n = 150, V = m.cpu->cfg.vocab_size;
     int32_t toks[150];
     uint64_t rng = 17;
@@ -1009,14 +1006,8 @@ static void test_verify_equals_decode(void) {
 
 /* prefill in chunks of 7 == one chunk == token-by-token decode (logits and KV rows) */
 static void test_prefill_chunks(void) {
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/kimi_tiny", FIXTURES);
     gmodel m;
-    CHECK(gmodel_open(&m, dir));
-    if (!m.g) {
-        gmodel_close(&m);
-        return;
-    }
+    if (!gmodel_open_fixture(&m, "kimi_tiny")) return;
     const kdt_model_config *c = &m.cpu->cfg;
     const int V = c->vocab_size, n = quick ? 20 : 70, dq = c->kv_lora_rank + c->qk_rope_head_dim;
     int32_t toks[70];
@@ -1055,14 +1046,8 @@ static void test_prefill_chunks(void) {
 
 /* verify -> accept the deepest path -> commit -> decode == decoding that path directly */
 static void test_commit_then_decode(void) {
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/kimi_tiny", FIXTURES);
     gmodel m;
-    CHECK(gmodel_open(&m, dir));
-    if (!m.g) {
-        gmodel_close(&m);
-        return;
-    }
+    if (!gmodel_open_fixture(&m, "kimi_tiny")) return;
     const int V = m.cpu->cfg.vocab_size, N = 40;
     int prefix[1] = {20}, n_nodes[1] = {17};
     int32_t hist[20], root[1];
@@ -1114,14 +1099,8 @@ static void read_outputs(kdt_gpu_runner *r, int n, float *logits, int32_t *argma
 
 /* graph replay == eager run: decode (S = 3) and verify, on the captured batch and on new batches */
 static void test_graph_replay(void) {
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/kimi_tiny", FIXTURES);
     gmodel m;
-    CHECK(gmodel_open(&m, dir));
-    if (!m.g) {
-        gmodel_close(&m);
-        return;
-    }
+    if (!gmodel_open_fixture(&m, "kimi_tiny")) return;
     const int V = m.cpu->cfg.vocab_size, S = 3, N = 16;
     uint64_t rng = 77;
     int32_t hist[3][50], lens[3] = {7, 50, 33}, tok[3];
@@ -1201,14 +1180,8 @@ static void test_graph_replay(void) {
 }
 
 static void test_bad_inputs(void) {
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/kimi_tiny", FIXTURES);
     gmodel m;
-    CHECK(gmodel_open(&m, dir));
-    if (!m.g) {
-        gmodel_close(&m);
-        return;
-    }
+    if (!gmodel_open_fixture(&m, "kimi_tiny")) return;
     const int V = m.cpu->cfg.vocab_size;
     kdt_gpu_runner *r = new_runner(m.g, 16, 8, 0, 0);
     kdt_gpu_kv *kv = new_gkv(m.g, 2, 2);
