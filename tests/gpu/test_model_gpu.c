@@ -840,8 +840,17 @@ static void plain_case(const char *dir, const char *label, int n, uint64_t seed)
         double le, lm, ae, am;
         max_err_rows(lp, lc, n, V, excused, &le, &lm);
         max_err_rows(lp, la, n, V, excused, &ae, &am);
-        printf("  %s: GPU plain vs CPU plain max |err| %.3g of %.3g (%.1e); vs GPU absorbed %.3g (%.1e); %d rows "
-               "excused\n", label, le, lm, lm > 0 ? le / lm : 0.0, ae, am > 0 ? ae / am : 0.0, n_ex);
+        /* context: the absorbed form's own GPU-vs-CPU error on this prompt */
+        double be = 0, bm = 0;
+        float *lca = xmalloc((size_t)n * V * 4);
+        kdt_kv_cache *ck = new_ckv(f.twin, pages, 1);
+        kdt_model_outputs oc = {lca, NULL, 0, 0, NULL, NULL};
+        if (ck && kdt_model_prefill(f.twin, ck, 0, toks, n, &oc) == KDT_OK) max_err_rows(la, lca, n, V, excused, &be, &bm);
+        kdt_kv_cache_free(ck);
+        free(lca);
+        printf("  %s: GPU plain vs CPU plain max |err| %.3g of %.3g (%.1e); vs GPU absorbed %.3g (%.1e); GPU absorbed "
+               "vs CPU absorbed %.1e; %d rows excused\n", label, le, lm, lm > 0 ? le / lm : 0.0, ae, am > 0 ? ae / am : 0.0,
+               bm > 0 ? be / bm : 0.0, n_ex);
         CHECK_MSG(le <= REL_TOL * lm, "%s: plain vs CPU plain %.3g > %.0e * %.3g", label, le, REL_TOL, lm);
         CHECK_MSG(ae <= REL_TOL * am, "%s: plain vs absorbed %.3g > %.0e * %.3g", label, ae, REL_TOL, am);
         free(excused);

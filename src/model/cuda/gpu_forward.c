@@ -137,8 +137,8 @@ static kdt_status plain_setup(kdt_gpu_runner *r) {
     r->plain_stages = stages;
     KDT_TRY(kdt_plain_init(dqk_p, dv_p, stages));
     const size_t n = (size_t)c->n_heads * r->plain_cap;
-    KDT_TRY(ralloc(r, (void **)&r->plain_k, n * dqk_p * 2, "plain prefill keys"));
-    return ralloc(r, (void **)&r->plain_v, n * dv_p * 2, "plain prefill values");
+    KDT_TRY(ralloc(r, (void **)&r->plain_k, 2 * n * dqk_p * 2, "plain prefill keys"));
+    return ralloc(r, (void **)&r->plain_v, 2 * n * dv_p * 2, "plain prefill values");
 }
 
 kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_options *opt, kdt_gpu_runner **out) {
@@ -904,8 +904,11 @@ static kdt_status plain_attention(pass *p, int32_t l) {
     a.max_pages = p->c->max_pages;
     a.stream = r->plain_stream;
     a.block_table = p->c->d_block_table;
-    a.k = r->plain_k;
-    a.v = r->plain_v;
+    const size_t planes = (size_t)c->n_heads * r->plain_cap;
+    a.k_hi = r->plain_k;
+    a.k_lo = r->plain_k + planes * r->plain_dqk;
+    a.v_hi = r->plain_v;
+    a.v_lo = r->plain_v + planes * r->plain_dv;
     a.cap = r->plain_cap;
     a.heads = r->heads;
     a.R = r->plain_rows;

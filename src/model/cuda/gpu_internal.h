@@ -234,7 +234,7 @@ struct kdt_gpu_runner {
     void **allocs;
     int32_t n_allocs, cap_allocs;
     /* the plain prefill form (gpu_plain.cu): scratch when opt.prefill_attention allows it */
-    uint16_t *plain_k, *plain_v;    /* [H][plain_cap][plain_dqk], [H][plain_cap][plain_dv] */
+    uint16_t *plain_k, *plain_v;    /* [2][H][plain_cap][plain_dqk], [2][H][plain_cap][plain_dv]: hi, lo */
     int32_t plain_cap, plain_dqk, plain_dv, plain_stages;
     int32_t staged_plain;           /* the staged pass is a prefill chunk that takes the plain form */
     int32_t plain_stream, plain_first, plain_rows;
@@ -356,7 +356,8 @@ typedef struct kdt_plain_args {
     const uint16_t *kv;             /* one layer of the cache [n_pages][page][row_stride] */
     int32_t row_stride, page_size, max_pages, stream;
     const int32_t *block_table;
-    uint16_t *k, *v;                /* [H][cap][dqk_p], [H][cap][dv_p] bf16 scratch */
+    uint16_t *k_hi, *k_lo;          /* [H][cap][dqk_p] bf16 pairs (hi + lo) */
+    uint16_t *v_hi, *v_lo;          /* [H][cap][dv_p] */
     int32_t cap;                    /* keys the scratch holds */
     float *heads;                   /* [R][H * d_v] */
     int32_t R, first, T, H, dn, dr, dc, dv, dqk_p, dv_p, stages;

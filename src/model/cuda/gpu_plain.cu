@@ -3,12 +3,16 @@
  *
  *   plain_up:   for every visible key t < T of the chunk's stream and every head h,
  *               k_nope[h][t] = W_UK[h] c_kv_t and v[h][t] = W_UV[h] c_kv_t (bf16 cache rows times
- *               the bf16 weights on tensor cores, fp32 sums, stored as bf16), plus k_pe copied
- *               beside k_nope: K[h][t] = [k_nope | k_pe | 0 pad], V[h][t] = [v | 0 pad].
+ *               the bf16 weights on tensor cores, fp32 sums), plus k_pe copied beside k_nope:
+ *               K[h][t] = [k_nope | k_pe | 0 pad], V[h][t] = [v | 0 pad], each stored as a bf16
+ *               pair hi = bf16(x), lo = bf16(x - hi) (~16 bits): the absorbed form scores and sums
+ *               the cache's own bf16 rows and applies W_UV in fp32, so a single bf16 rounding of
+ *               K and V here would make this form's error about twice the absorbed one's.
  *   plain_attn: per head, a causal flash attention of the chunk's rows (row r at slot
  *               first + r sees keys 0..first + r) over K and V: S = [q_nope | q_pe] K^T,
  *               online softmax in fp32 (exp2 of the scaled scores), O += P V with P in bf16,
- *               O / l into the heads buffer o_proj reads ([R][H * d_v] fp32).
+ *               O / l into the heads buffer o_proj reads ([R][H * d_v] fp32). Q and P are bf16
+ *               as in the absorbed form; K and V enter as hi then lo (two products each).
  *
  * Both are mma.sync m16n8k16 kernels (sm_80 and later; no wgmma), CTAs of 4 warps, 16 rows per
  * warp, 64-key tiles. Bits: a key's K / V row is a function of its cache row alone; a query row
@@ -35,12 +39,13 @@ constexpr int THREADS = 128;
 
 /* One CTA: 64 keys x 64 output columns of one head, K = d_c in 64-wide steps. TRANS: the weight
  * is stored [d_c][n] (uk_t, W_UK transposed), else [n][d_c] (uv); its rows (columns) past n_out
- * read as zero. Writes columns [0, n_store) of out[h][t][ld_out] for t < T (bf16): V's padding
- * columns get zeros. */
+ * read as zero. Writes columns [0, n_store) of out_hi / out_lo[h][t][ld_out] for t < T (the bf16
+ * pair): V's padding columns get zeros. */
 template <bool TRANS>
 __global__ void __launch_bounds__(THREADS) plain_up(kdt_plain_args a, const uint16_t *__restrict__ w, int32_t ldw,
                                                     int64_t w_batch, int32_t n_out, int32_t n_store,
-                                                    uint16_t *__restrict__ out, int32_t ld_out) {
+                                                    uint16_t *__restrict__ out_hi, uint16_t *__restrict__ out_lo,
+                                                    int32_t ld_out) {
     __shared__ __align__(16) uint16_t As[BM][64 + PAD];
     __shared__ __align__(16) uint16_t Bs[64][64 + PAD];
     const int h = blockIdx.y, t0 = blockIdx.x * BM, n0 = blockIdx.z * BN;
@@ -99,9 +104,14 @@ __global__ void __launch_bounds__(THREADS) plain_up(kdt_plain_args a, const uint
         for (int half = 0; half < 2; half++) {
             const int t = t0 + warp * 16 + g + half * 8, n = n0 + nb * 8 + 2 * c;
             if (t >= a.T) continue;
-            uint16_t *o = out + ((int64_t)h * a.cap + t) * ld_out + n;
-            if (n < n_store) o[0] = f32_to_bf16(acc[nb][2 * half]);
-            if (n + 1 < n_store) o[1] = f32_to_bf16(acc[nb][2 * half + 1]);
+            const int64_t at = ((int64_t)h * a.cap + t) * ld_out + n;
+            for (int j = 0; j < 2; j++)
+                if (n + j < n_store) {
+                    const float x = acc[nb][2 * half + j];
+                    const uint16_t hi = f32_to_bf16(x);
+                    out_hi[at + j] = hi;
+                    out_lo[at + j] = f32_to_bf16(x - bf16_to_f32(hi));
+                }
         }
 }
 
@@ -112,7 +122,9 @@ __global__ void plain_kpe(kdt_plain_args a) {
     const uint16_t *row = a.kv + ((int64_t)page * a.page_size + t % a.page_size) * a.row_stride + a.dc;
     for (int i = threadIdx.x; i < a.H * width; i += blockDim.x) {
         const int h = i / width, j = i % width;
-        a.k[((int64_t)h * a.cap + t) * a.dqk_p + a.dn + j] = j < a.dr ? row[j] : (uint16_t)0;
+        const int64_t at = ((int64_t)h * a.cap + t) * a.dqk_p + a.dn + j;
+        a.k_hi[at] = j < a.dr ? row[j] : (uint16_t)0; /* k_pe is bf16 already: lo = 0 */
+        a.k_lo[at] = 0;
     }
 }
 
@@ -126,8 +138,8 @@ __global__ void __launch_bounds__(THREADS) plain_attn(kdt_plain_args a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int qp = a.dqk_p + PAD, vp = DVP + PAD;
     uint16_t *Qs = reinterpret_cast<uint16_t *>(smem_raw);
-    uint16_t *Ks = Qs + BM * qp;
-    uint16_t *Vs = Ks + ST * BN * qp;
+    uint16_t *Ks = Qs + BM * qp;         /* [ST][hi, lo][BN][qp] */
+    uint16_t *Vs = Ks + ST * 2 * BN * qp; /* [ST][hi, lo][BN][vp] */
     const int h = blockIdx.y, q0 = (gridDim.x - 1 - blockIdx.x) * BM;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int rows = a.R - q0 < BM ? a.R - q0 : BM;
@@ -147,15 +159,18 @@ __global__ void __launch_bounds__(THREADS) plain_attn(kdt_plain_args a) {
     auto load_tile = [&](int tile, int st) {
         const int kt0 = tile * BN;
         const int kch = a.dqk_p / 8, vch = DVP / 8;
-        uint16_t *kd = Ks + st * BN * qp, *vd = Vs + st * BN * vp;
-        const uint16_t *kh = a.k + (int64_t)h * a.cap * a.dqk_p, *vh = a.v + (int64_t)h * a.cap * DVP;
-        for (int i = threadIdx.x; i < BN * kch; i += THREADS) {
-            const int r = i / kch, ch = i % kch, t = kt0 + r;
-            cp_async16(kd + r * qp + ch * 8, t < a.T ? kh + (int64_t)t * a.dqk_p + ch * 8 : kh, t < a.T ? 16 : 0);
-        }
-        for (int i = threadIdx.x; i < BN * vch; i += THREADS) {
-            const int r = i / vch, ch = i % vch, t = kt0 + r;
-            cp_async16(vd + r * vp + ch * 8, t < a.T ? vh + (int64_t)t * DVP + ch * 8 : vh, t < a.T ? 16 : 0);
+        for (int part = 0; part < 2; part++) {
+            uint16_t *kd = Ks + (st * 2 + part) * BN * qp, *vd = Vs + (st * 2 + part) * BN * vp;
+            const uint16_t *kh = (part ? a.k_lo : a.k_hi) + (int64_t)h * a.cap * a.dqk_p;
+            const uint16_t *vh = (part ? a.v_lo : a.v_hi) + (int64_t)h * a.cap * DVP;
+            for (int i = threadIdx.x; i < BN * kch; i += THREADS) {
+                const int r = i / kch, ch = i % kch, t = kt0 + r;
+                cp_async16(kd + r * qp + ch * 8, t < a.T ? kh + (int64_t)t * a.dqk_p + ch * 8 : kh, t < a.T ? 16 : 0);
+            }
+            for (int i = threadIdx.x; i < BN * vch; i += THREADS) {
+                const int r = i / vch, ch = i % vch, t = kt0 + r;
+                cp_async16(vd + r * vp + ch * 8, t < a.T ? vh + (int64_t)t * DVP + ch * 8 : vh, t < a.T ? 16 : 0);
+            }
         }
     };
     load_tile(0, 0);
@@ -186,7 +201,7 @@ __global__ void __launch_bounds__(THREADS) plain_attn(kdt_plain_args a) {
             cp_async_wait<0>();
         }
         __syncthreads();
-        const uint16_t *kd = Ks + st * BN * qp, *vd = Vs + st * BN * vp;
+        const uint16_t *kd = Ks + st * 2 * BN * qp, *vd = Vs + st * 2 * BN * vp; /* hi; lo one plane on */
         float s[8][4];
 #pragma unroll
         for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
@@ -195,10 +210,14 @@ __global__ void __launch_bounds__(THREADS) plain_attn(kdt_plain_args a) {
             if (ks >= nks) break;
 #pragma unroll
             for (int nb = 0; nb < 4; nb++) {
-                uint32_t bf[4];
-                ldsm_x4(bf, kd + (nb * 16 + (lane & 7) + (lane >> 4) * 8) * qp + ks * 16 + ((lane >> 3) & 1) * 8);
-                mma16816(s[2 * nb], qf[ks], bf[0], bf[1]);
-                mma16816(s[2 * nb + 1], qf[ks], bf[2], bf[3]);
+                const int off = (nb * 16 + (lane & 7) + (lane >> 4) * 8) * qp + ks * 16 + ((lane >> 3) & 1) * 8;
+                uint32_t bh[4], bl[4];
+                ldsm_x4(bh, kd + off);
+                ldsm_x4(bl, kd + BN * qp + off);
+                mma16816(s[2 * nb], qf[ks], bh[0], bh[1]);
+                mma16816(s[2 * nb + 1], qf[ks], bh[2], bh[3]);
+                mma16816(s[2 * nb], qf[ks], bl[0], bl[1]);
+                mma16816(s[2 * nb + 1], qf[ks], bl[2], bl[3]);
             }
         }
         /* mask (key t visible to the row at slot iff t <= slot), scale, the tile's row max */
@@ -247,10 +266,14 @@ __global__ void __launch_bounds__(THREADS) plain_attn(kdt_plain_args a) {
             pf[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
             for (int vb = 0; vb < DVP / 16; vb++) {
-                uint32_t bf[4];
-                ldsm_x4_trans(bf, vd + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * vp + vb * 16 + (lane >> 4) * 8);
-                mma16816(o[2 * vb], pf, bf[0], bf[1]);
-                mma16816(o[2 * vb + 1], pf, bf[2], bf[3]);
+                const int off = (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * vp + vb * 16 + (lane >> 4) * 8;
+                uint32_t bh[4], bl[4];
+                ldsm_x4_trans(bh, vd + off);
+                ldsm_x4_trans(bl, vd + BN * vp + off);
+                mma16816(o[2 * vb], pf, bh[0], bh[1]);
+                mma16816(o[2 * vb + 1], pf, bh[2], bh[3]);
+                mma16816(o[2 * vb], pf, bl[0], bl[1]);
+                mma16816(o[2 * vb + 1], pf, bl[2], bl[3]);
             }
         }
         __syncthreads(); /* this stage is loaded again (two tiles on, or next with one stage) */
@@ -277,7 +300,7 @@ __global__ void __launch_bounds__(THREADS) plain_attn(kdt_plain_args a) {
 
 template <int DVP, int ST>
 size_t attn_smem(int dqk_p) {
-    return (size_t)(BM + ST * BN) * (dqk_p + PAD) * 2 + (size_t)ST * BN * (DVP + PAD) * 2;
+    return (size_t)(BM + 2 * ST * BN) * (dqk_p + PAD) * 2 + (size_t)2 * ST * BN * (DVP + PAD) * 2;
 }
 
 template <int DVP, int ST>
@@ -317,7 +340,7 @@ int32_t kdt_plain_dv_pad(int32_t dv) {
 size_t kdt_plain_smem_bytes(int32_t dqk_p, int32_t dv_p, int32_t stages) {
     if (dqk_p < 16 || dqk_p > MAXK * 16 || dqk_p % 16 || kdt_plain_dv_pad(dv_p) != dv_p || stages < 1 || stages > 2)
         return 0;
-    return (size_t)(BM + stages * BN) * (dqk_p + PAD) * 2 + (size_t)stages * BN * (dv_p + PAD) * 2;
+    return (size_t)(BM + 2 * stages * BN) * (dqk_p + PAD) * 2 + (size_t)2 * stages * BN * (dv_p + PAD) * 2;
 }
 
 kdt_status kdt_plain_init(int32_t dqk_p, int32_t dv_p, int32_t stages) {
@@ -336,9 +359,9 @@ kdt_status kdt_plain_launch(const kdt_plain_args *a, const kdt_gmat *uk_t, const
         return kdt_fail(KDT_ERR_INTERNAL, "plain attention: T %d, cap %d, rows %d from slot %d", a->T, a->cap, a->R, a->first);
     const unsigned kt = (unsigned)((a->T + BM - 1) / BM);
     plain_up<true><<<dim3(kt, (unsigned)a->H, (unsigned)((a->dn + BN - 1) / BN)), THREADS, 0, s>>>(
-        *a, uk_t->w, uk_t->ld, uk_t->batch_stride, a->dn, a->dn, a->k, a->dqk_p);
+        *a, uk_t->w, uk_t->ld, uk_t->batch_stride, a->dn, a->dn, a->k_hi, a->k_lo, a->dqk_p);
     plain_up<false><<<dim3(kt, (unsigned)a->H, (unsigned)((a->dv_p + BN - 1) / BN)), THREADS, 0, s>>>(
-        *a, uv->w, uv->ld, uv->batch_stride, a->dv, a->dv_p, a->v, a->dv_p);
+        *a, uv->w, uv->ld, uv->batch_stride, a->dv, a->dv_p, a->v_hi, a->v_lo, a->dv_p);
     plain_kpe<<<(unsigned)a->T, 128, 0, s>>>(*a);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "plain up-projection: %s", cudaGetErrorString(e));
