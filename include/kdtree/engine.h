@@ -51,8 +51,10 @@ typedef struct kdt_engine_options {
     double verify_cost_per_node_s; /* seconds per verified tree node (0: 1e-4) */
     int32_t yarn_legacy_amplitude; /* drafter YaRN cos/sin amplitude: 0 = transformers'
                                       mscale ratio, 1 = legacy 0.1 ln(factor) + 1 (research §3.6) */
-    int32_t prefill_attention;     /* a kdt_prefill_attention (model.h) for the prompt's prefill
-                                      on the CPU or the GPU; 0 = absorbed */
+    int32_t prefill_attention;     /* a kdt_prefill_attention (model.h) for the prompt's prefill;
+                                      0 = absorbed. On the GPU auto is absorbed for now (its
+                                      plain kernels' current form has not run on a GPU yet);
+                                      plain is taken as asked. */
 } kdt_engine_options;
 
 typedef struct kdt_gen_params {
