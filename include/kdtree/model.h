@@ -354,9 +354,11 @@ typedef struct kdt_gpu_runner_options {
     void *stream;           /* cudaStream_t to run on; NULL = a stream the runner creates */
     int32_t prefill_attention; /* a kdt_prefill_attention for prefill passes (0 = absorbed). Plain
                                or auto allocate per-head key / value scratch for up to
-                               KDT_GPU_PLAIN_MAX_KEYS keys (2 x H x keys x ~(d_n + d_r + d_v)
-                               bytes); a chunk that sees more keys takes the absorbed form. Plain
-                               needs d_n + d_r <= 256 and d_v <= 256 (else KDT_ERR_UNSUPPORTED). */
+                               KDT_GPU_PLAIN_MAX_KEYS keys (4 x H x keys x ~(d_n + d_r + d_v)
+                               bytes: bf16 hi / lo pairs; 1.34 GB for Kimi); a chunk that sees
+                               more keys takes the absorbed form. Plain needs d_n + d_r <= 256,
+                               d_v <= 256 and the shared memory for them (else
+                               KDT_ERR_UNSUPPORTED; auto then stays absorbed). */
 } kdt_gpu_runner_options;
 #define KDT_GPU_PLAIN_MAX_KEYS 16384
 
