@@ -109,9 +109,9 @@ void kdt_gpu_runner_free(kdt_gpu_runner *r) {
 }
 
 /* The plain prefill form's scratch and instance (gpu_plain.cu) for a runner asking for plain or
- * auto: per-head K [cap][d_n + d_r, padded to 16] and V [cap][d_v, padded to a power of two] in
- * bf16, cap = min(max_keys, KDT_GPU_PLAIN_MAX_KEYS) rounded up to 64. Dimensions without an
- * instance: plain is refused, auto keeps the absorbed form. */
+ * auto: per-head K [cap][d_n + d_r, padded to 16] and V [cap][d_v, padded to a power of two] as
+ * bf16 hi / lo planes, cap = min(max_keys, KDT_GPU_PLAIN_MAX_KEYS) rounded up to 64. Dimensions
+ * without an instance: plain is refused, auto keeps the absorbed form. */
 static kdt_status plain_setup(kdt_gpu_runner *r) {
     const kdt_gpu_model *g = r->g;
     const kdt_model_config *c = &g->cfg;
