@@ -691,13 +691,13 @@ static void fill_outputs(const kdt_model *m, const kdt_model_outputs *out, int64
     if (out->n_taps > 0) r->taps = out->taps + tap_row * out->n_taps * D;
 }
 
+int kdt_prefill_takes_plain(const kdt_model_config *c, int32_t form, int32_t n_rows, int32_t prefix_len) {
+    return form == KDT_PREFILL_PLAIN || (form == KDT_PREFILL_AUTO && kdt_prefill_plain_pays(c, n_rows, prefix_len));
+}
+
 /* Whether a prefill chunk of R rows whose first row is at slot `first` takes the plain form. */
 static int chunk_plain(const kdt_model *m, int32_t R, int32_t first) {
-    switch (m->opt.prefill_attention) {
-    case KDT_PREFILL_PLAIN: return 1;
-    case KDT_PREFILL_AUTO: return kdt_prefill_plain_pays(&m->cfg, R, first);
-    default: return 0;
-    }
+    return kdt_prefill_takes_plain(&m->cfg, m->opt.prefill_attention, R, first);
 }
 
 /* Runs `n` rows in chunks of the model's prefill_chunk. prefill: the rows are one stream's

@@ -234,6 +234,11 @@ float kdt_cpu_softmax_weights(float *s, int32_t n);
 /* out[e] = sum over t ascending of w[t] * rows[t][e], e < cols (plain C or AVX2, the same bits). */
 void kdt_cpu_weighted_sum(const float *w, const float *const *rows, int32_t n, int32_t cols, float *out);
 
+/* Whether a prefill chunk of n_rows rows after prefix_len committed tokens takes the plain form
+ * under `form` (a kdt_prefill_attention): plain always, auto when kdt_prefill_plain_pays. The CPU
+ * forward and the GPU staging both decide by it. */
+int kdt_prefill_takes_plain(const kdt_model_config *c, int32_t form, int32_t n_rows, int32_t prefix_len);
+
 /* Ensures every stream in streams[0..n) has pages for need[i] slots; all-or-nothing. */
 kdt_status kdt_kv_reserve_many(kdt_kv_cache *c, int32_t n, const int32_t *streams,
                                const int32_t *need);

@@ -440,9 +440,8 @@ kdt_status kdt_gpu_stage_prefill(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t strea
     KDT_TRY(stage_end(r, c, &v, n, 0));
     c->length[stream] = c->written[stream] = len + n;
     /* the attention's form for this chunk (decided here, on the host, so a pass stays kernels only) */
-    const int32_t form = r->opt.prefill_attention;
     r->staged_plain = r->plain_k && len + n <= r->plain_cap &&
-                      (form == KDT_PREFILL_PLAIN || (form == KDT_PREFILL_AUTO && kdt_prefill_plain_pays(&r->g->cfg, n, len)));
+                      kdt_prefill_takes_plain(&r->g->cfg, r->opt.prefill_attention, n, len);
     r->plain_stream = stream;
     r->plain_first = len;
     r->plain_rows = n;

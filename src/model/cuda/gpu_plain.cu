@@ -298,9 +298,13 @@ __global__ void __launch_bounds__(THREADS) plain_attn(kdt_plain_args a) {
     }
 }
 
+/* Q, then per stage K hi / lo and V hi / lo (bf16) */
+size_t attn_smem_for(int dqk_p, int dv_p, int stages) {
+    return attn_smem_for(dqk_p, dv_p, stages);
+}
 template <int DVP, int ST>
 size_t attn_smem(int dqk_p) {
-    return (size_t)(BM + 2 * ST * BN) * (dqk_p + PAD) * 2 + (size_t)2 * ST * BN * (DVP + PAD) * 2;
+    return attn_smem_for(dqk_p, DVP, ST);
 }
 
 template <int DVP, int ST>
