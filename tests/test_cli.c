@@ -68,6 +68,8 @@ static void test_usage_errors(void) {
     int rc = run("%s serve --help", g_bin);
     CHECK(rc == 0 || (rc == 1 && strstr(g_out, "not built")));
     if (rc == 0) RUN_HAS(1, no_model, "%s serve --model /nonexistent --port 0", g_bin);
+    if (rc == 0) RUN_HAS(2, "--prefill-chunk expects an integer in 0..4096", "%s serve --model %s --prefill-chunk -3",
+                         g_bin, ET_FIXTURE);
 }
 
 static void test_generate_and_bench(void) {
@@ -92,6 +94,12 @@ static void test_generate_and_bench(void) {
     HAS("tau mean");
     CHECK_EQ_INT(run("%s generate -m %s --prompt-ids 5 --prefill-attn fast", g_bin, ET_FIXTURE), 1);
     HAS("--prefill-attn \"fast\": expected absorbed, plain or auto");
+    /* the absorbed form's bits do not depend on the prefill chunk; 0..4096 rows */
+    CHECK_EQ_INT(run("%s generate -m %s --prompt-ids 5,6,7,100,200 -n 10 --ignore-eos --prefill-attn absorbed "
+                     "--prefill-chunk 2", g_bin, ET_FIXTURE), 0);
+    HAS(want);
+    CHECK_EQ_INT(run("%s generate -m %s --prompt-ids 5 --prefill-chunk 4097", g_bin, ET_FIXTURE), 2);
+    HAS("--prefill-chunk");
     /* any CPU thread count gives the same tokens; a count outside 0..1024 is refused */
     CHECK_EQ_INT(run("%s generate -m %s --prompt-ids 5,6,7,100,200 -n 10 --ignore-eos --threads 3", g_bin, ET_FIXTURE), 0);
     HAS(want);

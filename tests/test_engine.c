@@ -5,7 +5,8 @@
  * streams joining mid-run. Drafts come from the TEST-ONLY oracle drafter (engine_test_util.h):
  * the target's own greedy continuation with seeded corruption, so acceptance is high but partial
  * (deep paths, accepted side branches, rejections and commits all happen). The reference is the
- * model API alone (prefill + decode), independent of the engine.
+ * model API alone (prefill + decode), independent of the engine. Prefill chunks of 1, 5 and 4,096
+ * rows give the same output.
  * Target: tests/fixtures/models/kimi_tiny (MLA + MoE + YaRN, 320-token vocabulary).
  */
 #ifdef KDT_WITH_MODEL /* the engine is built with the model (jansson) */
@@ -42,10 +43,13 @@ static void setup(void) {
     }
 }
 
+static int32_t g_prefill_chunk; /* the engines' prefill_chunk (0: the default) */
+
 static kdt_engine *make_engine(int32_t max_streams, int32_t max_context) {
     kdt_engine_options o;
     memset(&o, 0, sizeof o);
     o.device = KDT_DEVICE_CPU; /* the reference is the CPU model */
+    o.prefill_chunk = g_prefill_chunk;
     o.model_dir = ET_FIXTURE;
     o.max_streams = max_streams;
     o.max_budget = 64;
@@ -128,6 +132,22 @@ static void test_lossless_greedy(void) {
     CHECK_EQ_INT(s.active_streams, 0);
     CHECK_EQ_INT(s.kv_pages_used, 0);  /* every finished stream returned its pages */
     kdt_engine_free(e);
+}
+
+/* The prompt's prefill in chunks of 1, 5 and 4,096 rows (the reference's model prefills in 64):
+ * the absorbed form's bits do not depend on the chunk, so every mode still equals the reference. */
+static void test_prefill_chunk(void) {
+    static const int32_t chunks[3] = {1, 5, KDT_MAX_PREFILL_CHUNK};
+    for (int c = 0; c < 3; c++) {
+        g_prefill_chunk = chunks[c];
+        kdt_engine *e = make_engine(8, 0);
+        g_prefill_chunk = 0;
+        if (!e) return;
+        run_and_compare(e, 8, KDT_SPEC_AR, 1, NULL, NULL);
+        run_and_compare(e, 8, KDT_SPEC_DDTREE, 16, NULL, NULL);
+        run_and_compare(e, 3, KDT_SPEC_CHAIN, 1, NULL, NULL);
+        kdt_engine_free(e);
+    }
 }
 
 /* 8 streams, each with its own mode / budget, half of them joining while others run. */
@@ -357,6 +377,13 @@ static void test_bad_input(void) {
     o.max_streams = 65;
     CHECK(kdt_engine_create(&o, &e) == KDT_ERR_INVALID_ARG);
     o.max_streams = 0;
+    static const int32_t bad_chunks[2] = {-1, KDT_MAX_PREFILL_CHUNK + 1};
+    for (int i = 0; i < 2; i++) {
+        o.prefill_chunk = bad_chunks[i];
+        CHECK(kdt_engine_create(&o, &e) == KDT_ERR_INVALID_ARG && e == NULL);
+        CHECK_MSG(strstr(kdt_last_error(), "prefill_chunk") != NULL, "%s", kdt_last_error());
+    }
+    o.prefill_chunk = 0;
     o.model_dir = "/nonexistent/model";
     CHECK(kdt_engine_create(&o, &e) != KDT_OK);
     CHECK(e == NULL);
@@ -392,6 +419,7 @@ int main(void) {
     setup();
     T_RUN(test_spec_names);
     T_RUN(test_lossless_greedy);
+    T_RUN(test_prefill_chunk);
     T_RUN(test_mixed_batch_and_joins);
     T_RUN(test_stop_and_length);
     T_RUN(test_cancel);

@@ -55,6 +55,16 @@ typedef struct kdt_engine_options {
                                       0 = absorbed. On the GPU auto is absorbed for now (its
                                       plain kernels' current form has not run on a GPU yet);
                                       plain is taken as asked. */
+    int32_t prefill_chunk;         /* prompt rows per forward pass of a prefill, 1..4096; 0 = the
+                                      device's default (CPU 64, GPU 256). Larger chunks read each
+                                      weight once for more rows (a MoE layer's experts stream once
+                                      per chunk) and let the plain attention pay more. The GPU's
+                                      scratch grows in proportion (each row's activations,
+                                      attention partials and logits); a chunk too large for
+                                      the device fails kdt_engine_create naming the buffer.
+                                      With absorbed or plain prefill attention the output does
+                                      not depend on it; auto picks each chunk's form from the
+                                      chunk's size, so there it may (within rounding). */
 } kdt_engine_options;
 
 typedef struct kdt_gen_params {

@@ -141,10 +141,13 @@ typedef enum kdt_prefill_attention {
     KDT_PREFILL_AUTO = 2,     /* per chunk, the form with fewer FLOPs (kdt_prefill_plain_pays) */
 } kdt_prefill_attention;
 
+#define KDT_MAX_PREFILL_CHUNK 4096 /* the most rows of one prefill chunk (CPU model, engine) */
+
 typedef struct kdt_model_options {
     int32_t progress;       /* 1: a progress line on stderr while loading, only when stderr is a
                                terminal and CI is not "true"; 0: silent */
-    int32_t prefill_chunk;  /* rows per forward chunk in prefill (scratch memory bound); 0 = 64 */
+    int32_t prefill_chunk;  /* rows per forward chunk in prefill, 1..KDT_MAX_PREFILL_CHUNK (scratch
+                               memory bound); 0 = 64 */
     int32_t prefill_attention; /* a kdt_prefill_attention; 0 = KDT_PREFILL_ABSORBED */
 } kdt_model_options;
 

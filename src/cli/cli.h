@@ -7,6 +7,7 @@
 #define KDT_CLI_H
 
 #include "kdtree/engine.h"
+#include "kdtree/model.h" /* kdt_prefill_attention, KDT_MAX_PREFILL_CHUNK */
 
 #include <stdint.h>
 #include <stdio.h>
@@ -42,7 +43,11 @@ typedef struct cli_engine_args {
     int32_t max_streams, max_context, max_budget, kv_pages, yarn_legacy, verbose;
     int32_t threads; /* CPU threads for the CPU forward, 0 = every core (or OMP_NUM_THREADS) */
     const char *prefill_attn; /* --prefill-attn: absorbed | plain | auto; NULL = auto */
+    int32_t prefill_chunk;    /* --prefill-chunk: rows per prefill pass, 0 = the device's default */
 } cli_engine_args;
+
+#define CLI_PREFILL_CHUNK_HELP \
+    "prompt rows per prefill pass, 1..4096, 0 = the device's default (CPU 64, GPU 256) [0]"
 
 /* The --prefill-attn help line, and its parser: "absorbed", "plain" or "auto" into *form (a
  * kdt_prefill_attention); -1 with "kdtree <cmd>: --prefill-attn ..." on stderr otherwise. */

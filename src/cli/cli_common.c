@@ -2,7 +2,6 @@
  * parsing, the run loop over an engine (continuous batching of the prompts), stats tables. */
 #include "cli.h"
 
-#include "kdtree/model.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -57,6 +56,7 @@ kdt_engine *cli_engine_create(const char *cmd, const cli_engine_args *a) {
     o.kv_pages = a->kv_pages;
     o.verbose = a->verbose;
     o.yarn_legacy_amplitude = a->yarn_legacy;
+    o.prefill_chunk = a->prefill_chunk;
     if (cli_parse_prefill_attn(cmd, a->prefill_attn, &o.prefill_attention) != 0) return NULL;
     o.device = KDT_DEVICE_AUTO;
     if (a->device) {

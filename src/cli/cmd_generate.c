@@ -65,6 +65,7 @@ int cli_generate(int argc, char **argv) {
         {"device", 0, CLI_STRING, "DEV", "cpu | cuda | auto [auto]", &ea.device, 0, 0},
         {"threads", 0, CLI_INT, "N", "CPU threads of the CPU forward, 0 = every core or OMP_NUM_THREADS [0]", &ea.threads, 0, 1024},
         {"prefill-attn", 0, CLI_STRING, "FORM", CLI_PREFILL_ATTN_HELP, &ea.prefill_attn, 0, 0},
+        {"prefill-chunk", 0, CLI_INT, "N", CLI_PREFILL_CHUNK_HELP, &ea.prefill_chunk, 0, KDT_MAX_PREFILL_CHUNK},
         {"max-context", 0, CLI_INT, "N", "context per stream, 0 = the model's maximum [0]", &ea.max_context, 0, 1 << 24},
         {"tokenizer", 0, CLI_STRING, "PATH", "tokenizer file or directory [the model dir]", &ea.tokenizer, 0, 0},
         {"print-ids", 0, CLI_FLAG, NULL, "print token ids even when a tokenizer is available", &print_ids, 0, 0},

@@ -127,6 +127,9 @@ kdt_status kdt_engine_create(const kdt_engine_options *opt, kdt_engine **out) {
                   "kdt_engine_create: max_budget = %d, expected 1..%d", opt->max_budget, KDT_MAX_BUDGET);
     KDT_CHECK_ARG(opt->max_context >= 0, "kdt_engine_create: max_context = %d", opt->max_context);
     KDT_CHECK_ARG(opt->kv_pages >= 0, "kdt_engine_create: kv_pages = %d", opt->kv_pages);
+    KDT_CHECK_ARG(opt->prefill_chunk >= 0 && opt->prefill_chunk <= KDT_MAX_PREFILL_CHUNK,
+                  "kdt_engine_create: prefill_chunk = %d, expected 1..%d (0 = the device's default)",
+                  opt->prefill_chunk, KDT_MAX_PREFILL_CHUNK);
     KDT_CHECK_ARG(opt->device == KDT_DEVICE_AUTO || opt->device == KDT_DEVICE_CPU ||
                       opt->device == KDT_DEVICE_CUDA,
                   "kdt_engine_create: device = %d", (int)opt->device);
@@ -145,8 +148,9 @@ kdt_status kdt_engine_create(const kdt_engine_options *opt, kdt_engine **out) {
     e->max_streams = max_streams;
     e->max_budget = max_budget;
     e->prefill_attention = opt->prefill_attention;
+    e->prefill_chunk = opt->prefill_chunk;
     e->next_id = 1;
-    kdt_model_options mo = {opt->verbose ? 1 : 0, 0, opt->prefill_attention};
+    kdt_model_options mo = {opt->verbose ? 1 : 0, opt->prefill_chunk, opt->prefill_attention};
     kdt_status st = kdt_model_load(opt->model_dir, &mo, &e->model);
     if (st != KDT_OK) goto fail;
     e->mc = kdt_model_get_config(e->model);

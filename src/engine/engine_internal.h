@@ -87,6 +87,7 @@ struct kdt_engine {
 
     int32_t max_streams, max_context, max_budget, max_nodes; /* max_nodes = 1 + max(max_budget, L) */
     int32_t prefill_attention;                   /* kdt_prefill_attention of the CPU and GPU prefill */
+    int32_t prefill_chunk;                       /* prompt rows per prefill pass; 0 = the device's default */
     int32_t pages_total, pages_reserved, pages_per_stream_max;
     int32_t next_id;
     eng_stream *streams;        /* [max_streams]; KV cache stream = slot index */

@@ -289,8 +289,8 @@ kdt_status kdt_model_load(const char *dir, const kdt_model_options *opt, kdt_mod
     kdt_model_options o = {1, 64, KDT_PREFILL_ABSORBED};
     if (opt) o = *opt;
     if (o.prefill_chunk == 0) o.prefill_chunk = 64;
-    KDT_CHECK_ARG(o.prefill_chunk >= 1 && o.prefill_chunk <= 4096,
-                  "kdt_model_load: prefill_chunk = %d (1..4096)", o.prefill_chunk);
+    KDT_CHECK_ARG(o.prefill_chunk >= 1 && o.prefill_chunk <= KDT_MAX_PREFILL_CHUNK,
+                  "kdt_model_load: prefill_chunk = %d (1..%d)", o.prefill_chunk, KDT_MAX_PREFILL_CHUNK);
     KDT_CHECK_ARG(o.prefill_attention >= KDT_PREFILL_ABSORBED && o.prefill_attention <= KDT_PREFILL_AUTO,
                   "kdt_model_load: prefill_attention = %d (0 absorbed, 1 plain, 2 auto)", o.prefill_attention);
 

@@ -4,7 +4,7 @@
  * 1. Oracle drafter (TEST-ONLY hook, engine_test_util.h) on tests/fixtures/models/kimi_tiny:
  *    chain, ddtree at budgets {1, 4, 16, 64} and auto, batches {1, 3, 8}: every stream's output
  *    equals the GPU reference, which is the model's GPU API alone (kdt_gpu_prefill +
- *    kdt_gpu_decode), independent of the engine. (The GPU's bits differ from the CPU's, so the
+ *    kdt_gpu_decode), independent of the engine. Also with prompts prefilled 1 and 5 rows a pass. (The GPU's bits differ from the CPU's, so the
  *    reference is the GPU's own greedy decoding.)
  * 2. The bundled tiny target + DFlash drafter, drafting on the GPU: ddtree B 32 and chain equal ar
  *    token for token, with tau well above 1 (the GPU drafter agrees with the target); graph
@@ -14,7 +14,9 @@
  *    and eagerly.
  * 3. Seeded T > 0 runs repeat exactly and stay in the vocabulary.
  * 4. A brief tiny-pair run (a few rounds of each mode) for compute-sanitizer's racecheck.
- * 5. A random schedule of adds, cancels and steps (et_random_ops) on a small engine (4 slots, a
+ * 5. The tiny pair with auto prefill attention (the CLI's default: plain prompts): ddtree and
+ *    chain equal ar.
+ * 6. A random schedule of adds, cancels and steps (et_random_ops) on a small engine (4 slots, a
  *    6-page pool, a 60-token context): every refusal path, graphs of many round shapes, streams
  *    leaving mid-round; greedy streams equal the GPU reference.
  * KDT_TEST_QUICK=1 (compute-sanitizer runs) runs fewer cases: oracle batch 8 at budgets 4 and 64,
@@ -92,9 +94,14 @@ static void setup(void) {
     }
 }
 
+static int32_t g_prefill_attention = KDT_PREFILL_ABSORBED; /* the engines' prefill form */
+static int32_t g_prefill_chunk;                              /* and rows per prefill pass (0: 256) */
+
 static kdt_engine *make_engine(const char *model, const char *draft, int32_t max_streams, int oracle) {
     kdt_engine_options o;
     memset(&o, 0, sizeof o);
+    o.prefill_attention = g_prefill_attention;
+    o.prefill_chunk = g_prefill_chunk;
     o.model_dir = model;
     o.draft_dir = draft;
     o.device = KDT_DEVICE_CUDA;
@@ -161,6 +168,21 @@ static void test_lossless_oracle(void) {
     CHECK_EQ_INT(s.active_streams, 0);
     CHECK_EQ_INT(s.kv_pages_used, 0);
     kdt_engine_free(e);
+}
+
+/* Prompts prefilled 1 and 5 rows per pass (the reference prefills each whole): the absorbed
+ * form's bits do not depend on the chunk on the GPU either. */
+static void test_prefill_chunk_gpu(void) {
+    static const int32_t chunks[2] = {1, 5};
+    for (int c = 0; c < 2; c++) {
+        g_prefill_chunk = chunks[c];
+        kdt_engine *e = make_engine(ET_FIXTURE, NULL, 8, 1);
+        g_prefill_chunk = 0;
+        if (!e) return;
+        run_and_compare(e, 8, KDT_SPEC_AR, 1);
+        run_and_compare(e, 8, KDT_SPEC_DDTREE, 16);
+        kdt_engine_free(e);
+    }
 }
 
 /* ---- the tiny pair with the DFlash drafter on the GPU ------------------------------------------ */
@@ -381,15 +403,46 @@ static void test_pair_brief(void) {
     kdt_engine_free(e);
 }
 
+/* The CLI's and server's default prefill form (auto: a prompt's first chunk takes the plain
+ * attention), in 32-row chunks, under the engine: ddtree and chain still equal ar token for token, and the drafter,
+ * whose context starts from the plain prefill's taps, still drafts the target's text. */
+static void test_pair_auto_prefill(void) {
+    pair_prompts();
+    g_prefill_attention = KDT_PREFILL_AUTO;
+    g_prefill_chunk = 32; /* prompts of 12-99 tokens: chunks after a prefix too */
+    kdt_engine *e = make_engine(PAIR_T, PAIR_D, 4, 0);
+    g_prefill_attention = KDT_PREFILL_ABSORBED;
+    g_prefill_chunk = 0;
+    if (!e) return;
+    et_run ar, dd, ch;
+    pair_run(e, PAIR_N, KDT_SPEC_AR, 1, 0.0f, &ar);
+    pair_run(e, PAIR_N, KDT_SPEC_DDTREE, 32, 0.0f, &dd);
+    pair_run(e, PAIR_N, KDT_SPEC_CHAIN, 1, 0.0f, &ch);
+    const double tau = dd.events_with_tau ? (double)dd.tau_sum / (double)dd.events_with_tau : 0;
+    printf("  tiny pair, auto prefill: ddtree B32 tau %.2f\n", tau);
+    CHECK_MSG(same_outputs(&ar, &dd), "auto prefill: ddtree B32 output differs from ar");
+    CHECK_MSG(same_outputs(&ar, &ch), "auto prefill: chain output differs from ar");
+    CHECK_MSG(tau >= 2.0, "auto prefill: ddtree tau %.2f", tau);
+    et_run_free(&ar);
+    et_run_free(&dd);
+    et_run_free(&ch);
+    kdt_engine_stats st;
+    kdt_engine_get_stats(e, &st);
+    CHECK_EQ_INT(st.kv_pages_used, 0);
+    kdt_engine_free(e);
+}
+
 int main(void) {
     const char *q = getenv("KDT_TEST_QUICK");
     g_quick = q && q[0] == '1';
     if (!gpu_test_have_device("test_engine_gpu")) return 1;
     setup();
     T_RUN(test_lossless_oracle);
+    T_RUN(test_prefill_chunk_gpu);
     T_RUN(test_random_ops_gpu);
     T_RUN(test_tiny_pair);
     T_RUN(test_pair_brief);
+    T_RUN(test_pair_auto_prefill);
     et_oracle_free(&g_oracle);
     for (int i = 0; i < PAIR_N; i++) free(g_pp[i]);
     return t_summary();

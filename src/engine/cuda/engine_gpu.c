@@ -36,7 +36,10 @@ kdt_status kdt_eng_scatter_rows(float *dst, int64_t dst_stride, int32_t n_dst_ro
 kdt_status kdt_eng_tree_prefix(const kdt_tree *src, const kdt_tree *dst, const int32_t *budget, int32_t *probe_n,
                                float *probe_score, void *stream);
 
-#define PREFILL_CHUNK 256
+/* prompt rows per prefill pass unless kdt_engine_options.prefill_chunk says otherwise: enough
+ * rows that a pass is not launch-bound on a small model, few enough that the runner's per-row
+ * scratch (activations, attention partials, logits) stays small on a large one */
+#define PREFILL_CHUNK_DEFAULT 256
 /* A 64-client server run with auto met ~130 shapes (batch size x plain/drafted x stride); with a
  * 32-graph cache it recaptured 1,557 times in 12 s (4.6 s of capture, auto at 0.81x ar). */
 #define MAX_GRAPHS 256
@@ -69,6 +72,7 @@ struct eng_gpu {
     kdt_kv_layout kl;           /* device cache + block table (stable pointers) */
     kdt_gpu_outputs outs;       /* the runner's device outputs */
     int32_t MS, MN, Lmax, Kmax, V, D;
+    int32_t chunk;              /* prompt rows per prefill pass */
     /* device */
     int32_t *d_par;             /* [7][MS]: slot, root, prefix, depth limit, budget, cap (auto), parked row */
     float *d_draft_logits;      /* [MS][Lmax][V] */
@@ -210,7 +214,7 @@ static kdt_status create_buffers(kdt_engine *e, eng_gpu *g) {
     KDT_TRY(dalloc((void **)&g->d_target, MS * MN * I4, "target tokens"));
     KDT_TRY(dalloc((void **)&g->d_acc, acc_words(g->MS, g->MN) * I4, "accept outputs"));
     KDT_TRY(dalloc((void **)&g->d_bt, MS * (size_t)g->kl.max_pages * I4, "block-table rows"));
-    KDT_TRY(dalloc((void **)&g->d_items, (1 + 3 * PREFILL_CHUNK) * I4, "context items"));
+    KDT_TRY(dalloc((void **)&g->d_items, (1 + 3 * (size_t)g->chunk) * I4, "context items"));
     KDT_TRY(halloc((void **)&g->h_par, 7 * MS * I4, "round parameters"));
     KDT_TRY(dalloc((void **)&g->d_ptree_i, (MS + 6 * MS * MN) * I4, "probe trees"));
     KDT_TRY(dalloc((void **)&g->d_pscore, MS * MN * sizeof(float), "probe scores"));
@@ -219,7 +223,7 @@ static kdt_status create_buffers(kdt_engine *e, eng_gpu *g) {
     g->n_probe = calloc(MS, sizeof(int32_t));
     if (!g->probe || !g->n_probe) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine GPU: probe scores");
     KDT_TRY(halloc((void **)&g->h_acc, acc_words(g->MS, g->MN) * I4, "accept outputs"));
-    KDT_TRY(halloc((void **)&g->h_items, (1 + 3 * PREFILL_CHUNK) * I4, "context items"));
+    KDT_TRY(halloc((void **)&g->h_items, (1 + 3 * (size_t)g->chunk) * I4, "context items"));
     if (g->draft && e->n_taps > 0) {
         const size_t rows = MS * PEND_MAX;
         KDT_TRY(dalloc((void **)&g->d_pend, rows * (size_t)g->outs.max_taps * (size_t)g->D * sizeof(float),
@@ -252,6 +256,7 @@ kdt_status kdt_engine_gpu_create(kdt_engine *e, int verbose) {
     e->gpu = g;
     g->MS = e->max_streams;
     g->MN = e->max_nodes;
+    g->chunk = e->prefill_chunk > 0 ? e->prefill_chunk : PREFILL_CHUNK_DEFAULT;
     g->Lmax = e->depth > 0 ? e->depth : KDT_MAX_DEPTH; /* room for a test drafter */
     g->Kmax = e->top_k_max;
     g->V = e->mc->vocab_size;
@@ -271,7 +276,7 @@ kdt_status kdt_engine_gpu_create(kdt_engine *e, int verbose) {
     KDT_TRY(kdt_gpu_kv_create(g->model, &ko, &g->kv));
     kdt_gpu_runner_options ro;
     memset(&ro, 0, sizeof ro);
-    ro.max_rows = g->MS * g->MN > PREFILL_CHUNK ? g->MS * g->MN : PREFILL_CHUNK;
+    ro.max_rows = g->MS * g->MN > g->chunk ? g->MS * g->MN : g->chunk;
     ro.max_keys = e->max_context + g->MN;
     ro.max_nodes = g->MN;
     ro.max_taps = e->n_taps;
@@ -284,8 +289,8 @@ kdt_status kdt_engine_gpu_create(kdt_engine *e, int verbose) {
     KDT_TRY(kdt_gpu_kv_layout(g->kv, &g->kl));
     KDT_TRY(kdt_gpu_runner_outputs(g->run, &g->outs));
     if (e->drafter) {
-        kdt_dflash_gpu_options dopt = {g->MS, e->max_context, g->MS, g->MS * KDT_MAX_PATH > PREFILL_CHUNK
-                                                                       ? g->MS * KDT_MAX_PATH : PREFILL_CHUNK,
+        kdt_dflash_gpu_options dopt = {g->MS, e->max_context, g->MS, g->MS * KDT_MAX_PATH > g->chunk
+                                                                       ? g->MS * KDT_MAX_PATH : g->chunk,
                                        g->stream};
         KDT_TRY(kdt_dflash_to_gpu(e->drafter, g->model, &dopt, &g->draft));
         g->append_max = dopt.max_append_rows;
@@ -324,8 +329,9 @@ kdt_status kdt_engine_gpu_prefill(kdt_engine *e, int32_t slot, int32_t *first_to
     const int want_taps = s->drafts && g->draft && e->n_taps > 0;
     const int greedy = !(s->params.temperature > 0.0f);
     if (g->pend_n) g->pend_n[slot] = 0; /* a new context: nothing parked from a former stream */
-    for (int32_t off = 0; off < s->n_prompt; off += PREFILL_CHUNK) {
-        const int32_t n = s->n_prompt - off < PREFILL_CHUNK ? s->n_prompt - off : PREFILL_CHUNK;
+    const int32_t C = g->chunk;
+    for (int32_t off = 0; off < s->n_prompt; off += C) {
+        const int32_t n = s->n_prompt - off < C ? s->n_prompt - off : C;
         const int last = off + n == s->n_prompt;
         KDT_TRY(kdt_gpu_stage_prefill(g->run, g->kv, slot, s->tokens + off, n, 1));
         kdt_gpu_run_config rc = {n, last && !greedy, last && greedy, want_taps ? e->n_taps : 0, e->tap_layers};
@@ -335,14 +341,14 @@ kdt_status kdt_engine_gpu_prefill(kdt_engine *e, int32_t slot, int32_t *first_to
             h[0] = n;
             for (int32_t i = 0; i < n; i++) {
                 h[1 + i] = slot;
-                h[1 + PREFILL_CHUNK + i] = off + i;
-                h[1 + 2 * PREFILL_CHUNK + i] = i; /* taps row i = prompt token off + i */
+                h[1 + C + i] = off + i;
+                h[1 + 2 * C + i] = i; /* taps row i = prompt token off + i */
             }
-            CU(cudaMemcpyAsync(g->d_items, h, (1 + 3 * PREFILL_CHUNK) * sizeof(int32_t), cudaMemcpyHostToDevice,
+            CU(cudaMemcpyAsync(g->d_items, h, (1 + 3 * (size_t)C) * sizeof(int32_t), cudaMemcpyHostToDevice,
                                g->stream),
                "prefill items");
-            KDT_TRY(kdt_dflash_gpu_append(g->draft, g->d_items, n, g->d_items + 1, g->d_items + 1 + PREFILL_CHUNK,
-                                          g->d_items + 1 + 2 * PREFILL_CHUNK, g->outs.taps,
+            KDT_TRY(kdt_dflash_gpu_append(g->draft, g->d_items, n, g->d_items + 1, g->d_items + 1 + C,
+                                          g->d_items + 1 + 2 * C, g->outs.taps,
                                           (int64_t)g->outs.max_taps * g->D));
             CU(cudaStreamSynchronize(g->stream), "prefill"); /* h_items is reused by the next chunk */
         }
