@@ -513,7 +513,7 @@ static void test_engine_with_dflash(void) {
     CHECK_MSG(st == KDT_OK, "%s", kdt_last_error());
     if (!e) return;
     CHECK_EQ_INT(kdt_engine_draft_depth(e), 7);
-    static const int32_t lens[4] = {2, 7, 30, 70};
+    static const int32_t lens[4] = {2, 7, 30, 290}; /* 290: two prefill calls of the drafter's context */
     int32_t *prompts[4], n_prompt[4], *ref[4];
     uint64_t rng = 3;
     for (int i = 0; i < 4; i++) {
@@ -541,11 +541,24 @@ static void test_engine_with_dflash(void) {
     const uint64_t plain = after.plain_rounds - before.plain_rounds, all = after.rounds - before.rounds;
     CHECK_MSG(plain >= 3 && all - plain >= 3, "%llu plain rounds of %llu", (unsigned long long)plain,
               (unsigned long long)all);
+    kdt_engine_free(e);
+    /* prompts prefilled 3 and 300 rows a pass (300: one call of the whole 290-token prompt, its
+     * taps appended at once): the same output */
+    static const int32_t chunks[2] = {3, 300};
+    for (int c = 0; c < 2; c++) {
+        o.prefill_chunk = chunks[c];
+        e = NULL;
+        st = kdt_engine_create(&o, &e);
+        CHECK_MSG(st == KDT_OK, "prefill chunk %d: %s", chunks[c], kdt_last_error());
+        if (!e) break;
+        static const kdt_spec_mode cm[4] = {KDT_SPEC_AR, KDT_SPEC_CHAIN, KDT_SPEC_AUTO, KDT_SPEC_DDTREE};
+        run_4_vs_ref(e, prompts, n_prompt, ref, cm, "prefill chunk"); /* the long prompt drafts */
+        kdt_engine_free(e);
+    }
     for (int i = 0; i < 4; i++) {
         free(prompts[i]);
         free(ref[i]);
     }
-    kdt_engine_free(e);
 }
 
 int main(void) {

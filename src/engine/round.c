@@ -20,7 +20,9 @@
 #include <string.h>
 #include <time.h>
 
-#define PREFILL_CHUNK 256 /* prompt tokens per prefill call: bounds the taps buffer */
+/* prompt tokens per kdt_model_prefill call: bounds the taps buffer. The model splits a call into
+ * its own prefill_chunk rows, so a prefill_chunk above this makes the calls that large. */
+#define PREFILL_CALL_ROWS 256
 
 double kdt_engine_now(void) {
     struct timespec ts;
@@ -87,12 +89,13 @@ static kdt_status prefill_stream(kdt_engine *e, int32_t slot, int32_t *first_tok
         st = kdt_round_grow_f32(&e->logits, &e->logits_cap, V, "prefill logits");
         if (st != KDT_OK) return st;
     }
+    const int32_t C = e->prefill_chunk > PREFILL_CALL_ROWS ? e->prefill_chunk : PREFILL_CALL_ROWS;
     if (want_taps) {
-        st = kdt_round_grow_f32(&e->taps, &e->taps_cap, (int64_t)PREFILL_CHUNK * e->n_taps * D, "prefill taps");
+        st = kdt_round_grow_f32(&e->taps, &e->taps_cap, (int64_t)C * e->n_taps * D, "prefill taps");
         if (st != KDT_OK) return st;
     }
-    for (int32_t off = 0; off < s->n_prompt; off += PREFILL_CHUNK) {
-        const int32_t n = s->n_prompt - off < PREFILL_CHUNK ? s->n_prompt - off : PREFILL_CHUNK;
+    for (int32_t off = 0; off < s->n_prompt; off += C) {
+        const int32_t n = s->n_prompt - off < C ? s->n_prompt - off : C;
         const int last = off + n == s->n_prompt;
         kdt_model_outputs out = {0};
         if (last) {
