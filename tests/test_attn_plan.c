@@ -118,8 +118,38 @@ static void test_sweep(void) {
     CHECK(kdt_ap_min_smem(16, 48, 64) <= OPT_99K);
 }
 
+/* The plain prefill attention (gpu_plain.cu): Q [64][dqk_p + 8], then per stage K hi / lo
+ * [2][64][dqk_p + 8] and V hi / lo [2][64][dv_p + 8], bf16. At Kimi's d_n + d_r = 192, d_v = 128:
+ * 2 stages (64 + 256) x 200 x 2 + 256 x 136 x 2 = 197,632; 1 stage (64 + 128) x 200 x 2 +
+ * 128 x 136 x 2 = 111,616. (Session 44: a helper that called itself here hung every runner that
+ * asked for the plain form, on the GPU only; these sizes are now plain C, checked in CI.) */
+static void test_plain_sizes(void) {
+    CHECK_EQ_INT(kdt_ap_plain_smem(192, 128, 2), 197632);
+    CHECK_EQ_INT(kdt_ap_plain_smem(192, 128, 1), 111616);
+    CHECK_EQ_INT(kdt_ap_plain_smem(16, 16, 1), (64 + 128) * 24 * 2 + 128 * 24 * 2);
+    CHECK_EQ_INT(kdt_ap_plain_smem(256, 256, 2), 320 * 264 * 2 + 256 * 264 * 2);
+    /* where each fits: Kimi takes 2 stages on a Hopper, 1 on an A100, none on the 99 KB parts
+     * (there auto keeps the absorbed form and plain is refused: gpu_forward.c plain_setup) */
+    CHECK(kdt_ap_plain_smem(192, 128, 2) <= OPT_HOPPER);
+    CHECK(kdt_ap_plain_smem(192, 128, 2) > OPT_A100 && kdt_ap_plain_smem(192, 128, 1) <= OPT_A100);
+    CHECK(kdt_ap_plain_smem(192, 128, 1) > OPT_99K);
+    /* shapes without an instance */
+    CHECK_EQ_INT(kdt_ap_plain_smem(272, 128, 1), 0); /* Q fragments past 16 k-steps */
+    CHECK_EQ_INT(kdt_ap_plain_smem(200, 128, 1), 0); /* not padded to 16 */
+    CHECK_EQ_INT(kdt_ap_plain_smem(0, 128, 1), 0);
+    CHECK_EQ_INT(kdt_ap_plain_smem(192, 100, 1), 0); /* d_v not padded */
+    CHECK_EQ_INT(kdt_ap_plain_smem(192, 512, 1), 0);
+    CHECK_EQ_INT(kdt_ap_plain_smem(192, 128, 0), 0);
+    CHECK_EQ_INT(kdt_ap_plain_smem(192, 128, 3), 0);
+    CHECK_EQ_INT(kdt_ap_plain_dv_pad(1), 16);
+    CHECK_EQ_INT(kdt_ap_plain_dv_pad(128), 128);
+    CHECK_EQ_INT(kdt_ap_plain_dv_pad(129), 256);
+    CHECK_EQ_INT(kdt_ap_plain_dv_pad(257), 0);
+}
+
 int main(void) {
     T_RUN(test_sizes_by_hand);
+    T_RUN(test_plain_sizes);
     T_RUN(test_choices);
     T_RUN(test_sweep);
     return t_summary();

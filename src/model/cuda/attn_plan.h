@@ -1,8 +1,9 @@
-/* attn_plan.h - the GPU attention's (gpu_attn.cu) instances and their shared memory, as plain C:
+/* attn_plan.h - the GPU attention's (gpu_attn.cu) instances and their shared memory, as plain C
+ * (and, at the end, the plain prefill attention's, gpu_plain.cu):
  * which (heads per item, warps, P V column tiles per warp) instances exist, how much shared
  * memory each takes with a ring of 2 or 3 KV stages, and which warp count a launch takes on a
  * device with a given per-block limit. gpu_attn.cu sizes and picks with these very functions, and
- * tests/test_gpu_plans.c checks them against every device class the engine targets without a
+ * tests/test_attn_plan.c checks them against every device class the engine targets without a
  * GPU: H200 / H100 (227 KB per block), A100 (163 KB), RTX PRO 6000 Blackwell sm_120 and sm_86 /
  * sm_89 (99 KB). The warp count never changes a bit (gpu_attn.cu), so falling back to fewer warps
  * where the preferred count does not fit is pure scheduling.
@@ -103,6 +104,31 @@ KDT_AP_FN size_t kdt_ap_min_smem(int hg, int dc, int dq) {
         if (least == 0 || b < least) least = b;
     }
     return least;
+}
+
+/* ---- the plain prefill attention (gpu_plain.cu, plain_attn) ----------------------------------
+ * A CTA holds 64 query rows of one head and walks 64-key tiles; its shared memory is Q, then per
+ * K / V stage the K and V tiles as bf16 hi and lo planes, each row padded by 8 bf16. Q's
+ * fragments live in registers, so d_n + d_r (padded to 16) is at most 256. */
+enum {
+    KDT_AP_PLAIN_ROWS = 64,    /* query rows per CTA (the up-projection: keys per CTA) */
+    KDT_AP_PLAIN_KEYS = 64,    /* keys per tile (the up-projection: output columns per CTA) */
+    KDT_AP_PLAIN_PAD = 8,      /* bf16 per shared-memory row beyond its data */
+    KDT_AP_PLAIN_MAX_DQK = 256 /* d_n + d_r, padded to 16, at most */
+};
+/* d_v padded to the power of two the instances exist for (16..256); 0 when wider */
+KDT_AP_FN int kdt_ap_plain_dv_pad(int dv) {
+    for (int p = 16; p <= 256; p *= 2)
+        if (dv <= p) return p;
+    return 0;
+}
+/* plain_attn's dynamic shared memory with 1 or 2 K / V stages; 0 for a shape it has no instance for */
+KDT_AP_FN size_t kdt_ap_plain_smem(int dqk_p, int dv_p, int stages) {
+    if (dqk_p < 16 || dqk_p > KDT_AP_PLAIN_MAX_DQK || dqk_p % 16 || dv_p < 1 || kdt_ap_plain_dv_pad(dv_p) != dv_p ||
+        stages < 1 || stages > 2)
+        return 0;
+    return (size_t)(KDT_AP_PLAIN_ROWS + 2 * stages * KDT_AP_PLAIN_KEYS) * (size_t)(dqk_p + KDT_AP_PLAIN_PAD) * 2 +
+           (size_t)(2 * stages * KDT_AP_PLAIN_KEYS) * (size_t)(dv_p + KDT_AP_PLAIN_PAD) * 2;
 }
 
 #endif

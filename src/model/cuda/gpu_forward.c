@@ -22,6 +22,7 @@
  *        the shared expert meanwhile on a second stream as a dense MLP (shared_apart)
  *   taps
  * then for the rows that want outputs: RMSNorm -> lm_head with the fused argmax (+ logits). */
+#include "attn_plan.h"
 #include "gpu_internal.h"
 #include "kernels/cuda/device_limits.h"
 
@@ -116,10 +117,10 @@ static kdt_status plain_setup(kdt_gpu_runner *r) {
     const kdt_gpu_model *g = r->g;
     const kdt_model_config *c = &g->cfg;
     const int32_t dqk_p = (int32_t)kdt_g_round_up(c->qk_nope_head_dim + c->qk_rope_head_dim, 16);
-    const int32_t dv_p = kdt_plain_dv_pad(c->v_head_dim);
+    const int32_t dv_p = kdt_ap_plain_dv_pad(c->v_head_dim);
     int32_t stages = kdt_g_env_is("KDT_GPU_PLAIN_STAGES", '1') ? 1 : 2; /* 1: the small-smem path (tests) */
-    while (stages >= 1 && (kdt_plain_smem_bytes(dqk_p, dv_p, stages) == 0 ||
-                           kdt_plain_smem_bytes(dqk_p, dv_p, stages) > g->smem_optin))
+    while (stages >= 1 && (kdt_ap_plain_smem(dqk_p, dv_p, stages) == 0 ||
+                           kdt_ap_plain_smem(dqk_p, dv_p, stages) > g->smem_optin))
         stages--;
     if (dv_p == 0 || stages == 0) {
         if (r->opt.prefill_attention == KDT_PREFILL_PLAIN)

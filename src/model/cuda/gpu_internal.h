@@ -363,10 +363,7 @@ typedef struct kdt_plain_args {
     int32_t R, first, T, H, dn, dr, dc, dv, dqk_p, dv_p, stages;
     float scale_log2;
 } kdt_plain_args;
-/* d_v padded for the plain attention's instances (16, 32, ..., 256; 0: too wide) */
-int32_t kdt_plain_dv_pad(int32_t dv);
-/* its shared memory (0: a configuration it has no instance for) */
-size_t kdt_plain_smem_bytes(int32_t dqk_p, int32_t dv_p, int32_t stages);
+/* (its instances' sizes: kdt_ap_plain_dv_pad, kdt_ap_plain_smem in attn_plan.h) */
 /* raises the instance's shared-memory limit (once per runner, before any capture) */
 kdt_status kdt_plain_init(int32_t dqk_p, int32_t dv_p, int32_t stages);
 kdt_status kdt_plain_launch(const kdt_plain_args *a, const kdt_gmat *uk_t, const kdt_gmat *uv, cudaStream_t s);

@@ -24,15 +24,16 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "attn_plan.h"
 #include "gpu_internal.h"
 #include "gpu_mma.cuh"
 
 namespace {
 using namespace kg;
 
-constexpr int BM = 64;        /* query rows (up-projection: keys) per CTA */
-constexpr int BN = 64;        /* keys per tile (up-projection: output columns per CTA) */
-constexpr int PAD = 8;        /* bf16 per smem row beyond its data: conflict-free ldmatrix rows */
+constexpr int BM = KDT_AP_PLAIN_ROWS; /* query rows (up-projection: keys) per CTA */
+constexpr int BN = KDT_AP_PLAIN_KEYS; /* keys per tile (up-projection: output columns per CTA) */
+constexpr int PAD = KDT_AP_PLAIN_PAD; /* bf16 per smem row beyond its data: conflict-free ldmatrix rows */
 constexpr int THREADS = 128;
 
 /* ---- up-projection ------------------------------------------------------------------------- */
@@ -132,7 +133,7 @@ __global__ void plain_kpe(kdt_plain_args a) {
 
 /* One CTA: 64 rows of the chunk (later tiles first: they have the most keys), one head. DVP: d_v
  * padded (16..256); dqk_p <= MAXK * 16. ST: K / V stages (2: the next tile loads during this one). */
-constexpr int MAXK = 16;
+constexpr int MAXK = KDT_AP_PLAIN_MAX_DQK / 16;
 template <int DVP, int ST>
 __global__ void __launch_bounds__(THREADS) plain_attn(kdt_plain_args a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -298,13 +299,9 @@ __global__ void __launch_bounds__(THREADS) plain_attn(kdt_plain_args a) {
     }
 }
 
-/* Q, then per stage K hi / lo and V hi / lo (bf16) */
-size_t attn_smem_for(int dqk_p, int dv_p, int stages) {
-    return attn_smem_for(dqk_p, dv_p, stages);
-}
 template <int DVP, int ST>
 size_t attn_smem(int dqk_p) {
-    return attn_smem_for(dqk_p, DVP, ST);
+    return kdt_ap_plain_smem(dqk_p, DVP, ST);
 }
 
 template <int DVP, int ST>
@@ -334,18 +331,6 @@ kdt_status init_attn(int32_t dqk_p, int32_t stages) {
 } // namespace
 
 extern "C" {
-
-int32_t kdt_plain_dv_pad(int32_t dv) {
-    for (int32_t p = 16; p <= 256; p *= 2)
-        if (dv <= p) return p;
-    return 0;
-}
-
-size_t kdt_plain_smem_bytes(int32_t dqk_p, int32_t dv_p, int32_t stages) {
-    if (dqk_p < 16 || dqk_p > MAXK * 16 || dqk_p % 16 || kdt_plain_dv_pad(dv_p) != dv_p || stages < 1 || stages > 2)
-        return 0;
-    return (size_t)(BM + 2 * stages * BN) * (dqk_p + PAD) * 2 + (size_t)2 * stages * BN * (dv_p + PAD) * 2;
-}
 
 kdt_status kdt_plain_init(int32_t dqk_p, int32_t dv_p, int32_t stages) {
     switch (dv_p) {
