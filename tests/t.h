@@ -24,6 +24,9 @@
 
 static int t_passed, t_failed, t_cur_failed, t_skipped;
 
+/* before main's first output (setvbuf may only come first) */
+__attribute__((constructor)) static void t_line_buffered(void) { setvbuf(stdout, NULL, _IOLBF, 0); }
+
 /* 1 when KDT_TEST_ONLY is set and `name` does not contain it */
 static inline int t_filtered_out(const char *name) {
     const char *only = getenv("KDT_TEST_ONLY");
@@ -78,12 +81,15 @@ static inline void *xmalloc(size_t n) {
         }                                                                            \
     } while (0)
 
+/* Each test announces itself when it starts, and stdout is line-buffered: a test that hangs under
+ * a timeout (its output piped to a log) still shows which test it was and how far it got. */
 #define T_RUN(fn)                                                                    \
     do {                                                                             \
         if (t_filtered_out(#fn)) {                                                   \
             t_skipped++;                                                             \
             break;                                                                   \
         }                                                                            \
+        printf("[ .. ] %s\n", #fn);                                                  \
         t_cur_failed = 0;                                                            \
         fn();                                                                        \
         if (t_cur_failed) {                                                          \
