@@ -45,6 +45,7 @@ static int measure_copy_bandwidth(int quick) {
 }
 
 int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* rows show as they finish, also piped under a timeout */
     bench_opts o = {0, NULL, NULL};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) o.quick = 1;

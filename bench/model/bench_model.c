@@ -691,6 +691,7 @@ static void print_table(FILE *f, int md, const char *dev, double copy_gbps) {
 }
 
 int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* rows show as they finish, also piped under a timeout */
     const char *md_path = NULL, *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
