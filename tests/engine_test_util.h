@@ -333,11 +333,15 @@ static inline void et_ro_step(kdt_engine *e, et_ro_stream *rs, int n_rs, int *ba
 
 /* The engine et_random_ops is meant for, on `device`: 4 slots, a 6-page pool (a 40-token prompt
  * with a 64-node tree takes 3), a 60-token context (the 40-token prompt with 21+ new tokens is
- * refused; others end near it), budgets to 64, the oracle drafter at `depth`. NULL after a failed
+ * refused; others end near it), budgets to 64, the oracle drafter at `depth`; prefill_chunk and
+ * max_prefill_tokens as kdt_engine_options takes them (0, 0: the defaults). NULL after a failed
  * CHECK. */
-static inline kdt_engine *et_random_ops_engine(kdt_device device, et_oracle *oracle, int32_t depth) {
+static inline kdt_engine *et_random_ops_engine(kdt_device device, et_oracle *oracle, int32_t depth,
+                                               int32_t prefill_chunk, int32_t max_prefill_tokens) {
     kdt_engine_options o;
     memset(&o, 0, sizeof o);
+    o.prefill_chunk = prefill_chunk;
+    o.max_prefill_tokens = max_prefill_tokens;
     o.model_dir = ET_FIXTURE;
     o.device = device;
     o.max_streams = 4;

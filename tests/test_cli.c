@@ -100,6 +100,11 @@ static void test_generate_and_bench(void) {
     HAS(want);
     CHECK_EQ_INT(run("%s generate -m %s --prompt-ids 5 --prefill-chunk 4097", g_bin, ET_FIXTURE), 2);
     HAS("--prefill-chunk");
+    CHECK_EQ_INT(run("%s generate -m %s --prompt-ids 5,6,7,100,200 -n 10 --ignore-eos --prefill-attn absorbed "
+                     "--prefill-chunk 2 --max-prefill-tokens 2", g_bin, ET_FIXTURE), 0);
+    HAS(want);
+    CHECK_EQ_INT(run("%s generate -m %s --prompt-ids 5 --max-prefill-tokens -1", g_bin, ET_FIXTURE), 2);
+    HAS("--max-prefill-tokens");
     /* any CPU thread count gives the same tokens; a count outside 0..1024 is refused */
     CHECK_EQ_INT(run("%s generate -m %s --prompt-ids 5,6,7,100,200 -n 10 --ignore-eos --threads 3", g_bin, ET_FIXTURE), 0);
     HAS(want);

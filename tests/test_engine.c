@@ -43,13 +43,15 @@ static void setup(void) {
     }
 }
 
-static int32_t g_prefill_chunk; /* the engines' prefill_chunk (0: the default) */
+static int32_t g_prefill_chunk;      /* the engines' prefill_chunk (0: the default) */
+static int32_t g_max_prefill_tokens; /* and max_prefill_tokens (0: no limit) */
 
 static kdt_engine *make_engine(int32_t max_streams, int32_t max_context) {
     kdt_engine_options o;
     memset(&o, 0, sizeof o);
     o.device = KDT_DEVICE_CPU; /* the reference is the CPU model */
     o.prefill_chunk = g_prefill_chunk;
+    o.max_prefill_tokens = g_max_prefill_tokens;
     o.model_dir = ET_FIXTURE;
     o.max_streams = max_streams;
     o.max_budget = 64;
@@ -148,6 +150,70 @@ static void test_prefill_chunk(void) {
         run_and_compare(e, 3, KDT_SPEC_CHAIN, 1, NULL, NULL);
         kdt_engine_free(e);
     }
+}
+
+/* A step's prefill budget (max_prefill_tokens): prompts go in whole chunks, at least one a step.
+ * 1. Budget 5 with 4-row chunks (one chunk a step): every mode still equals the reference.
+ * 2. Interleaving: stream A (3-token prompt) decodes; B (40 tokens) is added. B's prefill takes
+ *    ten steps of 4 tokens, B reports nothing until the tenth, and A emits tokens in every one of
+ *    them (its round runs each step). Both then equal their references.
+ * 3. A budget below one chunk still makes progress (one chunk a step). */
+static void test_prefill_budget(void) {
+    g_prefill_chunk = 4;
+    g_max_prefill_tokens = 5;
+    kdt_engine *e = make_engine(8, 0);
+    g_prefill_chunk = g_max_prefill_tokens = 0;
+    if (!e) return;
+    run_and_compare(e, 8, KDT_SPEC_AR, 1, NULL, NULL);
+    run_and_compare(e, 8, KDT_SPEC_DDTREE, 16, NULL, NULL);
+    run_and_compare(e, 8, KDT_SPEC_AUTO, 64, NULL, NULL);
+
+    kdt_gen_params pa, pb;
+    kdt_gen_params_default(&pa);
+    pa.spec = KDT_SPEC_AR; /* one token a round: A's count says how many rounds ran */
+    pa.max_new_tokens = g_new[1];
+    pb = pa;
+    pb.spec = KDT_SPEC_DDTREE;
+    pb.max_new_tokens = g_new[7];
+    int32_t ida = -1, idb = -1, outa[64], outb[64], na = 0, nb = 0, b_first_step = -1, a_during = 0;
+    CHECK(g_n_prompt[1] == 3 && g_n_prompt[7] == 40);
+    CHECK_EQ_INT(kdt_engine_add(e, g_prompts[1], g_n_prompt[1], &pa, &ida), KDT_OK);
+    kdt_stream_event ev[8];
+    int32_t n_ev = 0;
+    CHECK_EQ_INT(kdt_engine_step(e, ev, 8, &n_ev), KDT_OK); /* A's prefill (3 rows) and first token */
+    CHECK(n_ev == 1 && ev[0].stream_id == ida && ev[0].n_tokens == 1);
+    if (n_ev == 1) outa[na++] = ev[0].tokens[0];
+    CHECK_EQ_INT(kdt_engine_add(e, g_prompts[7], g_n_prompt[7], &pb, &idb), KDT_OK);
+    for (int step = 1; kdt_engine_busy(e) && step < 200; step++) {
+        CHECK_EQ_INT(kdt_engine_step(e, ev, 8, &n_ev), KDT_OK);
+        int a_here = 0;
+        for (int32_t k = 0; k < n_ev; k++) {
+            const int is_a = ev[k].stream_id == ida;
+            int32_t *out = is_a ? outa : outb, *n = is_a ? &na : &nb;
+            for (int32_t j = 0; j < ev[k].n_tokens && *n < 64; j++) out[(*n)++] = ev[k].tokens[j];
+            if (is_a) a_here = ev[k].n_tokens > 0;
+            else if (b_first_step < 0) b_first_step = step;
+        }
+        if (b_first_step < 0) a_during += a_here;
+    }
+    CHECK_MSG(b_first_step == 10, "B's first token at step %d, expected 10 (40 tokens, 4 a step)", b_first_step);
+    CHECK_MSG(a_during >= 9, "A emitted in %d of the 9 steps B spent prefilling", a_during);
+    CHECK_EQ_INT(na, g_new[1]);
+    CHECK_EQ_INT(nb, g_new[7]);
+    CHECK(memcmp(outa, g_ref[1], sizeof(int32_t) * (size_t)g_new[1]) == 0);
+    CHECK(memcmp(outb, g_ref[7], sizeof(int32_t) * (size_t)g_new[7]) == 0);
+    kdt_engine_stats s;
+    kdt_engine_get_stats(e, &s);
+    CHECK_EQ_INT(s.kv_pages_used, 0);
+    kdt_engine_free(e);
+
+    g_prefill_chunk = 8;
+    g_max_prefill_tokens = 1; /* below one chunk: one chunk a step */
+    e = make_engine(8, 0);
+    g_prefill_chunk = g_max_prefill_tokens = 0;
+    if (!e) return;
+    run_and_compare(e, 8, KDT_SPEC_CHAIN, 1, NULL, NULL);
+    kdt_engine_free(e);
 }
 
 /* 8 streams, each with its own mode / budget, half of them joining while others run. */
@@ -384,6 +450,10 @@ static void test_bad_input(void) {
         CHECK_MSG(strstr(kdt_last_error(), "prefill_chunk") != NULL, "%s", kdt_last_error());
     }
     o.prefill_chunk = 0;
+    o.max_prefill_tokens = -1;
+    CHECK(kdt_engine_create(&o, &e) == KDT_ERR_INVALID_ARG && e == NULL);
+    CHECK_MSG(strstr(kdt_last_error(), "max_prefill_tokens") != NULL, "%s", kdt_last_error());
+    o.max_prefill_tokens = 0;
     o.model_dir = "/nonexistent/model";
     CHECK(kdt_engine_create(&o, &e) != KDT_OK);
     CHECK(e == NULL);
@@ -391,12 +461,18 @@ static void test_bad_input(void) {
 
 /* A random schedule against the greedy reference (et_random_ops, engine_test_util.h): adds,
  * cancels and steps in random order on a 4-slot engine with a 6-page pool and a 60-token
- * context. KDT_FUZZ_SCALE / KDT_FUZZ_SEED (tests/t.h) lengthen or reseed it. */
+ * context; then again with prompts prefilled 4 tokens a step (max_prefill_tokens), so adds and
+ * cancels also land mid-prefill. KDT_FUZZ_SCALE / KDT_FUZZ_SEED (tests/t.h) lengthen or reseed it. */
 static void test_random_ops(void) {
-    kdt_engine *e = et_random_ops_engine(KDT_DEVICE_CPU, &g_oracle, DEPTH);
+    kdt_engine *e = et_random_ops_engine(KDT_DEVICE_CPU, &g_oracle, DEPTH, 0, 0);
     if (!e) return;
     const et_ro_setup su = {g_prompts, g_n_prompt, g_new, g_ref, N_PROMPTS, 320};
     et_random_ops(e, &su, t_fuzz_iters(1000), t_fuzz_seed(0x0e9a11));
+    kdt_engine_free(e);
+    /* prompts prefilled 4 tokens a step: cancels and adds land mid-prefill */
+    e = et_random_ops_engine(KDT_DEVICE_CPU, &g_oracle, DEPTH, 4, 4);
+    if (!e) return;
+    et_random_ops(e, &su, t_fuzz_iters(1000), t_fuzz_seed(0x0e9a12));
     kdt_engine_free(e);
 }
 
@@ -420,6 +496,7 @@ int main(void) {
     T_RUN(test_spec_names);
     T_RUN(test_lossless_greedy);
     T_RUN(test_prefill_chunk);
+    T_RUN(test_prefill_budget);
     T_RUN(test_mixed_batch_and_joins);
     T_RUN(test_stop_and_length);
     T_RUN(test_cancel);

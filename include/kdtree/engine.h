@@ -65,6 +65,13 @@ typedef struct kdt_engine_options {
                                       With absorbed or plain prefill attention the output does
                                       not depend on it; auto picks each chunk's form from the
                                       chunk's size, so there it may (within rounding). */
+    int32_t max_prefill_tokens;    /* prompt tokens one kdt_engine_step prefills at most, over
+                                      all waiting streams; 0 = no limit (each prompt is prefilled
+                                      whole in the step after its add). A long prompt then takes
+                                      several steps while the decoding streams keep running a
+                                      round each step. Prefill goes in whole chunks counted from
+                                      the prompt's start (so the bits do not depend on it), at
+                                      least one per step: a step may run up to one chunk past it. */
 } kdt_engine_options;
 
 typedef struct kdt_gen_params {

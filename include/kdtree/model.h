@@ -141,13 +141,14 @@ typedef enum kdt_prefill_attention {
     KDT_PREFILL_AUTO = 2,     /* per chunk, the form with fewer FLOPs (kdt_prefill_plain_pays) */
 } kdt_prefill_attention;
 
-#define KDT_MAX_PREFILL_CHUNK 4096 /* the most rows of one prefill chunk (CPU model, engine) */
+#define KDT_MAX_PREFILL_CHUNK 4096   /* the most rows of one prefill chunk (CPU model, engine) */
+#define KDT_DEFAULT_PREFILL_CHUNK 64 /* the CPU model's chunk when its options say 0 */
 
 typedef struct kdt_model_options {
     int32_t progress;       /* 1: a progress line on stderr while loading, only when stderr is a
                                terminal and CI is not "true"; 0: silent */
     int32_t prefill_chunk;  /* rows per forward chunk in prefill, 1..KDT_MAX_PREFILL_CHUNK (scratch
-                               memory bound); 0 = 64 */
+                               memory bound); 0 = KDT_DEFAULT_PREFILL_CHUNK */
     int32_t prefill_attention; /* a kdt_prefill_attention; 0 = KDT_PREFILL_ABSORBED */
 } kdt_model_options;
 

@@ -44,8 +44,12 @@ typedef struct cli_engine_args {
     int32_t threads; /* CPU threads for the CPU forward, 0 = every core (or OMP_NUM_THREADS) */
     const char *prefill_attn; /* --prefill-attn: absorbed | plain | auto; NULL = auto */
     int32_t prefill_chunk;    /* --prefill-chunk: rows per prefill pass, 0 = the device's default */
+    int32_t max_prefill_tokens; /* --max-prefill-tokens: prompt tokens per engine step, 0 = no limit */
 } cli_engine_args;
 
+#define CLI_MAX_PREFILL_TOKENS_HELP \
+    "prompt tokens prefilled per engine step, 0 = no limit; a long prompt then takes several steps while " \
+    "running streams keep decoding [0]"
 #define CLI_PREFILL_CHUNK_HELP \
     "prompt rows per prefill pass, 1..4096, 0 = the device's default (CPU 64, GPU 256) [0]"
 

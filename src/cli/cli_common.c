@@ -57,6 +57,7 @@ kdt_engine *cli_engine_create(const char *cmd, const cli_engine_args *a) {
     o.verbose = a->verbose;
     o.yarn_legacy_amplitude = a->yarn_legacy;
     o.prefill_chunk = a->prefill_chunk;
+    o.max_prefill_tokens = a->max_prefill_tokens;
     if (cli_parse_prefill_attn(cmd, a->prefill_attn, &o.prefill_attention) != 0) return NULL;
     o.device = KDT_DEVICE_AUTO;
     if (a->device) {

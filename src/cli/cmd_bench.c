@@ -132,6 +132,7 @@ int cli_bench(int argc, char **argv) {
         {"threads", 0, CLI_INT, "N", "CPU threads of the CPU forward, 0 = every core or OMP_NUM_THREADS [0]", &ea.threads, 0, 1024},
         {"prefill-attn", 0, CLI_STRING, "FORM", CLI_PREFILL_ATTN_HELP, &ea.prefill_attn, 0, 0},
         {"prefill-chunk", 0, CLI_INT, "N", CLI_PREFILL_CHUNK_HELP, &ea.prefill_chunk, 0, KDT_MAX_PREFILL_CHUNK},
+        {"max-prefill-tokens", 0, CLI_INT, "N", CLI_MAX_PREFILL_TOKENS_HELP, &ea.max_prefill_tokens, 0, 1 << 30},
         {"max-context", 0, CLI_INT, "N", "context per stream, 0 = the model's maximum [0]", &ea.max_context, 0, 1 << 24},
         {"tokenizer", 0, CLI_STRING, "PATH", "tokenizer file or directory [the model dir]", &ea.tokenizer, 0, 0},
         {"yarn-legacy", 0, CLI_FLAG, NULL, "drafter YaRN amplitude 0.1 ln(factor) + 1", &ea.yarn_legacy, 0, 0},

@@ -127,6 +127,8 @@ kdt_status kdt_engine_create(const kdt_engine_options *opt, kdt_engine **out) {
                   "kdt_engine_create: max_budget = %d, expected 1..%d", opt->max_budget, KDT_MAX_BUDGET);
     KDT_CHECK_ARG(opt->max_context >= 0, "kdt_engine_create: max_context = %d", opt->max_context);
     KDT_CHECK_ARG(opt->kv_pages >= 0, "kdt_engine_create: kv_pages = %d", opt->kv_pages);
+    KDT_CHECK_ARG(opt->max_prefill_tokens >= 0, "kdt_engine_create: max_prefill_tokens = %d, expected >= 0 "
+                  "(0 = no limit)", opt->max_prefill_tokens);
     KDT_CHECK_ARG(opt->prefill_chunk >= 0 && opt->prefill_chunk <= KDT_MAX_PREFILL_CHUNK,
                   "kdt_engine_create: prefill_chunk = %d, expected 1..%d (0 = the device's default)",
                   opt->prefill_chunk, KDT_MAX_PREFILL_CHUNK);
@@ -149,6 +151,8 @@ kdt_status kdt_engine_create(const kdt_engine_options *opt, kdt_engine **out) {
     e->max_budget = max_budget;
     e->prefill_attention = opt->prefill_attention;
     e->prefill_chunk = opt->prefill_chunk;
+    e->prefill_quantum = opt->prefill_chunk ? opt->prefill_chunk : KDT_DEFAULT_PREFILL_CHUNK; /* GPU: its own */
+    e->max_prefill_tokens = opt->max_prefill_tokens;
     e->next_id = 1;
     kdt_model_options mo = {opt->verbose ? 1 : 0, opt->prefill_chunk, opt->prefill_attention};
     kdt_status st = kdt_model_load(opt->model_dir, &mo, &e->model);
@@ -354,6 +358,7 @@ kdt_status kdt_engine_add(kdt_engine *e, const int32_t *prompt, int32_t n_prompt
     s->cap_tokens = cap_tokens;
     s->n_emitted = 0;
     s->prefix_len = 0;
+    s->prefilled = 0;
     s->pages_reserved = pages;
     s->drafts = drafts;
     s->finish = KDT_FINISH_NONE;

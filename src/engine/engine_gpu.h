@@ -24,7 +24,9 @@ int kdt_engine_gpu_available(void);
 kdt_status kdt_engine_gpu_create(kdt_engine *e, int verbose);
 void kdt_engine_gpu_free(kdt_engine *e);
 
-kdt_status kdt_engine_gpu_prefill(kdt_engine *e, int32_t slot, int32_t *first_token);
+/* prompt rows [from, from + n_rows) (from: a multiple of the pass size, e->prefill_quantum); the
+ * first token into *first_token when they end the prompt */
+kdt_status kdt_engine_gpu_prefill(kdt_engine *e, int32_t slot, int32_t from, int32_t n_rows, int32_t *first_token);
 kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_slots,
                                 kdt_stream_event *events, int32_t *n_ev);
 /* Frees slot's KV pages on the GPU. */

@@ -61,6 +61,7 @@ typedef struct eng_stream {
     int32_t n_prompt, n_tokens, cap_tokens;
     int32_t n_emitted;
     int32_t prefix_len;         /* committed KV slots (= n_tokens - 1 once prefilled) */
+    int32_t prefilled;          /* prompt tokens in the KV cache (< n_prompt: still SLOT_WAITING) */
     int32_t pages_reserved;     /* admission accounting, see engine.c */
     int drafts;                 /* uses the drafter (chain / ddtree / auto with a drafter) */
     kdt_rng rng;
@@ -88,6 +89,9 @@ struct kdt_engine {
     int32_t max_streams, max_context, max_budget, max_nodes; /* max_nodes = 1 + max(max_budget, L) */
     int32_t prefill_attention;                   /* kdt_prefill_attention of the CPU and GPU prefill */
     int32_t prefill_chunk;                       /* prompt rows per prefill pass; 0 = the device's default */
+    int32_t prefill_quantum;                     /* rows of the device's prefill chunk (CPU: the model's,
+                                                    GPU: a pass): a step's prefill is whole ones */
+    int32_t max_prefill_tokens;                  /* per step, 0 = no limit (kdt_engine_options) */
     int32_t pages_total, pages_reserved, pages_per_stream_max;
     int32_t next_id;
     eng_stream *streams;        /* [max_streams]; KV cache stream = slot index */

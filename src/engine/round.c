@@ -20,8 +20,9 @@
 #include <string.h>
 #include <time.h>
 
-/* prompt tokens per kdt_model_prefill call: bounds the taps buffer. The model splits a call into
- * its own prefill_chunk rows, so a prefill_chunk above this makes the calls that large. */
+/* prompt tokens per kdt_model_prefill call, about: bounds the taps buffer. A call is a whole number
+ * of the model's prefill chunks (the model splits a call into chunks from the call's start, so
+ * every chunk starts at a multiple of the chunk size whatever the calls are), at least one. */
 #define PREFILL_CALL_ROWS 256
 
 double kdt_engine_now(void) {
@@ -77,9 +78,16 @@ void kdt_round_event(kdt_stream_event *events, int32_t *n_ev, const eng_stream *
 
 /* ---- prefill ------------------------------------------------------------------------------- */
 
-static kdt_status prefill_stream(kdt_engine *e, int32_t slot, int32_t *first_token) {
-    if (e->gpu) return kdt_engine_gpu_prefill(e, slot, first_token);
+/* Prefills prompt rows [s->prefilled, s->prefilled + n_rows) of the stream in `slot`; when they
+ * end the prompt, its first token goes to *first_token. */
+static kdt_status prefill_rows(kdt_engine *e, int32_t slot, int32_t n_rows, int32_t *first_token) {
     eng_stream *s = &e->streams[slot];
+    const int32_t from = s->prefilled, end = from + n_rows;
+    if (e->gpu) {
+        KDT_TRY(kdt_engine_gpu_prefill(e, slot, from, n_rows, first_token));
+        s->prefilled = end;
+        return KDT_OK;
+    }
     const int32_t V = e->mc->vocab_size, D = e->mc->hidden_size;
     const int want_taps = s->drafts && e->drafter && e->n_taps > 0;
     const int greedy = !(s->params.temperature > 0.0f);
@@ -89,13 +97,13 @@ static kdt_status prefill_stream(kdt_engine *e, int32_t slot, int32_t *first_tok
         st = kdt_round_grow_f32(&e->logits, &e->logits_cap, V, "prefill logits");
         if (st != KDT_OK) return st;
     }
-    const int32_t C = e->prefill_chunk > PREFILL_CALL_ROWS ? e->prefill_chunk : PREFILL_CALL_ROWS;
+    const int32_t q = e->prefill_quantum, C = q * (PREFILL_CALL_ROWS / q > 1 ? PREFILL_CALL_ROWS / q : 1);
     if (want_taps) {
         st = kdt_round_grow_f32(&e->taps, &e->taps_cap, (int64_t)C * e->n_taps * D, "prefill taps");
         if (st != KDT_OK) return st;
     }
-    for (int32_t off = 0; off < s->n_prompt; off += C) {
-        const int32_t n = s->n_prompt - off < C ? s->n_prompt - off : C;
+    for (int32_t off = from; off < end; off += C) {
+        const int32_t n = end - off < C ? end - off : C;
         const int last = off + n == s->n_prompt;
         kdt_model_outputs out = {0};
         if (last) {
@@ -115,6 +123,8 @@ static kdt_status prefill_stream(kdt_engine *e, int32_t slot, int32_t *first_tok
             if (st != KDT_OK) return st;
         }
     }
+    s->prefilled = s->prefix_len = end;
+    if (end < s->n_prompt) return KDT_OK; /* the rest in a later step */
     if (greedy) {
         *first_token = amax;
     } else {
@@ -582,21 +592,29 @@ kdt_status kdt_engine_step(kdt_engine *e, kdt_stream_event *events, int32_t max_
     for (int32_t i = 0; i < e->max_streams; i++)
         if (e->streams[i].state == SLOT_ACTIVE) round_slots[n_round++] = i;
 
-    for (;;) { /* prefill in arrival order */
+    /* prefill in arrival order, within the step's token budget (whole chunks, at least one) */
+    int64_t budget_left = e->max_prefill_tokens > 0 ? e->max_prefill_tokens : INT64_MAX;
+    while (budget_left > 0) {
         int32_t slot = -1;
         for (int32_t i = 0; i < e->max_streams; i++)
             if (e->streams[i].state == SLOT_WAITING && (slot < 0 || e->arrival[i] < e->arrival[slot]))
                 slot = i;
         if (slot < 0) break;
         eng_stream *s = &e->streams[slot];
+        const int32_t q = e->prefill_quantum, left = s->n_prompt - s->prefilled;
+        int64_t rows = budget_left / q * q;
+        if (rows < q) rows = q;
+        if (rows > left) rows = left;
+        budget_left -= rows;
         const double t0 = kdt_engine_now();
         int32_t first = -1;
-        kdt_status st = prefill_stream(e, slot, &first);
+        kdt_status st = prefill_rows(e, slot, (int32_t)rows, &first);
         e->stats.t_prefill += kdt_engine_now() - t0;
+        if (st == KDT_OK) e->stats.prompt_tokens += (uint64_t)rows;
+        if (st == KDT_OK && s->prefilled < s->n_prompt) break; /* the budget is spent: more next step */
         int32_t *evt = e->ev_tokens + (int64_t)slot * KDT_MAX_PATH;
         int32_t n = 0;
         if (st == KDT_OK) {
-            e->stats.prompt_tokens += (uint64_t)s->n_prompt;
             n = kdt_round_emit(s, &first, 1, evt);
             e->stats.tokens_emitted += (uint64_t)n;
         } else {

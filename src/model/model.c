@@ -286,9 +286,9 @@ kdt_status kdt_model_load(const char *dir, const kdt_model_options *opt, kdt_mod
     KDT_CHECK_ARG(out, "kdt_model_load: out is NULL");
     *out = NULL;
     KDT_CHECK_ARG(dir && dir[0], "kdt_model_load: dir is NULL or empty");
-    kdt_model_options o = {1, 64, KDT_PREFILL_ABSORBED};
+    kdt_model_options o = {1, KDT_DEFAULT_PREFILL_CHUNK, KDT_PREFILL_ABSORBED};
     if (opt) o = *opt;
-    if (o.prefill_chunk == 0) o.prefill_chunk = 64;
+    if (o.prefill_chunk == 0) o.prefill_chunk = KDT_DEFAULT_PREFILL_CHUNK;
     KDT_CHECK_ARG(o.prefill_chunk >= 1 && o.prefill_chunk <= KDT_MAX_PREFILL_CHUNK,
                   "kdt_model_load: prefill_chunk = %d (1..%d)", o.prefill_chunk, KDT_MAX_PREFILL_CHUNK);
     KDT_CHECK_ARG(o.prefill_attention >= KDT_PREFILL_ABSORBED && o.prefill_attention <= KDT_PREFILL_AUTO,

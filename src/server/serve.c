@@ -25,7 +25,7 @@ typedef struct serve_options {
     long long max_body;
     kdt_spec_mode spec;
     kdt_device device;
-    int32_t prefill_attention, prefill_chunk;
+    int32_t prefill_attention, prefill_chunk, max_prefill_tokens;
     double grace;
     int idle_timeout;
     int verbose;
@@ -61,6 +61,8 @@ static const char usage_text[] =
     "                           now; default)\n"
     "  --prefill-chunk N        prompt rows per prefill pass, 1..4096 (default 0: the device's,\n"
     "                           CPU 64, GPU 256); larger reads each weight once for more rows\n"
+    "  --max-prefill-tokens N   prompt tokens prefilled per engine step (default 0: no limit);\n"
+    "                           a long prompt then no longer stalls the running streams\n"
     "  --static-dir DIR         serve the web page from DIR instead of the built-in copy\n"
     "  --shutdown-grace S       seconds running requests may finish after SIGINT/SIGTERM (10)\n"
     "  --idle-timeout S         close a connection idle this long (default 300; 0 = never)\n"
@@ -86,7 +88,7 @@ static int parse_int(const char *opt, const char *s, long long lo, long long hi,
 /* 0 ok, 1 help printed, -1 bad option. */
 static int parse_options(int argc, char **argv, serve_options *o) {
     enum { O_DRAFT = 256, O_TOK, O_NAME, O_HOST, O_PORT, O_STREAMS, O_QUEUE, O_BODY, O_SPEC,
-           O_BUDGET, O_MAXB, O_CTX, O_PAGES, O_DEVICE, O_THREADS, O_PREFILL_ATTN, O_PREFILL_CHUNK, O_STATIC, O_GRACE, O_MOCKMS, O_MOCKFAULT, O_IDLE };
+           O_BUDGET, O_MAXB, O_CTX, O_PAGES, O_DEVICE, O_THREADS, O_PREFILL_ATTN, O_PREFILL_CHUNK, O_MAX_PREFILL, O_STATIC, O_GRACE, O_MOCKMS, O_MOCKFAULT, O_IDLE };
     static const struct option longopts[] = {
         {"model", required_argument, NULL, 'm'},
         {"draft", required_argument, NULL, O_DRAFT},
@@ -106,6 +108,7 @@ static int parse_options(int argc, char **argv, serve_options *o) {
         {"threads", required_argument, NULL, O_THREADS},
         {"prefill-attn", required_argument, NULL, O_PREFILL_ATTN},
         {"prefill-chunk", required_argument, NULL, O_PREFILL_CHUNK},
+        {"max-prefill-tokens", required_argument, NULL, O_MAX_PREFILL},
         {"static-dir", required_argument, NULL, O_STATIC},
         {"shutdown-grace", required_argument, NULL, O_GRACE},
         {"mock-round-ms", required_argument, NULL, O_MOCKMS},
@@ -200,6 +203,10 @@ static int parse_options(int argc, char **argv, serve_options *o) {
             if (parse_int("--prefill-chunk", optarg, 0, KDT_MAX_PREFILL_CHUNK, &v)) return -1;
             o->prefill_chunk = (int32_t)v;
             break;
+        case O_MAX_PREFILL:
+            if (parse_int("--max-prefill-tokens", optarg, 0, 1 << 30, &v)) return -1;
+            o->max_prefill_tokens = (int32_t)v;
+            break;
         case O_DEVICE:
             if (!strcmp(optarg, "auto")) o->device = KDT_DEVICE_AUTO;
             else if (!strcmp(optarg, "cpu")) o->device = KDT_DEVICE_CPU;
@@ -274,7 +281,8 @@ int kdt_cli_serve(int argc, char **argv) {
             .engine = {.model_dir = o.model, .draft_dir = o.draft, .device = o.device,
                        .max_streams = o.max_streams, .max_context = o.max_context,
                        .kv_pages = o.kv_pages, .max_budget = o.max_budget, .verbose = 1,
-                       .prefill_attention = o.prefill_attention, .prefill_chunk = o.prefill_chunk},
+                       .prefill_attention = o.prefill_attention, .prefill_chunk = o.prefill_chunk,
+                       .max_prefill_tokens = o.max_prefill_tokens},
             .tokenizer_path = o.tokenizer};
         st = srv_backend_engine_create(&eo, &be);
     }

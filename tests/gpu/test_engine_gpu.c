@@ -96,12 +96,14 @@ static void setup(void) {
 
 static int32_t g_prefill_attention = KDT_PREFILL_ABSORBED; /* the engines' prefill form */
 static int32_t g_prefill_chunk;                              /* and rows per prefill pass (0: 256) */
+static int32_t g_max_prefill_tokens;                         /* and prompt tokens per step (0: all) */
 
 static kdt_engine *make_engine(const char *model, const char *draft, int32_t max_streams, int oracle) {
     kdt_engine_options o;
     memset(&o, 0, sizeof o);
     o.prefill_attention = g_prefill_attention;
     o.prefill_chunk = g_prefill_chunk;
+    o.max_prefill_tokens = g_max_prefill_tokens;
     o.model_dir = model;
     o.draft_dir = draft;
     o.device = KDT_DEVICE_CUDA;
@@ -143,7 +145,7 @@ static void run_and_compare(kdt_engine *e, int32_t batch, kdt_spec_mode spec, in
 }
 
 static void test_random_ops_gpu(void) {
-    kdt_engine *e = et_random_ops_engine(KDT_DEVICE_CUDA, &g_oracle, DEPTH);
+    kdt_engine *e = et_random_ops_engine(KDT_DEVICE_CUDA, &g_oracle, DEPTH, 0, 0);
     if (!e) return;
     const et_ro_setup su = {g_prompts, g_n_prompt, g_new, g_ref, N_PROMPTS, 320};
     et_random_ops(e, &su, t_fuzz_iters(g_quick ? 200 : 1000), t_fuzz_seed(0x9e0a11));
@@ -170,14 +172,16 @@ static void test_lossless_oracle(void) {
     kdt_engine_free(e);
 }
 
-/* Prompts prefilled 1 and 5 rows per pass (the reference prefills each whole): the absorbed
- * form's bits do not depend on the chunk on the GPU either. */
+/* Prompts prefilled 1 and 5 rows per pass (the reference prefills each whole), and 4 rows per
+ * pass with at most 4 prompt tokens a step (a prompt over several steps while others decode): the
+ * absorbed form's bits do not depend on the chunk on the GPU either. */
 static void test_prefill_chunk_gpu(void) {
-    static const int32_t chunks[2] = {1, 5};
-    for (int c = 0; c < 2; c++) {
+    static const int32_t chunks[3] = {1, 5, 4}, budgets[3] = {0, 0, 4};
+    for (int c = 0; c < 3; c++) {
         g_prefill_chunk = chunks[c];
+        g_max_prefill_tokens = budgets[c];
         kdt_engine *e = make_engine(ET_FIXTURE, NULL, 8, 1);
-        g_prefill_chunk = 0;
+        g_prefill_chunk = g_max_prefill_tokens = 0;
         if (!e) return;
         run_and_compare(e, 8, KDT_SPEC_AR, 1);
         run_and_compare(e, 8, KDT_SPEC_DDTREE, 16);

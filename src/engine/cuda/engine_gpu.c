@@ -257,6 +257,7 @@ kdt_status kdt_engine_gpu_create(kdt_engine *e, int verbose) {
     g->MS = e->max_streams;
     g->MN = e->max_nodes;
     g->chunk = e->prefill_chunk > 0 ? e->prefill_chunk : PREFILL_CHUNK_DEFAULT;
+    e->prefill_quantum = g->chunk;
     g->Lmax = e->depth > 0 ? e->depth : KDT_MAX_DEPTH; /* room for a test drafter */
     g->Kmax = e->top_k_max;
     g->V = e->mc->vocab_size;
@@ -323,15 +324,18 @@ int32_t kdt_engine_gpu_free_pages(const kdt_engine *e) {
 
 /* ---- prefill --------------------------------------------------------------------------------- */
 
-kdt_status kdt_engine_gpu_prefill(kdt_engine *e, int32_t slot, int32_t *first_token) {
+kdt_status kdt_engine_gpu_prefill(kdt_engine *e, int32_t slot, int32_t from, int32_t n_rows, int32_t *first_token) {
     eng_gpu *g = e->gpu;
     eng_stream *s = &e->streams[slot];
     const int want_taps = s->drafts && g->draft && e->n_taps > 0;
     const int greedy = !(s->params.temperature > 0.0f);
-    if (g->pend_n) g->pend_n[slot] = 0; /* a new context: nothing parked from a former stream */
-    const int32_t C = g->chunk;
-    for (int32_t off = 0; off < s->n_prompt; off += C) {
-        const int32_t n = s->n_prompt - off < C ? s->n_prompt - off : C;
+    const int32_t C = g->chunk, end = from + n_rows;
+    if (from % C || n_rows < 1 || end > s->n_prompt)
+        return kdt_fail(KDT_ERR_INTERNAL, "engine GPU prefill: rows %d..%d of a %d-token prompt in %d-row passes", from,
+                        end, s->n_prompt, C);
+    if (from == 0 && g->pend_n) g->pend_n[slot] = 0; /* a new context: nothing parked from a former stream */
+    for (int32_t off = from; off < end; off += C) {
+        const int32_t n = end - off < C ? end - off : C;
         const int last = off + n == s->n_prompt;
         KDT_TRY(kdt_gpu_stage_prefill(g->run, g->kv, slot, s->tokens + off, n, 1));
         kdt_gpu_run_config rc = {n, last && !greedy, last && greedy, want_taps ? e->n_taps : 0, e->tap_layers};
@@ -353,6 +357,8 @@ kdt_status kdt_engine_gpu_prefill(kdt_engine *e, int32_t slot, int32_t *first_to
             CU(cudaStreamSynchronize(g->stream), "prefill"); /* h_items is reused by the next chunk */
         }
     }
+    s->prefix_len = end;
+    if (end < s->n_prompt) return KDT_OK; /* the rest in a later step */
     if (greedy) {
         CU(cudaMemcpyAsync(first_token, g->outs.argmax, sizeof(int32_t), cudaMemcpyDeviceToHost, g->stream),
            "prefill argmax");
