@@ -189,6 +189,14 @@ static void test_prefill_chunk_gpu(void) {
     }
 }
 
+/* Frees an engine whose streams all finished: every KV page must be back in the pool. */
+static void free_idle_engine(kdt_engine *e) {
+    kdt_engine_stats st;
+    kdt_engine_get_stats(e, &st);
+    CHECK_EQ_INT(st.kv_pages_used, 0);
+    kdt_engine_free(e);
+}
+
 /* ---- the tiny pair with the DFlash drafter on the GPU ------------------------------------------ */
 #define PAIR_T KDT_SOURCE_DIR "/models/tiny-target"
 #define PAIR_D KDT_SOURCE_DIR "/models/tiny-dflash"
@@ -345,10 +353,7 @@ static void test_tiny_pair(void) {
         for (int j = 0; j < s1.n_out[i]; j++) CHECK(s1.out[i][j] >= 0 && s1.out[i][j] < 8192);
     et_run_free(&s1);
     et_run_free(&s2);
-    kdt_engine_stats st;
-    kdt_engine_get_stats(e, &st);
-    CHECK_EQ_INT(st.kv_pages_used, 0);
-    kdt_engine_free(e);
+    free_idle_engine(e);
 
     /* eager rounds (no graphs) give the same bits as graph replays */
     setenv("KDT_NO_GRAPHS", "1", 1);
@@ -401,10 +406,7 @@ static void test_pair_brief(void) {
     printf("  brief tiny pair: ddtree B32 tau %.2f\n", tau);
     CHECK_MSG(tau >= 1.5, "brief ddtree tau %.2f: the GPU drafter is not drafting the target's text", tau);
     for (int m = 0; m < 4; m++) et_run_free(&runs[m]);
-    kdt_engine_stats st;
-    kdt_engine_get_stats(e, &st);
-    CHECK_EQ_INT(st.kv_pages_used, 0);
-    kdt_engine_free(e);
+    free_idle_engine(e);
 }
 
 /* The CLI's and server's default prefill form (auto: a prompt's first chunk takes the plain
@@ -430,10 +432,7 @@ static void test_pair_auto_prefill(void) {
     et_run_free(&ar);
     et_run_free(&dd);
     et_run_free(&ch);
-    kdt_engine_stats st;
-    kdt_engine_get_stats(e, &st);
-    CHECK_EQ_INT(st.kv_pages_used, 0);
-    kdt_engine_free(e);
+    free_idle_engine(e);
 }
 
 int main(void) {
