@@ -5,7 +5,8 @@
  * stream's state. It is NOT thread-safe: exactly one thread (the "inference thread") calls
  * kdt_engine_add / _step / _cancel; other threads talk to that thread (e.g. through a queue).
  *
- * A stream's life: kdt_engine_add() queues a prompt (prefill runs inside the next step), each
+ * A stream's life: kdt_engine_add() queues a prompt (prefill runs inside the next step, or the
+ * next few with kdt_engine_options.max_prefill_tokens), each
  * kdt_engine_step() runs one round for every active stream (continuous batching: a stream added
  * between steps joins at the next round, a finished or cancelled one leaves and frees its KV
  * pages), and reports the tokens each stream produced in that round. Greedy output (temperature 0)
@@ -134,7 +135,8 @@ kdt_status kdt_engine_add(kdt_engine *e, const int32_t *prompt, int32_t n_prompt
 /* Runs one round over all active streams. events[0..*n_events) describe every stream that
  * produced tokens or finished; max_events >= max_streams is always enough. Streams added since
  * the last step are prefilled here (event with their first token, tau 0) and join the next
- * step's round. If a prefill or the round fails, the streams concerned get KDT_FINISH_ERROR
+ * step's round; with max_prefill_tokens set, a prompt past the step's budget goes on in the next
+ * steps, and its stream reports nothing until its first token. If a prefill or the round fails, the streams concerned get KDT_FINISH_ERROR
  * events (*n_events stays valid) and the error is returned. */
 kdt_status kdt_engine_step(kdt_engine *e, kdt_stream_event *events, int32_t max_events,
                            int32_t *n_events);
