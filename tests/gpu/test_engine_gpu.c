@@ -14,8 +14,8 @@
  *    and eagerly.
  * 3. Seeded T > 0 runs repeat exactly and stay in the vocabulary.
  * 4. A brief tiny-pair run (a few rounds of each mode) for compute-sanitizer's racecheck.
- * 5. The tiny pair with auto prefill attention (the CLI's default: plain prompts): ddtree and
- *    chain equal ar.
+ * 5. The tiny pair with auto and with plain prefill attention, 32-row chunks, 64 prompt tokens a
+ *    step: ddtree and chain equal ar.
  * 6. A random schedule of adds, cancels and steps (et_random_ops) on a small engine (4 slots, a
  *    6-page pool, a 60-token context): every refusal path, graphs of many round shapes, streams
  *    leaving mid-round; greedy streams equal the GPU reference.
@@ -409,30 +409,37 @@ static void test_pair_brief(void) {
     free_idle_engine(e);
 }
 
-/* The CLI's and server's default prefill form (auto: a prompt's first chunk takes the plain
- * attention), in 32-row chunks, under the engine: ddtree and chain still equal ar token for token, and the drafter,
- * whose context starts from the plain prefill's taps, still drafts the target's text. */
-static void test_pair_auto_prefill(void) {
+/* The CLI's and server's default prefill form, auto (a prompt's first chunk takes the plain
+ * attention; the engine keeps auto absorbed on the GPU until the plain kernels have run, see
+ * engine_gpu.c), and the plain form asked for explicitly, in 32-row chunks with at most 64 prompt
+ * tokens a step, under the engine: ddtree and chain still equal ar token for token, and the
+ * drafter, whose context starts from that prefill's taps, still drafts the target's text. */
+static void test_pair_plain_prefill(void) {
     pair_prompts();
-    g_prefill_attention = KDT_PREFILL_AUTO;
-    g_prefill_chunk = 32; /* prompts of 12-99 tokens: chunks after a prefix too */
-    kdt_engine *e = make_engine(PAIR_T, PAIR_D, 4, 0);
-    g_prefill_attention = KDT_PREFILL_ABSORBED;
-    g_prefill_chunk = 0;
-    if (!e) return;
-    et_run ar, dd, ch;
-    pair_run(e, PAIR_N, KDT_SPEC_AR, 1, 0.0f, &ar);
-    pair_run(e, PAIR_N, KDT_SPEC_DDTREE, 32, 0.0f, &dd);
-    pair_run(e, PAIR_N, KDT_SPEC_CHAIN, 1, 0.0f, &ch);
-    const double tau = dd.events_with_tau ? (double)dd.tau_sum / (double)dd.events_with_tau : 0;
-    printf("  tiny pair, auto prefill: ddtree B32 tau %.2f\n", tau);
-    CHECK_MSG(same_outputs(&ar, &dd), "auto prefill: ddtree B32 output differs from ar");
-    CHECK_MSG(same_outputs(&ar, &ch), "auto prefill: chain output differs from ar");
-    CHECK_MSG(tau >= 2.0, "auto prefill: ddtree tau %.2f", tau);
-    et_run_free(&ar);
-    et_run_free(&dd);
-    et_run_free(&ch);
-    free_idle_engine(e);
+    static const int32_t forms[2] = {KDT_PREFILL_AUTO, KDT_PREFILL_PLAIN};
+    static const char *const names[2] = {"auto", "plain"};
+    for (int f = 0; f < 2; f++) {
+        g_prefill_attention = forms[f];
+        g_prefill_chunk = 32; /* prompts of 12-99 tokens: chunks after a prefix too */
+        g_max_prefill_tokens = 64;
+        kdt_engine *e = make_engine(PAIR_T, PAIR_D, 4, 0);
+        g_prefill_attention = KDT_PREFILL_ABSORBED;
+        g_prefill_chunk = g_max_prefill_tokens = 0;
+        if (!e) return;
+        et_run ar, dd, ch;
+        pair_run(e, PAIR_N, KDT_SPEC_AR, 1, 0.0f, &ar);
+        pair_run(e, PAIR_N, KDT_SPEC_DDTREE, 32, 0.0f, &dd);
+        pair_run(e, PAIR_N, KDT_SPEC_CHAIN, 1, 0.0f, &ch);
+        const double tau = dd.events_with_tau ? (double)dd.tau_sum / (double)dd.events_with_tau : 0;
+        printf("  tiny pair, %s prefill: ddtree B32 tau %.2f\n", names[f], tau);
+        CHECK_MSG(same_outputs(&ar, &dd), "%s prefill: ddtree B32 output differs from ar", names[f]);
+        CHECK_MSG(same_outputs(&ar, &ch), "%s prefill: chain output differs from ar", names[f]);
+        CHECK_MSG(tau >= 2.0, "%s prefill: ddtree tau %.2f", names[f], tau);
+        et_run_free(&ar);
+        et_run_free(&dd);
+        et_run_free(&ch);
+        free_idle_engine(e);
+    }
 }
 
 int main(void) {
@@ -445,7 +452,7 @@ int main(void) {
     T_RUN(test_random_ops_gpu);
     T_RUN(test_tiny_pair);
     T_RUN(test_pair_brief);
-    T_RUN(test_pair_auto_prefill);
+    T_RUN(test_pair_plain_prefill);
     et_oracle_free(&g_oracle);
     for (int i = 0; i < PAIR_N; i++) free(g_pp[i]);
     return t_summary();
