@@ -57,7 +57,8 @@ typedef struct kdt_engine_options {
                                       plain kernels' current form has not run on a GPU yet);
                                       plain is taken as asked. */
     int32_t prefill_chunk;         /* prompt rows per forward pass of a prefill, 1..4096; 0 = the
-                                      device's default (CPU 64, GPU 256). Larger chunks read each
+                                      device's default (CPU: 64 for the absorbed form, 256 for
+                                      plain or auto; GPU 256). Larger chunks read each
                                       weight once for more rows (a MoE layer's experts stream once
                                       per chunk) and let the plain attention pay more. The GPU's
                                       scratch grows in proportion (each row's activations,

@@ -150,11 +150,17 @@ kdt_status kdt_engine_create(const kdt_engine_options *opt, kdt_engine **out) {
     e->max_streams = max_streams;
     e->max_budget = max_budget;
     e->prefill_attention = opt->prefill_attention;
+    /* the CPU's default chunk: the model's 64 rows for the absorbed form, whose time grows with the
+     * chunk there, 256 where plain chunks may come, which amortize kv_b's up-projection of the
+     * prefix over more rows (bench/RESULTS.md session 44: auto 0.57 s at 64, 0.48 s at 256) */
+    const int32_t cpu_chunk = opt->prefill_chunk ? opt->prefill_chunk
+                              : opt->prefill_attention == KDT_PREFILL_ABSORBED ? KDT_DEFAULT_PREFILL_CHUNK
+                                                                               : 256;
     e->prefill_chunk = opt->prefill_chunk;
-    e->prefill_quantum = opt->prefill_chunk ? opt->prefill_chunk : KDT_DEFAULT_PREFILL_CHUNK; /* GPU: its own */
+    e->prefill_quantum = cpu_chunk; /* the GPU sets its own */
     e->max_prefill_tokens = opt->max_prefill_tokens;
     e->next_id = 1;
-    kdt_model_options mo = {opt->verbose ? 1 : 0, opt->prefill_chunk, opt->prefill_attention};
+    kdt_model_options mo = {opt->verbose ? 1 : 0, cpu_chunk, opt->prefill_attention};
     kdt_status st = kdt_model_load(opt->model_dir, &mo, &e->model);
     if (st != KDT_OK) goto fail;
     e->mc = kdt_model_get_config(e->model);
