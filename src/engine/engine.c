@@ -364,7 +364,6 @@ kdt_status kdt_engine_add(kdt_engine *e, const int32_t *prompt, int32_t n_prompt
     s->cap_tokens = cap_tokens;
     s->n_emitted = 0;
     s->prefix_len = 0;
-    s->prefilled = 0;
     s->pages_reserved = pages;
     s->drafts = drafts;
     s->finish = KDT_FINISH_NONE;

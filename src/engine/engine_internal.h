@@ -60,8 +60,8 @@ typedef struct eng_stream {
     int32_t *tokens;            /* [cap_tokens] prompt then emitted tokens */
     int32_t n_prompt, n_tokens, cap_tokens;
     int32_t n_emitted;
-    int32_t prefix_len;         /* committed KV slots (= n_tokens - 1 once prefilled) */
-    int32_t prefilled;          /* prompt tokens in the KV cache (< n_prompt: still SLOT_WAITING) */
+    int32_t prefix_len;         /* committed KV slots (= n_tokens - 1 once prefilled; while
+                                   SLOT_WAITING, the prompt tokens prefilled so far) */
     int32_t pages_reserved;     /* admission accounting, see engine.c */
     int drafts;                 /* uses the drafter (chain / ddtree / auto with a drafter) */
     kdt_rng rng;

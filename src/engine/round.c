@@ -78,16 +78,13 @@ void kdt_round_event(kdt_stream_event *events, int32_t *n_ev, const eng_stream *
 
 /* ---- prefill ------------------------------------------------------------------------------- */
 
-/* Prefills prompt rows [s->prefilled, s->prefilled + n_rows) of the stream in `slot`; when they
- * end the prompt, its first token goes to *first_token. */
+/* Prefills prompt rows [s->prefix_len, s->prefix_len + n_rows) of the stream in `slot` (while it
+ * waits, prefix_len counts the prompt tokens already in the KV cache); when they end the prompt,
+ * its first token goes to *first_token. */
 static kdt_status prefill_rows(kdt_engine *e, int32_t slot, int32_t n_rows, int32_t *first_token) {
     eng_stream *s = &e->streams[slot];
-    const int32_t from = s->prefilled, end = from + n_rows;
-    if (e->gpu) {
-        KDT_TRY(kdt_engine_gpu_prefill(e, slot, from, n_rows, first_token));
-        s->prefilled = end;
-        return KDT_OK;
-    }
+    const int32_t from = s->prefix_len, end = from + n_rows;
+    if (e->gpu) return kdt_engine_gpu_prefill(e, slot, from, n_rows, first_token);
     const int32_t V = e->mc->vocab_size, D = e->mc->hidden_size;
     const int want_taps = s->drafts && e->drafter && e->n_taps > 0;
     const int greedy = !(s->params.temperature > 0.0f);
@@ -123,7 +120,7 @@ static kdt_status prefill_rows(kdt_engine *e, int32_t slot, int32_t n_rows, int3
             if (st != KDT_OK) return st;
         }
     }
-    s->prefilled = s->prefix_len = end;
+    s->prefix_len = end;
     if (end < s->n_prompt) return KDT_OK; /* the rest in a later step */
     if (greedy) {
         *first_token = amax;
@@ -131,7 +128,6 @@ static kdt_status prefill_rows(kdt_engine *e, int32_t slot, int32_t n_rows, int3
         kdt_sampler_params sp = kdt_round_sampler_of(s);
         *first_token = kdt_sample_token(e->logits, V, &sp, kdt_rng_uniform(&s->rng), &e->sampler);
     }
-    s->prefix_len = s->n_prompt;
     return KDT_OK;
 }
 
@@ -601,7 +597,7 @@ kdt_status kdt_engine_step(kdt_engine *e, kdt_stream_event *events, int32_t max_
                 slot = i;
         if (slot < 0) break;
         eng_stream *s = &e->streams[slot];
-        const int32_t q = e->prefill_quantum, left = s->n_prompt - s->prefilled;
+        const int32_t q = e->prefill_quantum, left = s->n_prompt - s->prefix_len;
         int64_t rows = budget_left / q * q;
         if (rows < q) rows = q;
         if (rows > left) rows = left;
@@ -611,7 +607,7 @@ kdt_status kdt_engine_step(kdt_engine *e, kdt_stream_event *events, int32_t max_
         kdt_status st = prefill_rows(e, slot, (int32_t)rows, &first);
         e->stats.t_prefill += kdt_engine_now() - t0;
         if (st == KDT_OK) e->stats.prompt_tokens += (uint64_t)rows;
-        if (st == KDT_OK && s->prefilled < s->n_prompt) break; /* the budget is spent: more next step */
+        if (st == KDT_OK && s->prefix_len < s->n_prompt) break; /* the budget is spent: more next step */
         int32_t *evt = e->ev_tokens + (int64_t)slot * KDT_MAX_PATH;
         int32_t n = 0;
         if (st == KDT_OK) {

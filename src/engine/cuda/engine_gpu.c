@@ -72,7 +72,6 @@ struct eng_gpu {
     kdt_kv_layout kl;           /* device cache + block table (stable pointers) */
     kdt_gpu_outputs outs;       /* the runner's device outputs */
     int32_t MS, MN, Lmax, Kmax, V, D;
-    int32_t chunk;              /* prompt rows per prefill pass */
     /* device */
     int32_t *d_par;             /* [7][MS]: slot, root, prefix, depth limit, budget, cap (auto), parked row */
     float *d_draft_logits;      /* [MS][Lmax][V] */
@@ -214,7 +213,7 @@ static kdt_status create_buffers(kdt_engine *e, eng_gpu *g) {
     KDT_TRY(dalloc((void **)&g->d_target, MS * MN * I4, "target tokens"));
     KDT_TRY(dalloc((void **)&g->d_acc, acc_words(g->MS, g->MN) * I4, "accept outputs"));
     KDT_TRY(dalloc((void **)&g->d_bt, MS * (size_t)g->kl.max_pages * I4, "block-table rows"));
-    KDT_TRY(dalloc((void **)&g->d_items, (1 + 3 * (size_t)g->chunk) * I4, "context items"));
+    KDT_TRY(dalloc((void **)&g->d_items, (1 + 3 * (size_t)e->prefill_quantum) * I4, "context items"));
     KDT_TRY(halloc((void **)&g->h_par, 7 * MS * I4, "round parameters"));
     KDT_TRY(dalloc((void **)&g->d_ptree_i, (MS + 6 * MS * MN) * I4, "probe trees"));
     KDT_TRY(dalloc((void **)&g->d_pscore, MS * MN * sizeof(float), "probe scores"));
@@ -223,7 +222,7 @@ static kdt_status create_buffers(kdt_engine *e, eng_gpu *g) {
     g->n_probe = calloc(MS, sizeof(int32_t));
     if (!g->probe || !g->n_probe) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine GPU: probe scores");
     KDT_TRY(halloc((void **)&g->h_acc, acc_words(g->MS, g->MN) * I4, "accept outputs"));
-    KDT_TRY(halloc((void **)&g->h_items, (1 + 3 * (size_t)g->chunk) * I4, "context items"));
+    KDT_TRY(halloc((void **)&g->h_items, (1 + 3 * (size_t)e->prefill_quantum) * I4, "context items"));
     if (g->draft && e->n_taps > 0) {
         const size_t rows = MS * PEND_MAX;
         KDT_TRY(dalloc((void **)&g->d_pend, rows * (size_t)g->outs.max_taps * (size_t)g->D * sizeof(float),
@@ -256,8 +255,7 @@ kdt_status kdt_engine_gpu_create(kdt_engine *e, int verbose) {
     e->gpu = g;
     g->MS = e->max_streams;
     g->MN = e->max_nodes;
-    g->chunk = e->prefill_chunk > 0 ? e->prefill_chunk : PREFILL_CHUNK_DEFAULT;
-    e->prefill_quantum = g->chunk;
+    e->prefill_quantum = e->prefill_chunk > 0 ? e->prefill_chunk : PREFILL_CHUNK_DEFAULT; /* rows per pass */
     g->Lmax = e->depth > 0 ? e->depth : KDT_MAX_DEPTH; /* room for a test drafter */
     g->Kmax = e->top_k_max;
     g->V = e->mc->vocab_size;
@@ -277,7 +275,8 @@ kdt_status kdt_engine_gpu_create(kdt_engine *e, int verbose) {
     KDT_TRY(kdt_gpu_kv_create(g->model, &ko, &g->kv));
     kdt_gpu_runner_options ro;
     memset(&ro, 0, sizeof ro);
-    ro.max_rows = g->MS * g->MN > g->chunk ? g->MS * g->MN : g->chunk;
+    const int32_t C = e->prefill_quantum;
+    ro.max_rows = g->MS * g->MN > C ? g->MS * g->MN : C;
     ro.max_keys = e->max_context + g->MN;
     ro.max_nodes = g->MN;
     ro.max_taps = e->n_taps;
@@ -290,8 +289,8 @@ kdt_status kdt_engine_gpu_create(kdt_engine *e, int verbose) {
     KDT_TRY(kdt_gpu_kv_layout(g->kv, &g->kl));
     KDT_TRY(kdt_gpu_runner_outputs(g->run, &g->outs));
     if (e->drafter) {
-        kdt_dflash_gpu_options dopt = {g->MS, e->max_context, g->MS, g->MS * KDT_MAX_PATH > g->chunk
-                                                                       ? g->MS * KDT_MAX_PATH : g->chunk,
+        kdt_dflash_gpu_options dopt = {g->MS, e->max_context, g->MS, g->MS * KDT_MAX_PATH > C
+                                                                       ? g->MS * KDT_MAX_PATH : C,
                                        g->stream};
         KDT_TRY(kdt_dflash_to_gpu(e->drafter, g->model, &dopt, &g->draft));
         g->append_max = dopt.max_append_rows;
@@ -329,7 +328,7 @@ kdt_status kdt_engine_gpu_prefill(kdt_engine *e, int32_t slot, int32_t from, int
     eng_stream *s = &e->streams[slot];
     const int want_taps = s->drafts && g->draft && e->n_taps > 0;
     const int greedy = !(s->params.temperature > 0.0f);
-    const int32_t C = g->chunk, end = from + n_rows;
+    const int32_t C = e->prefill_quantum, end = from + n_rows;
     if (from % C || n_rows < 1 || end > s->n_prompt)
         return kdt_fail(KDT_ERR_INTERNAL, "engine GPU prefill: rows %d..%d of a %d-token prompt in %d-row passes", from,
                         end, s->n_prompt, C);
@@ -372,7 +371,6 @@ kdt_status kdt_engine_gpu_prefill(kdt_engine *e, int32_t slot, int32_t from, int
         kdt_sampler_params sp = kdt_round_sampler_of(s);
         *first_token = kdt_sample_token(row, g->V, &sp, kdt_rng_uniform(&s->rng), &e->sampler);
     }
-    s->prefix_len = s->n_prompt;
     g->n_probe[slot] = 0; /* a new stream: its first auto round uses its cap */
     return KDT_OK;
 }
