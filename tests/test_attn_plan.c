@@ -120,19 +120,21 @@ static void test_sweep(void) {
 
 /* The plain prefill attention (gpu_plain.cu): Q [64][dqk_p + 8], then per stage K hi / lo
  * [2][64][dqk_p + 8] and V hi / lo [2][64][dv_p + 8], bf16. At Kimi's d_n + d_r = 192, d_v = 128:
- * 2 stages (64 + 256) x 200 x 2 + 256 x 136 x 2 = 197,632; 1 stage (64 + 128) x 200 x 2 +
- * 128 x 136 x 2 = 111,616. (Session 44: a helper that called itself here hung every runner that
+ * 2 stages (64 + 256) x 200 x 2 + 256 x 136 x 2 = 197,632; 1 stage, where Q's 64 rows reuse
+ * the K tile's, 128 x 200 x 2 + 128 x 136 x 2 = 86,016. (Session 44: a helper that called itself here hung every runner that
  * asked for the plain form, on the GPU only; these sizes are now plain C, checked in CI.) */
 static void test_plain_sizes(void) {
     CHECK_EQ_INT(kdt_ap_plain_smem(192, 128, 2), 197632);
-    CHECK_EQ_INT(kdt_ap_plain_smem(192, 128, 1), 111616);
-    CHECK_EQ_INT(kdt_ap_plain_smem(16, 16, 1), (64 + 128) * 24 * 2 + 128 * 24 * 2);
+    CHECK_EQ_INT(kdt_ap_plain_smem(192, 128, 1), 86016);
+    CHECK_EQ_INT(kdt_ap_plain_smem(16, 16, 1), 128 * 24 * 2 + 128 * 24 * 2);
     CHECK_EQ_INT(kdt_ap_plain_smem(256, 256, 2), 320 * 264 * 2 + 256 * 264 * 2);
-    /* where each fits: Kimi takes 2 stages on a Hopper, 1 on an A100, none on the 99 KB parts
-     * (there auto keeps the absorbed form and plain is refused: gpu_forward.c plain_setup) */
+    /* where each fits: Kimi takes 2 stages on a Hopper, 1 on an A100 and on the 99 KB parts
+     * (sm_120, sm_86 / 89) */
     CHECK(kdt_ap_plain_smem(192, 128, 2) <= OPT_HOPPER);
     CHECK(kdt_ap_plain_smem(192, 128, 2) > OPT_A100 && kdt_ap_plain_smem(192, 128, 1) <= OPT_A100);
-    CHECK(kdt_ap_plain_smem(192, 128, 1) > OPT_99K);
+    CHECK(kdt_ap_plain_smem(192, 128, 1) <= OPT_99K);
+    /* the widest instance (d_n + d_r 256, d_v 256) needs 132 KB with one stage: not on a 99 KB part */
+    CHECK(kdt_ap_plain_smem(256, 256, 1) > OPT_99K && kdt_ap_plain_smem(256, 256, 1) <= OPT_A100);
     /* shapes without an instance */
     CHECK_EQ_INT(kdt_ap_plain_smem(272, 128, 1), 0); /* Q fragments past 16 k-steps */
     CHECK_EQ_INT(kdt_ap_plain_smem(200, 128, 1), 0); /* not padded to 16 */

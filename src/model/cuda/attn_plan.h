@@ -109,7 +109,8 @@ KDT_AP_FN size_t kdt_ap_min_smem(int hg, int dc, int dq) {
 /* ---- the plain prefill attention (gpu_plain.cu, plain_attn) ----------------------------------
  * A CTA holds 64 query rows of one head and walks 64-key tiles; its shared memory is Q, then per
  * K / V stage the K and V tiles as bf16 hi and lo planes, each row padded by 8 bf16. Q's
- * fragments live in registers, so d_n + d_r (padded to 16) is at most 256. */
+ * fragments live in registers, so d_n + d_r (padded to 16) is at most 256, and with one stage
+ * Q's rows are reused by the K tile (64 rows within its 2 x 64). */
 enum {
     KDT_AP_PLAIN_ROWS = 64,    /* query rows per CTA (the up-projection: keys per CTA) */
     KDT_AP_PLAIN_KEYS = 64,    /* keys per tile (the up-projection: output columns per CTA) */
@@ -127,7 +128,8 @@ KDT_AP_FN size_t kdt_ap_plain_smem(int dqk_p, int dv_p, int stages) {
     if (dqk_p < 16 || dqk_p > KDT_AP_PLAIN_MAX_DQK || dqk_p % 16 || dv_p < 1 || kdt_ap_plain_dv_pad(dv_p) != dv_p ||
         stages < 1 || stages > 2)
         return 0;
-    return (size_t)(KDT_AP_PLAIN_ROWS + 2 * stages * KDT_AP_PLAIN_KEYS) * (size_t)(dqk_p + KDT_AP_PLAIN_PAD) * 2 +
+    const size_t q_rows = stages == 2 ? KDT_AP_PLAIN_ROWS : 0; /* one stage: Q within K's tile */
+    return (q_rows + 2 * (size_t)stages * KDT_AP_PLAIN_KEYS) * (size_t)(dqk_p + KDT_AP_PLAIN_PAD) * 2 +
            (size_t)(2 * stages * KDT_AP_PLAIN_KEYS) * (size_t)(dv_p + KDT_AP_PLAIN_PAD) * 2;
 }
 

@@ -35,6 +35,7 @@ constexpr int BM = KDT_AP_PLAIN_ROWS; /* query rows (up-projection: keys) per CT
 constexpr int BN = KDT_AP_PLAIN_KEYS; /* keys per tile (up-projection: output columns per CTA) */
 constexpr int PAD = KDT_AP_PLAIN_PAD; /* bf16 per smem row beyond its data: conflict-free ldmatrix rows */
 constexpr int THREADS = 128;
+static_assert(BM <= 2 * BN, "one stage keeps Q's rows in K's tile");
 
 /* ---- up-projection ------------------------------------------------------------------------- */
 
@@ -139,7 +140,9 @@ __global__ void __launch_bounds__(THREADS) plain_attn(kdt_plain_args a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int qp = a.dqk_p + PAD, vp = DVP + PAD;
     uint16_t *Qs = reinterpret_cast<uint16_t *>(smem_raw);
-    uint16_t *Ks = Qs + BM * qp;         /* [ST][hi, lo][BN][qp] */
+    /* one stage: Q's rows are K's first tile's (Q moves to registers before K loads), so Kimi's
+     * instance fits the 99 KB parts; two stages keep Q apart, so tile 0 loads while Q is read */
+    uint16_t *Ks = ST == 1 ? Qs : Qs + BM * qp; /* [ST][hi, lo][BN][qp] */
     uint16_t *Vs = Ks + ST * 2 * BN * qp; /* [ST][hi, lo][BN][vp] */
     const int h = blockIdx.y, q0 = (gridDim.x - 1 - blockIdx.x) * BM;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -174,13 +177,20 @@ __global__ void __launch_bounds__(THREADS) plain_attn(kdt_plain_args a) {
             }
         }
     };
-    load_tile(0, 0);
-    cp_async_commit();
+    if (ST == 2) {
+        load_tile(0, 0);
+        cp_async_commit();
+    }
     __syncthreads(); /* Q */
     uint32_t qf[MAXK][4];
 #pragma unroll
     for (int ks = 0; ks < MAXK; ks++)
         if (ks < nks) ldsm_x4(qf[ks], Qs + (warp * 16 + (lane & 15)) * qp + ks * 16 + (lane >> 4) * 8);
+    if (ST == 1) {
+        __syncthreads(); /* every warp holds its Q fragments: their shared memory is K's now */
+        load_tile(0, 0);
+        cp_async_commit();
+    }
 
     float o[DVP / 8][4];
 #pragma unroll
