@@ -53,9 +53,8 @@ typedef struct kdt_engine_options {
     int32_t yarn_legacy_amplitude; /* drafter YaRN cos/sin amplitude: 0 = transformers'
                                       mscale ratio, 1 = legacy 0.1 ln(factor) + 1 (research §3.6) */
     int32_t prefill_attention;     /* a kdt_prefill_attention (model.h) for the prompt's prefill;
-                                      0 = absorbed. On the GPU auto is absorbed for now (its
-                                      plain kernels' current form has not run on a GPU yet);
-                                      plain is taken as asked. */
+                                      0 = absorbed. Auto takes, per chunk, the form with fewer
+                                      FLOPs (kdt_prefill_plain_pays), on the CPU and the GPU. */
     int32_t prefill_chunk;         /* prompt rows per forward pass of a prefill, 1..4096; 0 = the
                                       device's default (CPU: 64 for the absorbed form, 256 for
                                       plain or auto; GPU 256). Larger chunks read each

@@ -56,8 +56,8 @@ typedef struct cli_engine_args {
 /* The --prefill-attn help line, and its parser: "absorbed", "plain" or "auto" into *form (a
  * kdt_prefill_attention); -1 with "kdtree <cmd>: --prefill-attn ..." on stderr otherwise. */
 #define CLI_PREFILL_ATTN_HELP \
-    "attention form of a prefill chunk: absorbed (decode's bits) | plain | auto (fewer FLOPs; absorbed on a GPU " \
-    "for now) [auto]"
+    "attention form of a prefill chunk: absorbed (decode's bits) | plain | auto (per chunk, the one with fewer " \
+    "FLOPs) [auto]"
 int cli_parse_prefill_attn(const char *cmd, const char *text, int32_t *form);
 
 /* 0 if model and draft (NULL: nothing to check) name existing directories; else prints

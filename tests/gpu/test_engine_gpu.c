@@ -410,8 +410,7 @@ static void test_pair_brief(void) {
 }
 
 /* The CLI's and server's default prefill form, auto (a prompt's first chunk takes the plain
- * attention; the engine keeps auto absorbed on the GPU until the plain kernels have run, see
- * engine_gpu.c), and the plain form asked for explicitly, in 32-row chunks with at most 64 prompt
+ * attention, later chunks the form with fewer FLOPs), and the plain form asked for explicitly, in 32-row chunks with at most 64 prompt
  * tokens a step, under the engine: ddtree and chain still equal ar token for token, and the
  * drafter, whose context starts from that prefill's taps, still drafts the target's text. */
 static void test_pair_plain_prefill(void) {

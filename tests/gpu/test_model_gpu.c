@@ -782,8 +782,8 @@ static kdt_gpu_runner *new_runner_form(const kdt_gpu_model *g, int max_rows, int
 }
 
 /* The GPU plain form (gpu_plain.cu) on `dir`'s checkpoint, n prompt tokens:
- *  - against the CPU plain form on the bf16 twin, and against the GPU absorbed form, within REL_TOL
- *    (rows at a routing near-tie excused, as check_random_spec does);
+ *  - against the CPU plain form on the bf16 twin, and against the fp64 reference forward of the
+ *    twin, within REL_TOL (rows at a routing near-tie excused, as check_random_spec does);
  *  - bitwise the same in 64-row and 7-row chunks (logits and KV rows), and for a prompt whose
  *    second part is a second prefill call;
  *  - a decode step after it, close to the one after an absorbed prefill;
@@ -835,34 +835,44 @@ static void plain_case(const char *dir, const char *label, int n, uint64_t seed)
         int kv_same = 1;
         for (int t = 0; t < n; t++) kv_same &= rows_equal(kp, 0, t, k7, 0, t, c->n_layers, dq) && rows_equal(kp, 0, t, ks, 0, t, c->n_layers, dq);
         CHECK_MSG(kv_same, "%s: plain prefill: KV rows depend on the chunking", label);
-        uint8_t *excused = xmalloc((size_t)n);
-        const int n_ex = mref_forward(f.twin, toks, n, NULL, NULL, excused);
-        double le, lm, ae, am;
+        /* Judged against the CPU plain form (the same algorithm) and against the fp64 reference
+         * forward of the same bf16 weights. Not against the GPU absorbed form: that is a second
+         * bf16 approximation, on a one-head random spec 1.3e-2 from its own CPU form (session 45),
+         * so their distance says nothing about which one is wrong. Its fp64 error is printed. */
+        uint8_t *excused = xmalloc((size_t)n + 1);
+        double *ref64 = xmalloc((size_t)(n + 1) * V * sizeof *ref64); /* row n: the decode step's */
+        mref_forward(f.twin, toks, n + 1, ref64, NULL, excused);
+        int n_ex = 0;
+        for (int t = 0; t < n; t++) n_ex += excused[t];
+        float *fref = xmalloc((size_t)(n + 1) * V * 4);
+        for (size_t i = 0; i < (size_t)(n + 1) * V; i++) fref[i] = (float)ref64[i];
+        free(ref64);
+        double le, lm, re, rm, ae, am, xe, xm;
         max_err_rows(lp, lc, n, V, excused, &le, &lm);
-        max_err_rows(lp, la, n, V, excused, &ae, &am);
-        /* context: the absorbed form's own GPU-vs-CPU error on this prompt */
-        double be = 0, bm = 0;
-        float *lca = xmalloc((size_t)n * V * 4);
-        kdt_kv_cache *ck = new_ckv(f.twin, pages, 1);
-        kdt_model_outputs oc = {lca, NULL, 0, 0, NULL, NULL};
-        if (ck && kdt_model_prefill(f.twin, ck, 0, toks, n, &oc) == KDT_OK) max_err_rows(la, lca, n, V, excused, &be, &bm);
-        kdt_kv_cache_free(ck);
-        free(lca);
-        printf("  %s: GPU plain vs CPU plain max |err| %.3g of %.3g (%.1e); vs GPU absorbed %.3g (%.1e); GPU absorbed "
-               "vs CPU absorbed %.1e; %d rows excused\n", label, le, lm, lm > 0 ? le / lm : 0.0, ae, am > 0 ? ae / am : 0.0,
-               bm > 0 ? be / bm : 0.0, n_ex);
+        max_err_rows(lp, fref, n, V, excused, &re, &rm);
+        max_err_rows(la, fref, n, V, excused, &ae, &am);
+        max_err_rows(lp, la, n, V, excused, &xe, &xm);
+        printf("  %s: GPU plain vs CPU plain max |err| %.3g of %.3g (%.1e), vs fp64 %.1e; GPU absorbed vs fp64 %.1e; "
+               "plain vs absorbed %.1e; %d rows excused\n", label, le, lm, lm > 0 ? le / lm : 0.0,
+               rm > 0 ? re / rm : 0.0, am > 0 ? ae / am : 0.0, xm > 0 ? xe / xm : 0.0, n_ex);
         CHECK_MSG(le <= REL_TOL * lm, "%s: plain vs CPU plain %.3g > %.0e * %.3g", label, le, REL_TOL, lm);
-        CHECK_MSG(ae <= REL_TOL * am, "%s: plain vs absorbed %.3g > %.0e * %.3g", label, ae, REL_TOL, am);
-        free(excused);
-        /* a decode step after each prefill */
+        CHECK_MSG(re <= REL_TOL * rm, "%s: plain vs fp64 %.3g > %.0e * %.3g", label, re, REL_TOL, rm);
+        /* a decode step after each prefill, against the reference's next row (unless it is excused) */
         o.logits = lp + (size_t)n * V;
         CHECK_EQ_INT(kdt_gpu_decode(rp, kp, 1, NULL, toks + n, &o), KDT_OK);
         o.logits = la + (size_t)n * V;
         CHECK_EQ_INT(kdt_gpu_decode(ra, ka, 1, NULL, toks + n, &o), KDT_OK);
-        double de, dm;
-        max_err(lp + (size_t)n * V, la + (size_t)n * V, (size_t)V, &de, &dm);
-        CHECK_MSG(all_finite(lp + (size_t)n * V, (size_t)V) && de <= REL_TOL * dm, "%s: decode after plain: %.3g of %.3g",
-                  label, de, dm);
+        CHECK(all_finite(lp + (size_t)n * V, (size_t)V));
+        if (!excused[n]) {
+            double de, dm, be, bm;
+            max_err(lp + (size_t)n * V, fref + (size_t)n * V, (size_t)V, &de, &dm);
+            max_err(la + (size_t)n * V, fref + (size_t)n * V, (size_t)V, &be, &bm);
+            printf("  %s: decode after a plain prefill vs fp64 %.1e (after an absorbed one %.1e)\n", label,
+                   dm > 0 ? de / dm : 0.0, bm > 0 ? be / bm : 0.0);
+            CHECK_MSG(de <= REL_TOL * dm, "%s: decode after plain vs fp64: %.3g of %.3g", label, de, dm);
+        }
+        free(excused);
+        free(fref);
         /* auto: the first chunk pays (keys = rows); then one row after n keys: absorbed when it does not pay */
         const int n_first = n < 64 ? n : 64;
         o.logits = ls;

@@ -281,9 +281,7 @@ kdt_status kdt_engine_gpu_create(kdt_engine *e, int verbose) {
     ro.max_nodes = g->MN;
     ro.max_taps = e->n_taps;
     ro.logits = 1; /* T > 0 streams sample from the logits */
-    /* auto stays absorbed on the GPU for now: the plain kernels' hi / lo form (gpu_plain.cu) has not
-     * run on a GPU yet (docs/model_gpu.md, session 43); an explicit plain takes it */
-    ro.prefill_attention = e->prefill_attention == KDT_PREFILL_AUTO ? KDT_PREFILL_ABSORBED : e->prefill_attention;
+    ro.prefill_attention = e->prefill_attention; /* auto: per chunk, gpu_forward.c */
     KDT_TRY(kdt_gpu_runner_create(g->model, &ro, &g->run));
     g->stream = (cudaStream_t)kdt_gpu_runner_stream(g->run);
     KDT_TRY(kdt_gpu_kv_layout(g->kv, &g->kl));
