@@ -9,7 +9,8 @@
  *   2. timing (cudaEvent, L2 flushed by a 512 MB read before every launch, median of reps) of the
  *      Kimi K2.6 decode / verify shapes for v1, v2 and v3, with GB/s of weight bytes; --sweep
  *      adds v3 under each schedule on the decode-sized shapes.
- * Built by CMake as gpu_test_gemm_ab (label gpu). Run: gpu_test_gemm_ab [--timing [--sweep]]
+ * The wgmma kernel for many rows (gemm_wg.cuh) runs every dense case too, where the device has it.
+ * Built by CMake as gpu_test_gemm_ab (label gpu). Run: gpu_test_gemm_ab [--timing [--sweep] | --prefill]
  * (exit 0 = all bitwise checks passed; --timing adds part 2, a benchmark, not part of the test). */
 #include "gpu_gemm.cu"
 
@@ -39,6 +40,7 @@ extern "C" kdt_status kdt_fail(kdt_status s, const char *fmt, ...) {
     } while (0)
 
 static int n_fail = 0, n_pass = 0;
+static bool g_wg = false; /* the device runs wgg::wg_gemm_kernel (sm_90a code, enough shared memory) */
 
 __device__ uint64_t mix(uint64_t x) {
     x ^= x >> 33; x *= 0xff51afd7ed558ccdULL; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ULL; x ^= x >> 33;
@@ -165,6 +167,14 @@ static void launch_gemm(const kdt_gemm_args &a, bool v1) {
         const V2Cfg c = v2_config(g_stages);
         v2_gemm_kernel<W_ROWS><<<grid, THREADS, c.pool>>>(a, c);
     }
+    CK(cudaGetLastError());
+}
+/* the wgmma dense kernel (gemm_wg.cuh), as kdt_gemm_launch takes it with KDT_GEMM_WG=1 */
+static void launch_gemm_wg(const kdt_gemm_args &a) {
+    const unsigned mtiles = (unsigned)((a.m_max + wgg::BM - 1) / wgg::BM);
+    const dim3 grid((unsigned)((a.n + wgg::BN - 1) / wgg::BN), (unsigned)a.splits,
+                    (unsigned)(a.batch > 0 ? a.batch : 1) * mtiles);
+    wgg::wg_gemm_kernel<<<grid, wgg::THREADS, (size_t)wgg::SMEM>>>(a);
     CK(cudaGetLastError());
 }
 static void launch_grouped(const kdt_grouped_args &a, bool v1) {
@@ -298,6 +308,18 @@ static void dense_case(const DenseCase &dc, uint64_t seed) {
         cudaFree(yt);
         cudaFree(wt);
         cudaFree(tmp);
+    }
+    if (g_wg) { /* the wgmma kernel for many rows, at any row count: v1's bits */
+        float *yw = dalloc<float>(ybytes / 4);
+        poison(yw, ybytes);
+        a.y = yw;
+        launch_gemm_wg(a);
+        CK(cudaDeviceSynchronize());
+        char ww[260];
+        snprintf(ww, sizeof ww, "wgmma: %s", what);
+        same(y1, yw, ybytes, ww);
+        a.y = y2;
+        cudaFree(yw);
     }
     if (g_v3 && dc.M <= v3::ROWS) {
         float *y3 = dalloc<float>(ybytes / 4);
@@ -1158,6 +1180,56 @@ static void timing() {
     cudaFree(g_sink);
 }
 
+/* --prefill: Kimi K2.6's dense projections at prefill chunk sizes, v2 (the launcher without
+ * KDT_GEMM_WG) against the wgmma kernel; TFLOP/s counts 2 M N K (one product per weight, though
+ * both kernels issue two: hi and lo). */
+static void prefill_timing() {
+    g_flush = dalloc<float>(FLUSH_FLOATS);
+    g_sink = dalloc<float>(1);
+    CK(cudaMemset(g_flush, 0, FLUSH_FLOATS * 4));
+    struct Shape { const char *name; int n, k; };
+    static const Shape shapes[] = {{"q_a_kv_a", 2112, 7168}, {"q_b", 12288, 1536}, {"o_proj", 7168, 8192},
+                                   {"shared gate/up", 4096, 7168}, {"shared down", 7168, 2048}};
+    printf("\nprefill dense GEMMs (median us of 5, L2 flushed; TFLOP/s = 2 M N K / time)\n");
+    for (int M : {512, 2048}) {
+        for (const Shape &sh : shapes) {
+            int splits, k_chunk;
+            kdt_gemm_plan(sh.n, sh.k, 1, &splits, &k_chunk);
+            uint16_t *w = dalloc<uint16_t>((size_t)sh.n * sh.k);
+            k_fill_w<<<1024, 256>>>(w, sh.n, sh.k, sh.k, 7);
+            float *x = dalloc<float>((size_t)M * sh.k);
+            k_fill_x<<<1024, 256>>>(x, (int64_t)M * sh.k, 8);
+            float *y = dalloc<float>((size_t)splits * M * sh.n), *yw = dalloc<float>((size_t)splits * M * sh.n);
+            std::vector<int32_t> mv = {M};
+            int32_t *d_m = dint(mv);
+            kdt_gemm_args a;
+            memset(&a, 0, sizeof a);
+            a.x = x; a.ldx = sh.k; a.kx = sh.k; a.w = w; a.ldw = sh.k; a.n = sh.n;
+            a.y = y; a.ldy = sh.n; a.y_split = (int64_t)M * sh.n;
+            a.m_dev = d_m; a.m_max = M; a.batch = 1; a.splits = splits; a.k_chunk = k_chunk;
+            const double t2 = time_us([&] { if (kdt_gemm_launch(&a, g_stages, 0) != KDT_OK) n_fail++; }, 5);
+            double tw = 0;
+            if (g_wg) {
+                kdt_gemm_args b = a;
+                b.y = yw;
+                tw = time_us([&] { launch_gemm_wg(b); }, 5);
+                CK(cudaDeviceSynchronize());
+                char what[120];
+                snprintf(what, sizeof what, "prefill timing shape %s M=%d: wgmma vs v2", sh.name, M);
+                same(y, yw, (size_t)splits * M * sh.n * 4, what);
+            }
+            const double fl = 2.0 * M * sh.n * sh.k;
+            printf("  %-15s M=%-5d N=%-6d K=%-5d splits %-2d  v2 %9.1f us %6.1f TFLOP/s", sh.name, M, sh.n, sh.k, splits,
+                   t2, fl / t2 / 1e6);
+            if (g_wg) printf("   wgmma %9.1f us %6.1f TFLOP/s   x%.2f", tw, fl / tw / 1e6, t2 / tw);
+            printf("\n");
+            cudaFree(w); cudaFree(x); cudaFree(y); cudaFree(yw); cudaFree(d_m);
+        }
+    }
+    cudaFree(g_flush);
+    cudaFree(g_sink);
+}
+
 int main(int argc, char **argv) {
     const bool do_timing = argc > 1 && strcmp(argv[1], "--timing") == 0;
     g_sweep = do_timing && argc > 2 && strcmp(argv[2], "--sweep") == 0;
@@ -1170,6 +1242,8 @@ int main(int argc, char **argv) {
            prop.multiProcessorCount, v2_config(g_stages).pool, g_stages, v2_config(g_stages).cap,
            smallest_grouped_pool(per_sm).pool);
     if (kdt_gemm_init(g_stages) != KDT_OK) return 2;
+    g_wg = g_wg_ready[0] == 1;
+    printf("wgmma GEMM (gemm_wg.cuh): %s\n", g_wg ? "runs" : "unavailable here: skipped");
     g_v3 = v3_dev() != nullptr;
     v3_tune() = V3_CONFIGS[0];
     printf("v3 (persistent weight streaming): %s\n", g_v3 ? "runs" : "unavailable: skipped");
@@ -1196,6 +1270,15 @@ int main(int argc, char **argv) {
      * quick (sanitizer runs): 65 only */
     for (int M : {33, 64, 65})
         if (!quick || M == 65) dense_case({7168, 8192, 1, 8192, 0, 0, M}, seed++);
+    /* prefill-sized launches (the wgmma kernel's: 128-row tiles, a partial last tile) */
+    for (int M : {128, 130, 256, 300, 520}) {
+        if (quick && M != 130) continue;
+        dense_case({200, 7168, 1, 7168, 0, 0, M}, seed++);
+        dense_case({130, 300, 1, 300, 1, 1, M}, seed++);
+        dense_case({96, 128, 3, 128, 0, 0, M}, seed++);
+        dense_case({64, 640, 1, 600, 4, 0, M}, seed++);
+    }
+    if (!quick) dense_case({7168, 8192, 1, 8192, 0, 0, 256}, seed++); /* o_proj, 3 splits */
     /* grouped: items of 1..64 rows, experts with 0 rows, > 64 rows (several items), ragged I */
     grouped_case(448, 200, 5, {1, 0, 3, 64, 65}, 70, seed++, 16);
     if (!quick) {
@@ -1212,6 +1295,7 @@ int main(int argc, char **argv) {
     if (!quick) head_case(4160, 7168, 3, seed++);
     printf("bitwise v1 == v2%s: %d passed, %d failed\n", g_v3 ? " == v3" : "", n_pass, n_fail);
     if (do_timing) timing();
+    if (argc > 1 && strcmp(argv[1], "--prefill") == 0) prefill_timing();
     if (argc > 1 && strcmp(argv[1], "--wave") == 0) {
         g_flush = dalloc<float>(FLUSH_FLOATS);
         g_sink = dalloc<float>(1);

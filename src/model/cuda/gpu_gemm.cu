@@ -51,6 +51,7 @@
 #include "kernels/cuda/device_limits.h"
 #include "gpu_mma.cuh"
 #include "kernels/cuda/pdl.cuh"
+#include "kernels/cuda/wgmma_sm90.cuh"
 
 namespace {
 using namespace kg;
@@ -133,6 +134,8 @@ __device__ __forceinline__ int clamp_m(const int32_t *m_dev, int m_max) {
     const int M = *m_dev;
     return M < 0 ? 0 : (M > m_max ? m_max : M);
 }
+
+#include "gemm_wg.cuh" /* the wgmma kernel for many rows (opt-in: KDT_GEMM_WG=1) */
 
 /* ============================ v1: the original kernels (KDT_GEMM_V1=1) ============================
  * CTA tile: 64 columns x all M rows in passes of 64, 4 warps (warp w owns 16 columns, all four
@@ -1491,6 +1494,43 @@ cudaError_t set_smem(K kernel, size_t bytes) {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
+/* The wgmma GEMM (gemm_wg.cuh): whether each device runs real wgmma code with the shared memory it
+ * needs (set by kdt_gemm_init: 1 yes, 2 no, 0 not asked), and the opt-in. */
+int g_wg_ready[16];
+bool wg_wanted(const kdt_gemm_args *a) {
+    static const bool on = kdt_g_env_is("KDT_GEMM_WG", '1');
+    static const int min_rows = [] {
+        const char *e = getenv("KDT_GEMM_WG_MIN");
+        const int v = e ? atoi(e) : 0;
+        return v > 0 ? v : 128;
+    }();
+    if (!on || a->tiled || use_v1() || a->m_max < min_rows) return false;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) {
+        cudaGetLastError();
+        return false;
+    }
+    return g_wg_ready[dev] == 1;
+}
+/* Asks the current device whether its code for wgg::wg_gemm_kernel has wgmma and allows the
+ * kernel its shared memory; at runner creation (a synchronous copy: never during a capture). */
+cudaError_t wg_setup(int dev, int optin) {
+    if (dev < 0 || dev >= 16 || g_wg_ready[dev]) return cudaSuccess;
+    g_wg_ready[dev] = 2;
+    if (optin < wgg::SMEM) return cudaSuccess;
+    int *d = nullptr, h = 0;
+    cudaError_t e = cudaMalloc(&d, sizeof(int));
+    if (e == cudaSuccess) {
+        wgg::wg_probe<<<1, 1>>>(d);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
+    if (d) cudaFree(d);
+    if (e == cudaSuccess && h == 1) e = set_smem(wgg::wg_gemm_kernel, (size_t)wgg::SMEM);
+    if (e == cudaSuccess && h == 1) g_wg_ready[dev] = 1;
+    return e;
+}
+
 template <typename K>
 cudaError_t set_smem_v2(K kernel, size_t bytes) {
     cudaError_t e = set_smem(kernel, bytes);
@@ -1750,6 +1790,7 @@ extern "C" kdt_status kdt_gemm_init(int32_t stages) {
     if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<0, W_TILED, true>, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<0, W_BULK, true>, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_head_kernel, v2_bytes);
+    if (e == cudaSuccess) e = wg_setup(dev, optin);
     /* v3: every instance may take the whole opt-in limit (its pool is chosen per launch) */
     if (e == cudaSuccess && v3_dev()) {
         if (e == cudaSuccess) e = v3_set_attrs<1, v3::DenseP>(optin);
@@ -1803,6 +1844,12 @@ extern "C" kdt_status kdt_gemm_launch_plain(const kdt_gemm_args *a, int32_t stag
         return kdt_fail(KDT_ERR_INTERNAL, "GPU GEMM: ld %d, k_chunk %d, m_max %d, n %d", a->ldw, a->k_chunk,
                         a->m_max, a->n);
     const dim3 grid((unsigned)((a->n + BN - 1) / BN), (unsigned)a->splits, (unsigned)(a->batch > 0 ? a->batch : 1));
+    if (wg_wanted(a)) { /* many rows on wgmma (gemm_wg.cuh): the same bits */
+        const unsigned mtiles = (unsigned)((a->m_max + wgg::BM - 1) / wgg::BM);
+        const dim3 gw((unsigned)((a->n + wgg::BN - 1) / wgg::BN), (unsigned)a->splits, grid.z * mtiles);
+        wgg::wg_gemm_kernel<<<gw, wgg::THREADS, (size_t)wgg::SMEM, s>>>(*a);
+        return launch_error("GPU GEMM (wgmma)");
+    }
     if (a->tiled) { /* only v2 reads the tiled layout; KDT_GEMM_BULK_W=1: by bulk copies */
         const V2Cfg c = v2_config_grid(stages, (int64_t)grid.x * grid.y * grid.z, a->m_max);
         const bool pdl = pdl_on() && !plain, wide = gt_v2_wide(a->m_max, c.cap);

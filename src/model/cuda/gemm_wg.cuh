@@ -1,0 +1,181 @@
+/* gemm_wg.cuh - the dense GEMM for many rows (prefill chunks) on Hopper's warpgroup MMA (sm_90a).
+ * Included by gpu_gemm.cu, whose header states the arithmetic every GEMM variant must keep; this
+ * one keeps it, so it gives v1 / v2 / v3's bits and the launcher may take it for any launch:
+ *   an output (m, n) is the fp32 chain from +0 of, per 64-wide K block of its split ascending and
+ *   kk = 0..3, the k16 product of bf16_rn(x) (hi), then of bf16_rn(x - hi) (lo), with W row n.
+ * wgmma m64n128k16 adds each k16 product to its accumulator as mma.sync m16n8k16 does (the same
+ * k16 steps from the same zeros give the same bits: tests/gpu/test_wgmma_sm90.cu for the attention's
+ * m64n32k16; tests/gpu/test_gemm_ab_gpu.cu compares this kernel with v1 bitwise).
+ *
+ * Why: the v2 kernels are built for a decode's few rows: 64 output columns per CTA, W read once per
+ * 64 rows, mma.sync on 4 warps. A prefill chunk of 256-2,048 rows makes the dense projections
+ * compute-bound, and there v2 ran at ~55 TFLOP/s on an H200 (session 45's step profile: o_proj's
+ * 240 GFLOP in 4.3 ms at 2,048 rows).
+ *
+ * CTA: 128 rows (two warpgroups of 64) x 128 output columns, 8 warps. K in 64-wide blocks through a
+ * cp.async ring of STAGES stages: W [128 rows][64] bf16 as one 128-byte-swizzled slab (wgmma's B,
+ * K-major) and X [128 rows][64] fp32 (row stride XS, as v1's). Each warp splits its 16 rows' X into
+ * hi / lo A fragments in registers, then issues 8 wgmma (4 k16 steps x hi, lo) on its warpgroup's
+ * 64 x 128 accumulator. Grid: (column tiles, K splits, batch x row tiles); a CTA whose rows start
+ * past the device's row count returns. Launched without programmatic dependence (it waits for
+ * its predecessors by the stream's order and lets its successors start at its end).
+ *
+ * Only sm_90a device code has wgmma (KDT_HAS_WGMMA); kdt_gemm_init asks the device which code it
+ * runs (wg_probe) and the launcher takes this kernel only where it is real. Opt-in for now:
+ * KDT_GEMM_WG=1, for launches of at least KDT_GEMM_WG_MIN rows (default 128). */
+#ifndef KDT_GEMM_WG_CUH
+#define KDT_GEMM_WG_CUH
+
+/* (inside gpu_gemm.cu's anonymous namespace, after clamp_m; wgmma_sm90.cuh is included at its top) */
+namespace wgg {
+
+constexpr int BM = 128, BN = 128, THREADS = 256, STAGES = 4;
+constexpr int XS = BK + 8;                        /* floats per X row: conflict-free float2 fragment loads */
+constexpr int W_BYTES = BN * BK * 2;              /* 16 KB: one slab */
+constexpr int X_BYTES = BM * XS * 4;              /* 36,864 */
+constexpr int STAGE_BYTES = W_BYTES + X_BYTES;    /* 53,248: a multiple of 1024, so every slab stays aligned */
+constexpr int SMEM = STAGES * STAGE_BYTES + 1024; /* + the slack that aligns the ring to 1024 bytes */
+constexpr int X_PER_THREAD = BM * (BK / 4) / THREADS; /* 8 chunks of 4 floats */
+constexpr int W_PER_THREAD = BN * (BK / 8) / THREADS; /* 4 chunks of 8 bf16 */
+static_assert(STAGE_BYTES % 1024 == 0 && X_PER_THREAD == 8 && W_PER_THREAD == 4, "wg GEMM layout");
+
+/* d (64 f32) += A (registers, 4 x bf16x2) B (descriptor, K-major), m64n128k16, always accumulating */
+__device__ __forceinline__ void mma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+#if KDT_HAS_WGMMA
+#define KDT_WGG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                      "+f"(d[i + 6]), "+f"(d[i + 7])
+    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+                 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+                 "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+                 "{%64,%65,%66,%67}, %68, 1, 1, 1, 0;\n}\n"
+                 : KDT_WGG_D8(0), KDT_WGG_D8(8), KDT_WGG_D8(16), KDT_WGG_D8(24), KDT_WGG_D8(32), KDT_WGG_D8(40),
+                   KDT_WGG_D8(48), KDT_WGG_D8(56)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+#undef KDT_WGG_D8
+#else
+    (void)d, (void)a, (void)db;
+#endif
+}
+
+/* 1 in a device pass that has wgmma: what kdt_gemm_init reads back (wg_ready) */
+__global__ void wg_probe(int *out) { *out = KDT_HAS_WGMMA; }
+
+__global__ void __launch_bounds__(THREADS, 1) wg_gemm_kernel(const kdt_gemm_args a) {
+#if KDT_HAS_WGMMA
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char *ring = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    const int M = clamp_m(a.m_dev, a.m_max);
+    const int mtiles = (a.m_max + BM - 1) / BM;
+    const int b = blockIdx.z / mtiles, m0 = (blockIdx.z % mtiles) * BM;
+    if (m0 >= M) return;
+    const int n0 = blockIdx.x * BN, split = blockIdx.y;
+    const int n_valid = min(BN, a.n - n0), m_valid = min(BM, M - m0);
+    const int k_begin = split * a.k_chunk, k_end = min(k_begin + a.k_chunk, a.ldw);
+    const int nk = (k_end - k_begin) / BK;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const uint16_t *w = a.w + (int64_t)b * a.w_batch + (int64_t)n0 * a.ldw;
+    const float *x = a.x + (int64_t)b * a.x_batch;
+
+    /* this thread's X rows (tid >> 4) + 16 i of the tile, NULL past the row count */
+    const float *xrow[X_PER_THREAD];
+    bool xal[X_PER_THREAD];
+#pragma unroll
+    for (int i = 0; i < X_PER_THREAD; i++) {
+        const int r = (tid >> 4) + 16 * i;
+        const int m = m0 + r;
+        xrow[i] = r < m_valid ? x + (int64_t)(a.x_rows ? a.x_rows[m] : m) * a.ldx : nullptr;
+        xal[i] = ((uintptr_t)xrow[i] & 15) == 0;
+    }
+    auto load_stage = [&](int s, int kc) {
+        unsigned char *st = ring + s * STAGE_BYTES;
+#pragma unroll
+        for (int i = 0; i < W_PER_THREAD; i++) {
+            const int q = tid + THREADS * i, r = q >> 3, ch = q & 7;
+            const bool ok = r < n_valid;
+            cp_async16(st + wg::sw128_offset(r, ch * 8), ok ? w + (int64_t)r * a.ldw + kc + ch * 8 : w, ok ? 16 : 0);
+        }
+        float *xs = reinterpret_cast<float *>(st + W_BYTES);
+        const int xch = tid & 15, k = kc + xch * 4;
+#pragma unroll
+        for (int i = 0; i < X_PER_THREAD; i++) {
+            float *dst = xs + ((tid >> 4) + 16 * i) * XS + xch * 4;
+            const float *src = xrow[i];
+            if (src && k + 4 <= a.kx && xal[i]) {
+                cp_async16(dst, src + k, 16);
+            } else if (src && k < a.kx) { /* ragged K or an unaligned row: element by element */
+                float4 v;
+                v.x = src[k];
+                v.y = k + 1 < a.kx ? src[k + 1] : 0.0f;
+                v.z = k + 2 < a.kx ? src[k + 2] : 0.0f;
+                v.w = k + 3 < a.kx ? src[k + 3] : 0.0f;
+                *reinterpret_cast<float4 *>(dst) = v;
+            } else { /* past K or past the rows: zeros (rows past M only feed their own outputs) */
+                *reinterpret_cast<float4 *>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+        }
+    };
+
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+    const int rb = warp * 16; /* this warp's first row in the tile (warpgroup warp >> 2: rows 64 (warp >> 2) + ...) */
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < nk) load_stage(s, k_begin + s * BK);
+        cp_async_commit();
+    }
+    for (int it = 0; it < nk; it++) {
+        cp_async_wait<STAGES - 2>();
+        wg::fence_proxy_async(); /* this thread's cp.async writes, for wgmma's async proxy */
+        __syncthreads();         /* stage `it` is complete; stage it - 1 has no reader left */
+        const int nxt = it + STAGES - 1;
+        if (nxt < nk) load_stage(nxt % STAGES, k_begin + nxt * BK);
+        cp_async_commit();
+        const unsigned char *st = ring + (it % STAGES) * STAGE_BYTES;
+        const float *xs = reinterpret_cast<const float *>(st + W_BYTES);
+        uint32_t hi[4][4], lo[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            const float *xp = xs + (rb + g) * XS + kk * 16 + 2 * c;
+            split_bf16(*reinterpret_cast<const float2 *>(xp), hi[kk][0], lo[kk][0]);
+            split_bf16(*reinterpret_cast<const float2 *>(xp + 8 * XS), hi[kk][1], lo[kk][1]);
+            split_bf16(*reinterpret_cast<const float2 *>(xp + 8), hi[kk][2], lo[kk][2]);
+            split_bf16(*reinterpret_cast<const float2 *>(xp + 8 * XS + 8), hi[kk][3], lo[kk][3]);
+        }
+        const uint32_t wbase = smem_u32(st);
+        wg::fence(); /* the A fragments and the accumulators were written by ordinary instructions */
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            const uint64_t db = wg::desc_sw128(wbase + (uint32_t)kk * 32u, 16u, 1024u);
+            mma_m64n128k16_rs(acc, hi[kk], db);
+            mma_m64n128k16_rs(acc, lo[kk], db);
+        }
+        wg::commit();
+        wg::wait<0>();
+    }
+    cp_async_wait<0>();
+
+    /* accumulator element 4 j + e: row rb + g (+ 8 for e >= 2), column 8 j + 2 c + (e & 1) */
+    float *y = a.y + (int64_t)split * a.y_split + (int64_t)b * a.y_batch + n0;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = rb + g + 8 * h;
+        if (r >= m_valid) continue;
+        float *yr = y + (int64_t)(m0 + r) * a.ldy;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const int col = 8 * j + 2 * c;
+            if (col < n_valid) yr[col] = acc[4 * j + 2 * h];
+            if (col + 1 < n_valid) yr[col + 1] = acc[4 * j + 2 * h + 1];
+        }
+    }
+#else
+    (void)a; /* never launched: wg_ready() is 0 in a pass without wgmma */
+#endif
+}
+
+} // namespace wgg
+
+#endif
