@@ -20,9 +20,10 @@
  * past the device's row count returns. Launched without programmatic dependence (it waits for
  * its predecessors by the stream's order and lets its successors start at its end).
  *
- * Only sm_90a device code has wgmma (KDT_HAS_WGMMA); kdt_gemm_init asks the device which code it
- * runs (wg_probe) and the launcher takes this kernel only where it is real. Opt-in for now:
- * KDT_GEMM_WG=1, for launches of at least KDT_GEMM_WG_MIN rows (default 128). */
+ * Only sm_90a device code has wgmma (KDT_HAS_WGMMA); with the opt-in, kdt_gemm_init asks the
+ * device which code it runs (wg_probe) and the launcher takes this kernel only where it is real.
+ * Opt-in for now (written in session 45, not yet run on a GPU): KDT_GEMM_WG=1, for launches of at
+ * least KDT_GEMM_WG_MIN rows (default 128). */
 #ifndef KDT_GEMM_WG_CUH
 #define KDT_GEMM_WG_CUH
 

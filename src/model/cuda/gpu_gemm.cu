@@ -1497,14 +1497,17 @@ cudaError_t set_smem(K kernel, size_t bytes) {
 /* The wgmma GEMM (gemm_wg.cuh): whether each device runs real wgmma code with the shared memory it
  * needs (set by kdt_gemm_init: 1 yes, 2 no, 0 not asked), and the opt-in. */
 int g_wg_ready[16];
-bool wg_wanted(const kdt_gemm_args *a) {
+bool wg_on() {
     static const bool on = kdt_g_env_is("KDT_GEMM_WG", '1');
+    return on;
+}
+bool wg_wanted(const kdt_gemm_args *a) {
     static const int min_rows = [] {
         const char *e = getenv("KDT_GEMM_WG_MIN");
         const int v = e ? atoi(e) : 0;
         return v > 0 ? v : 128;
     }();
-    if (!on || a->tiled || use_v1() || a->m_max < min_rows) return false;
+    if (!wg_on() || a->tiled || use_v1() || a->m_max < min_rows) return false;
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) {
         cudaGetLastError();
@@ -1512,12 +1515,13 @@ bool wg_wanted(const kdt_gemm_args *a) {
     }
     return g_wg_ready[dev] == 1;
 }
-/* Asks the current device whether its code for wgg::wg_gemm_kernel has wgmma and allows the
- * kernel its shared memory; at runner creation (a synchronous copy: never during a capture). */
-cudaError_t wg_setup(int dev, int optin) {
-    if (dev < 0 || dev >= 16 || g_wg_ready[dev]) return cudaSuccess;
+/* Asks device `dev` (the current one) whether its code for wgg::wg_gemm_kernel has wgmma and
+ * allows the kernel its shared memory; once per device, at runner creation and only with the
+ * opt-in (a synchronous copy: never during a capture). Any failure leaves the kernel unused. */
+void wg_setup(int dev, int optin) {
+    if (dev < 0 || dev >= 16 || g_wg_ready[dev]) return;
     g_wg_ready[dev] = 2;
-    if (optin < wgg::SMEM) return cudaSuccess;
+    if (optin < wgg::SMEM) return;
     int *d = nullptr, h = 0;
     cudaError_t e = cudaMalloc(&d, sizeof(int));
     if (e == cudaSuccess) {
@@ -1528,7 +1532,7 @@ cudaError_t wg_setup(int dev, int optin) {
     if (d) cudaFree(d);
     if (e == cudaSuccess && h == 1) e = set_smem(wgg::wg_gemm_kernel, (size_t)wgg::SMEM);
     if (e == cudaSuccess && h == 1) g_wg_ready[dev] = 1;
-    return e;
+    cudaGetLastError(); /* a failure here is not the runner's */
 }
 
 template <typename K>
@@ -1790,7 +1794,7 @@ extern "C" kdt_status kdt_gemm_init(int32_t stages) {
     if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<0, W_TILED, true>, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_grouped_kernel<0, W_BULK, true>, v2_bytes);
     if (e == cudaSuccess) e = set_smem_v2(v2_head_kernel, v2_bytes);
-    if (e == cudaSuccess) e = wg_setup(dev, optin);
+    if (e == cudaSuccess && wg_on()) wg_setup(dev, optin);
     /* v3: every instance may take the whole opt-in limit (its pool is chosen per launch) */
     if (e == cudaSuccess && v3_dev()) {
         if (e == cudaSuccess) e = v3_set_attrs<1, v3::DenseP>(optin);
