@@ -177,6 +177,11 @@ static void launch_gemm_wg(const kdt_gemm_args &a) {
     wgg::wg_gemm_kernel<<<grid, wgg::THREADS, (size_t)wgg::SMEM>>>(a);
     CK(cudaGetLastError());
 }
+static void launch_grouped_wg(const kdt_grouped_args &a) {
+    const dim3 grid((unsigned)((a.n_max + wgg::BN - 1) / wgg::BN), (unsigned)(a.grid_items > 0 ? a.grid_items : 1));
+    wgg::wg_grouped_kernel<<<grid, wgg::G_THREADS, (size_t)wgg::G_SMEM>>>(a);
+    CK(cudaGetLastError());
+}
 static void launch_grouped(const kdt_grouped_args &a, bool v1) {
     const dim3 grid((unsigned)((a.n_max + BN - 1) / BN), (unsigned)(a.grid_items > 0 ? a.grid_items : 1));
     if (v1) V1_LAUNCH(grouped_kernel, grid, a);
@@ -506,6 +511,19 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
         snprintf(what, sizeof what, "grouped down, 5 CTAs per SM instance, D=%d I=%d E=%d items=%d", D, I, E, n_items);
         same(z1, z2, b1, what);
     }
+    if (g_wg) { /* the wgmma grouped kernel, row-major experts: v1's bits */
+        poison(y2, b0);
+        poison(z2, b1);
+        a.y = y2;
+        b.y = z2;
+        launch_grouped_wg(a);
+        launch_grouped_wg(b);
+        CK(cudaDeviceSynchronize());
+        snprintf(what, sizeof what, "grouped gate/up, wgmma, D=%d I=%d E=%d items=%d", D, I, E, n_items);
+        same(y1, y2, b0, what);
+        snprintf(what, sizeof what, "grouped down, wgmma, D=%d I=%d E=%d items=%d", D, I, E, n_items);
+        same(z1, z2, b1, what);
+    }
     if ((2 * i_pad) % 64 == 0 && D % 64 == 0) {
         /* the tiled expert layout (kdt_gemm_tile64, KDT_GPU_TILED_EXPERTS): tiled copies of the
          * weights through kdt_grouped_launch (v2 whatever KDT_GEMM_V1 / V3 say): v1's bits */
@@ -576,6 +594,33 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
             snprintf(what, sizeof what, "grouped down, tiled weights (%s), D=%d I=%d E=%d items=%d", names[v], D, I, E,
                      n_items);
             same(z1, z2, b1, what);
+        }
+        if (g_wg) { /* the wgmma grouped kernel on tiled experts, then its fused SwiGLU against v2's */
+            poison(y2, b0);
+            poison(z2, b1);
+            launch_grouped_wg(at);
+            launch_grouped_wg(bt);
+            CK(cudaDeviceSynchronize());
+            snprintf(what, sizeof what, "grouped gate/up, tiled weights (wgmma), D=%d I=%d E=%d items=%d", D, I, E, n_items);
+            same(y1, y2, b0, what);
+            snprintf(what, sizeof what, "grouped down, tiled weights (wgmma), D=%d I=%d E=%d items=%d", D, I, E, n_items);
+            same(z1, z2, b1, what);
+            const size_t hb = (size_t)std::max(pairs, 1) * ldh * 4 + 32;
+            float *h1 = dalloc<float>(hb / 4), *h2 = dalloc<float>(hb / 4);
+            poison(h1, hb);
+            poison(h2, hb);
+            kdt_grouped_args af = at;
+            af.h = h1;
+            af.ldh = ldh;
+            v2_grouped_kernel<0, W_TILED><<<ga, THREADS, cd.pool>>>(af, cd);
+            af.h = h2;
+            launch_grouped_wg(af);
+            CK(cudaDeviceSynchronize());
+            snprintf(what, sizeof what, "grouped gate/up + SwiGLU, tiled weights, wgmma vs v2, D=%d I=%d E=%d items=%d", D,
+                     I, E, n_items);
+            same(h1, h2, hb, what);
+            cudaFree(h1);
+            cudaFree(h2);
         }
         for (auto q : tbufs) cudaFree(q);
         cudaFree(tmp);

@@ -1,4 +1,5 @@
-/* gemm_wg.cuh - the dense GEMM for many rows (prefill chunks) on Hopper's warpgroup MMA (sm_90a).
+/* gemm_wg.cuh - the dense and grouped (MoE) GEMMs for many rows (prefill chunks) on Hopper's
+ * warpgroup MMA (sm_90a).
  * Included by gpu_gemm.cu, whose header states the arithmetic every GEMM variant must keep; this
  * one keeps it, so it gives v1 / v2 / v3's bits and the launcher may take it for any launch:
  *   an output (m, n) is the fp32 chain from +0 of, per 64-wide K block of its split ascending and
@@ -170,6 +171,158 @@ __global__ void __launch_bounds__(THREADS, 1) wg_gemm_kernel(const kdt_gemm_args
             const int col = 8 * j + 2 * c;
             if (col < n_valid) yr[col] = acc[4 * j + 2 * h];
             if (col + 1 < n_valid) yr[col + 1] = acc[4 * j + 2 * h + 1];
+        }
+    }
+#else
+    (void)a; /* never launched: wg_ready() is 0 in a pass without wgmma */
+#endif
+}
+
+
+/* ---- the grouped (MoE) form -------------------------------------------------------------------
+ * One warpgroup per CTA: an item (one expert's pairs, <= 64 rows: KDT_G_BM) x 128 output columns
+ * of that expert, items strided over gridDim.y as v2_grouped_kernel walks them. Gate/up (which 0):
+ * X rows gathered through pair_row, K = D, N = 2 i_pad (per 64 rows: 32 gate, then 32 up rows);
+ * down (which 1): X = h in pair order, K = I, N = D. W tiled (kdt_gemm_tile64: each 64 x 64 block is
+ * already the 128-byte-swizzled slab, 8 KB, copied verbatim) or row-major (swizzled on the way
+ * in). The fused SwiGLU (a.h) needs no shared memory here: a thread's accumulator holds column c
+ * and c + 32 of each 64-column block, i.e. a gate and its up. 3 stages of 34 KB: 2 CTAs per SM. */
+constexpr int G_BM = 64, G_THREADS = 128, G_STAGES = 3;
+constexpr int G_X_BYTES = G_BM * XS * 4;                 /* 18,432 */
+constexpr int G_STAGE_BYTES = W_BYTES + G_X_BYTES;       /* 34,816: a multiple of 1024 */
+constexpr int G_SMEM = G_STAGES * G_STAGE_BYTES + 1024;
+constexpr int G_X_PER_THREAD = G_BM * (BK / 4) / G_THREADS; /* 8 */
+constexpr int G_W_PER_THREAD = BN * (BK / 8) / G_THREADS;   /* 8 */
+static_assert(G_STAGE_BYTES % 1024 == 0 && G_X_PER_THREAD == 8 && G_W_PER_THREAD == 8, "wg grouped layout");
+static_assert(G_BM == KDT_G_BM, "one pass per plan item");
+
+__global__ void __launch_bounds__(G_THREADS, 2) wg_grouped_kernel(const kdt_grouped_args a) {
+#if KDT_HAS_WGMMA
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char *ring = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    const int n0 = blockIdx.x * BN;
+    const int n_items = *a.n_items;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int rb = warp * 16;
+    for (int it = blockIdx.y; it < n_items; it += gridDim.y) {
+        const int e = a.items[3 * it], p0 = a.items[3 * it + 1], rows = min(a.items[3 * it + 2], G_BM);
+        const kdt_gpu_expert ex = a.experts[e];
+        const int N = a.which == 0 ? 2 * ex.i_pad : a.kd;
+        if (n0 >= N || rows <= 0) continue;
+        const int ldw = a.which == 0 ? ex.ld_d : ex.ld_i, kx = a.which == 0 ? a.kd : ex.inter;
+        const uint16_t *w = (a.which == 0 ? ex.gu : ex.down) + (int64_t)n0 * ldw; /* tiled too: block row n0 / 64 */
+        const int n_valid = min(BN, N - n0), nk = ldw / BK;
+        const float *xrow[G_X_PER_THREAD];
+        bool xal[G_X_PER_THREAD];
+#pragma unroll
+        for (int i = 0; i < G_X_PER_THREAD; i++) {
+            const int r = (tid >> 4) + 8 * i;
+            xrow[i] = r < rows ? a.x + (int64_t)(a.which == 0 ? a.pair_row[p0 + r] : p0 + r) * a.ldx : nullptr;
+            xal[i] = ((uintptr_t)xrow[i] & 15) == 0;
+        }
+        auto load_stage = [&](int s, int kb) {
+            unsigned char *st = ring + s * G_STAGE_BYTES;
+            if (a.tiled) { /* two 8 KB blocks (rows n0.., n0 + 64..), each already a swizzled slab */
+#pragma unroll
+                for (int i = 0; i < G_W_PER_THREAD; i++) {
+                    const int q = tid + G_THREADS * i, blk = q >> 9, within = q & 511;
+                    const bool ok = 64 * blk < n_valid;
+                    const uint16_t *src = w + (int64_t)blk * 64 * ldw + (int64_t)kb * (64 * BK) + within * 8;
+                    cp_async16(st + blk * 8192 + within * 16, ok ? src : w, ok ? 16 : 0);
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < G_W_PER_THREAD; i++) {
+                    const int q = tid + G_THREADS * i, r = q >> 3, ch = q & 7;
+                    const bool ok = r < n_valid;
+                    cp_async16(st + wg::sw128_offset(r, ch * 8), ok ? w + (int64_t)r * ldw + kb * BK + ch * 8 : w,
+                               ok ? 16 : 0);
+                }
+            }
+            float *xs = reinterpret_cast<float *>(st + W_BYTES);
+            const int xch = tid & 15, k = kb * BK + xch * 4;
+#pragma unroll
+            for (int i = 0; i < G_X_PER_THREAD; i++) {
+                float *dst = xs + ((tid >> 4) + 8 * i) * XS + xch * 4;
+                const float *src = xrow[i];
+                if (src && k + 4 <= kx && xal[i]) {
+                    cp_async16(dst, src + k, 16);
+                } else if (src && k < kx) {
+                    float4 v;
+                    v.x = src[k];
+                    v.y = k + 1 < kx ? src[k + 1] : 0.0f;
+                    v.z = k + 2 < kx ? src[k + 2] : 0.0f;
+                    v.w = k + 3 < kx ? src[k + 3] : 0.0f;
+                    *reinterpret_cast<float4 *>(dst) = v;
+                } else {
+                    *reinterpret_cast<float4 *>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+            }
+        };
+        float acc[64];
+#pragma unroll
+        for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < G_STAGES - 1; s++) {
+            if (s < nk) load_stage(s, s);
+            cp_async_commit();
+        }
+        for (int kb = 0; kb < nk; kb++) {
+            cp_async_wait<G_STAGES - 2>();
+            wg::fence_proxy_async();
+            __syncthreads();
+            const int nxt = kb + G_STAGES - 1;
+            if (nxt < nk) load_stage(nxt % G_STAGES, nxt);
+            cp_async_commit();
+            const unsigned char *st = ring + (kb % G_STAGES) * G_STAGE_BYTES;
+            const float *xs = reinterpret_cast<const float *>(st + W_BYTES);
+            uint32_t hi[4][4], lo[4][4];
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                const float *xp = xs + (rb + g) * XS + kk * 16 + 2 * c;
+                split_bf16(*reinterpret_cast<const float2 *>(xp), hi[kk][0], lo[kk][0]);
+                split_bf16(*reinterpret_cast<const float2 *>(xp + 8 * XS), hi[kk][1], lo[kk][1]);
+                split_bf16(*reinterpret_cast<const float2 *>(xp + 8), hi[kk][2], lo[kk][2]);
+                split_bf16(*reinterpret_cast<const float2 *>(xp + 8 * XS + 8), hi[kk][3], lo[kk][3]);
+            }
+            const uint32_t wbase = smem_u32(st);
+            wg::fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                const uint64_t db = wg::desc_sw128(wbase + (uint32_t)kk * 32u, 16u, 1024u);
+                mma_m64n128k16_rs(acc, hi[kk], db);
+                mma_m64n128k16_rs(acc, lo[kk], db);
+            }
+            wg::commit();
+            wg::wait<0>();
+        }
+        cp_async_wait<0>();
+        __syncthreads(); /* every warp is past the last stage before the next item's loads */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = rb + g + 8 * h;
+            if (r >= rows) continue;
+            if (a.h) { /* h = SwiGLU(gate, up): block q's gate columns 8 j + 2 c (+1), its up 32 on */
+                float *hr = a.h + (int64_t)(p0 + r) * a.ldh + n0 / 2;
+#pragma unroll
+                for (int q = 0; q < 2; q++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+#pragma unroll
+                        for (int e2 = 0; e2 < 2; e2++) {
+                            const int col = 32 * q + 8 * j + 2 * c + e2; /* of h, from n0 / 2 */
+                            if (64 * q < n_valid && n0 / 2 + col < ex.inter)
+                                hr[col] = kdt_g_swiglu(acc[4 * (8 * q + j) + 2 * h + e2], acc[4 * (8 * q + j + 4) + 2 * h + e2]);
+                        }
+            } else {
+                float *yr = a.y + (int64_t)(p0 + r) * a.ldy + n0;
+#pragma unroll
+                for (int j = 0; j < 16; j++) {
+                    const int col = 8 * j + 2 * c;
+                    if (col < n_valid) yr[col] = acc[4 * j + 2 * h];
+                    if (col + 1 < n_valid) yr[col + 1] = acc[4 * j + 2 * h + 1];
+                }
+            }
         }
     }
 #else

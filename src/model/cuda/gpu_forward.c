@@ -796,11 +796,12 @@ static kdt_status moe(pass *p, const kdt_gpu_layer *L, int32_t l) {
  * (32-row passes) runs in one pass each, in CTAs side by side (an expert's items are adjacent),
  * so they stream its W slice together through L2, where a 64-row item passed twice in one CTA.
  * H100, correlated verify N 65: routed gate/up 566 -> 446 us, down 268 -> 238 (session 34).
- * KDT_GPU_ITEM_ROWS=n (32..64, read per pass) sets it; the rows' bits do not depend on it. */
-static int32_t plan_item_rows(void) {
+ * KDT_GPU_ITEM_ROWS=n (32..64, read per pass) sets it; the rows' bits do not depend on it. Where
+ * the grouped GEMM runs on wgmma (opt-in, a pass of many pairs) items of 64 rows fill its CTAs. */
+static int32_t plan_item_rows(int32_t max_pairs) {
     const char *e = getenv("KDT_GPU_ITEM_ROWS");
     const int v = e ? atoi(e) : 0;
-    if (v <= 0) return KDT_G_ITEM_ROWS_MIN;
+    if (v <= 0) return kdt_gemm_wg_item_rows(max_pairs) ? KDT_G_BM : KDT_G_ITEM_ROWS_MIN;
     return v < KDT_G_ITEM_ROWS_MIN ? KDT_G_ITEM_ROWS_MIN : (v > KDT_G_BM ? KDT_G_BM : v);
 }
 
@@ -814,7 +815,7 @@ static kdt_status moe_routed(pass *p, const kdt_gpu_layer *L, int32_t l, int32_t
     kdt_gpu_runner *r = p->r;
     const int32_t D = c->hidden_size, E = c->n_routed_experts, K = c->n_experts_per_tok;
     const int32_t in_plan = hs == 1; /* the shared expert's pairs and item are the plan's */
-    const int32_t ir = plan_item_rows();
+    const int32_t ir = plan_item_rows(p->M * K + (in_plan ? p->M : 0));
     int32_t splits;
     int64_t ss;
     KDT_TRY(gemm(p, "router", r->xn, D, 0, D, &L->router, E, 0, &splits, &ss));

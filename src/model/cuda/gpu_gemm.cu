@@ -1501,19 +1501,30 @@ bool wg_on() {
     static const bool on = kdt_g_env_is("KDT_GEMM_WG", '1');
     return on;
 }
-bool wg_wanted(const kdt_gemm_args *a) {
+int wg_min_rows() {
     static const int min_rows = [] {
         const char *e = getenv("KDT_GEMM_WG_MIN");
         const int v = e ? atoi(e) : 0;
         return v > 0 ? v : 128;
     }();
-    if (!wg_on() || a->tiled || use_v1() || a->m_max < min_rows) return false;
+    return min_rows;
+}
+bool wg_dev_ready() {
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) {
         cudaGetLastError();
         return false;
     }
     return g_wg_ready[dev] == 1;
+}
+bool wg_wanted(const kdt_gemm_args *a) {
+    return wg_on() && !a->tiled && !use_v1() && a->m_max >= wg_min_rows() && wg_dev_ready();
+}
+/* the grouped form: passes of at least 8 x KDT_GEMM_WG_MIN (token, expert) pairs (a Kimi pass of
+ * 128 rows at top-8) whose items may hold 32 rows or more */
+bool wg_grouped_wanted(int max_item_rows, int n_pairs) {
+    return wg_on() && !use_v1() && max_item_rows >= KDT_G_ITEM_ROWS_MIN && n_pairs >= 8 * wg_min_rows() &&
+           wg_dev_ready();
 }
 /* Asks device `dev` (the current one) whether its code for wgg::wg_gemm_kernel has wgmma and
  * allows the kernel its shared memory; once per device, at runner creation and only with the
@@ -1531,6 +1542,7 @@ void wg_setup(int dev, int optin) {
     if (e == cudaSuccess) e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
     if (d) cudaFree(d);
     if (e == cudaSuccess && h == 1) e = set_smem(wgg::wg_gemm_kernel, (size_t)wgg::SMEM);
+    if (e == cudaSuccess && h == 1) e = set_smem(wgg::wg_grouped_kernel, (size_t)wgg::G_SMEM);
     if (e == cudaSuccess && h == 1) g_wg_ready[dev] = 1;
     cudaGetLastError(); /* a failure here is not the runner's */
 }
@@ -1892,10 +1904,19 @@ extern "C" int kdt_grouped_fuses_swiglu(const kdt_grouped_args *a) {
     return !kdt_g_env_is("KDT_GPU_FUSED_SWIGLU", '0') && a->which == 0 && a->tiled;
 }
 
+extern "C" int32_t kdt_gemm_wg_item_rows(int32_t n_pairs) {
+    return wg_grouped_wanted(KDT_G_BM, n_pairs) ? KDT_G_BM : 0;
+}
+
 extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s) {
     const dim3 grid((unsigned)((a->n_max + BN - 1) / BN), (unsigned)(a->grid_items > 0 ? a->grid_items : 1));
     if (a->h && (a->which != 0 || !a->tiled))
         return kdt_fail(KDT_ERR_INTERNAL, "GPU grouped GEMM: a fused SwiGLU needs a gate/up launch over tiled experts");
+    if (wg_grouped_wanted(a->max_item_rows, a->n_pairs_hint)) { /* many rows on wgmma (gemm_wg.cuh): the same bits */
+        const dim3 gw((unsigned)((a->n_max + wgg::BN - 1) / wgg::BN), grid.y);
+        wgg::wg_grouped_kernel<<<gw, wgg::G_THREADS, (size_t)wgg::G_SMEM, s>>>(*a);
+        return launch_error("GPU grouped GEMM (wgmma)");
+    }
     if (a->tiled) { /* only v2 reads the tiled layout; KDT_GEMM_BULK_W=1: by bulk copies */
         int per_sm = 2;
         const V2Cfg c = v2_config_grouped(stages, *a, &per_sm);
