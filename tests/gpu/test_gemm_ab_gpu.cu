@@ -511,19 +511,21 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
         snprintf(what, sizeof what, "grouped down, 5 CTAs per SM instance, D=%d I=%d E=%d items=%d", D, I, E, n_items);
         same(z1, z2, b1, what);
     }
-    if (g_wg) { /* the wgmma grouped kernel, row-major experts: v1's bits */
+    /* the wgmma grouped kernel on gate/up `ga` and down `gb` (their y: y2, z2): v1's bits */
+    auto check_wg = [&](kdt_grouped_args ga, kdt_grouped_args gb, const char *experts) {
         poison(y2, b0);
         poison(z2, b1);
-        a.y = y2;
-        b.y = z2;
-        launch_grouped_wg(a);
-        launch_grouped_wg(b);
+        ga.y = y2;
+        gb.y = z2;
+        launch_grouped_wg(ga);
+        launch_grouped_wg(gb);
         CK(cudaDeviceSynchronize());
-        snprintf(what, sizeof what, "grouped gate/up, wgmma, D=%d I=%d E=%d items=%d", D, I, E, n_items);
+        snprintf(what, sizeof what, "grouped gate/up, wgmma, %s experts, D=%d I=%d E=%d items=%d", experts, D, I, E, n_items);
         same(y1, y2, b0, what);
-        snprintf(what, sizeof what, "grouped down, wgmma, D=%d I=%d E=%d items=%d", D, I, E, n_items);
+        snprintf(what, sizeof what, "grouped down, wgmma, %s experts, D=%d I=%d E=%d items=%d", experts, D, I, E, n_items);
         same(z1, z2, b1, what);
-    }
+    };
+    if (g_wg) check_wg(a, b, "row-major");
     if ((2 * i_pad) % 64 == 0 && D % 64 == 0) {
         /* the tiled expert layout (kdt_gemm_tile64, KDT_GPU_TILED_EXPERTS): tiled copies of the
          * weights through kdt_grouped_launch (v2 whatever KDT_GEMM_V1 / V3 say): v1's bits */
@@ -596,15 +598,7 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
             same(z1, z2, b1, what);
         }
         if (g_wg) { /* the wgmma grouped kernel on tiled experts, then its fused SwiGLU against v2's */
-            poison(y2, b0);
-            poison(z2, b1);
-            launch_grouped_wg(at);
-            launch_grouped_wg(bt);
-            CK(cudaDeviceSynchronize());
-            snprintf(what, sizeof what, "grouped gate/up, tiled weights (wgmma), D=%d I=%d E=%d items=%d", D, I, E, n_items);
-            same(y1, y2, b0, what);
-            snprintf(what, sizeof what, "grouped down, tiled weights (wgmma), D=%d I=%d E=%d items=%d", D, I, E, n_items);
-            same(z1, z2, b1, what);
+            check_wg(at, bt, "tiled");
             const size_t hb = (size_t)std::max(pairs, 1) * ldh * 4 + 32;
             float *h1 = dalloc<float>(hb / 4), *h2 = dalloc<float>(hb / 4);
             poison(h1, hb);

@@ -64,78 +64,55 @@ __device__ __forceinline__ void mma_m64n128k16_rs(float (&d)[64], const uint32_t
 /* 1 in a device pass that has wgmma: what kdt_gemm_init reads back (wg_ready) */
 __global__ void wg_probe(int *out) { *out = KDT_HAS_WGMMA; }
 
-__global__ void __launch_bounds__(THREADS, 1) wg_gemm_kernel(const kdt_gemm_args a) {
 #if KDT_HAS_WGMMA
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    unsigned char *ring = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-    const int M = clamp_m(a.m_dev, a.m_max);
-    const int mtiles = (a.m_max + BM - 1) / BM;
-    const int b = blockIdx.z / mtiles, m0 = (blockIdx.z % mtiles) * BM;
-    if (m0 >= M) return;
-    const int n0 = blockIdx.x * BN, split = blockIdx.y;
-    const int n_valid = min(BN, a.n - n0), m_valid = min(BM, M - m0);
-    const int k_begin = split * a.k_chunk, k_end = min(k_begin + a.k_chunk, a.ldw);
-    const int nk = (k_end - k_begin) / BK;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
-    const uint16_t *w = a.w + (int64_t)b * a.w_batch + (int64_t)n0 * a.ldw;
-    const float *x = a.x + (int64_t)b * a.x_batch;
-
-    /* this thread's X rows (tid >> 4) + 16 i of the tile, NULL past the row count */
-    const float *xrow[X_PER_THREAD];
-    bool xal[X_PER_THREAD];
+/* One stage's X chunks: tile rows (tid >> 4) + STEP i (this thread's xrow[i], NULL past the rows),
+ * columns kc + 4 (tid & 15) ..; zeros past kx and past the rows (those feed only their own
+ * outputs, which nobody stores). */
+template <int NX, int STEP>
+__device__ __forceinline__ void load_x(float *xs, const float *const (&xrow)[NX], const bool (&xal)[NX], int kc,
+                                       int kx) {
+    const int xch = threadIdx.x & 15, k = kc + xch * 4;
 #pragma unroll
-    for (int i = 0; i < X_PER_THREAD; i++) {
-        const int r = (tid >> 4) + 16 * i;
-        const int m = m0 + r;
-        xrow[i] = r < m_valid ? x + (int64_t)(a.x_rows ? a.x_rows[m] : m) * a.ldx : nullptr;
-        xal[i] = ((uintptr_t)xrow[i] & 15) == 0;
+    for (int i = 0; i < NX; i++) {
+        float *dst = xs + ((threadIdx.x >> 4) + STEP * i) * XS + xch * 4;
+        const float *src = xrow[i];
+        if (src && k + 4 <= kx && xal[i]) {
+            cp_async16(dst, src + k, 16);
+        } else if (src && k < kx) { /* ragged K or an unaligned row: element by element */
+            float4 v;
+            v.x = src[k];
+            v.y = k + 1 < kx ? src[k + 1] : 0.0f;
+            v.z = k + 2 < kx ? src[k + 2] : 0.0f;
+            v.w = k + 3 < kx ? src[k + 3] : 0.0f;
+            *reinterpret_cast<float4 *>(dst) = v;
+        } else {
+            *reinterpret_cast<float4 *>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
     }
-    auto load_stage = [&](int s, int kc) {
-        unsigned char *st = ring + s * STAGE_BYTES;
-#pragma unroll
-        for (int i = 0; i < W_PER_THREAD; i++) {
-            const int q = tid + THREADS * i, r = q >> 3, ch = q & 7;
-            const bool ok = r < n_valid;
-            cp_async16(st + wg::sw128_offset(r, ch * 8), ok ? w + (int64_t)r * a.ldw + kc + ch * 8 : w, ok ? 16 : 0);
-        }
-        float *xs = reinterpret_cast<float *>(st + W_BYTES);
-        const int xch = tid & 15, k = kc + xch * 4;
-#pragma unroll
-        for (int i = 0; i < X_PER_THREAD; i++) {
-            float *dst = xs + ((tid >> 4) + 16 * i) * XS + xch * 4;
-            const float *src = xrow[i];
-            if (src && k + 4 <= a.kx && xal[i]) {
-                cp_async16(dst, src + k, 16);
-            } else if (src && k < a.kx) { /* ragged K or an unaligned row: element by element */
-                float4 v;
-                v.x = src[k];
-                v.y = k + 1 < a.kx ? src[k + 1] : 0.0f;
-                v.z = k + 2 < a.kx ? src[k + 2] : 0.0f;
-                v.w = k + 3 < a.kx ? src[k + 3] : 0.0f;
-                *reinterpret_cast<float4 *>(dst) = v;
-            } else { /* past K or past the rows: zeros (rows past M only feed their own outputs) */
-                *reinterpret_cast<float4 *>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
-        }
-    };
+}
 
-    float acc[64];
+/* The K loop of one output tile: nk blocks through a ring of NST stages of STB bytes (W slab, then
+ * X), load(s, kb) filling stage s with block kb. Per block each warp splits its 16 X rows (16 warp
+ * of the tile) into hi / lo A fragments, then its warpgroup issues 4 k16 steps x (hi, lo) onto acc,
+ * from +0: the chain of gpu_gemm.cu's header. */
+template <int NST, int STB, class Load>
+__device__ __forceinline__ void k_loop(unsigned char *ring, int nk, Load load, float (&acc)[64]) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, rb = warp * 16;
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.0f;
-    const int rb = warp * 16; /* this warp's first row in the tile (warpgroup warp >> 2: rows 64 (warp >> 2) + ...) */
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-        if (s < nk) load_stage(s, k_begin + s * BK);
+    for (int s = 0; s < NST - 1; s++) {
+        if (s < nk) load(s, s);
         cp_async_commit();
     }
-    for (int it = 0; it < nk; it++) {
-        cp_async_wait<STAGES - 2>();
+    for (int kb = 0; kb < nk; kb++) {
+        cp_async_wait<NST - 2>();
         wg::fence_proxy_async(); /* this thread's cp.async writes, for wgmma's async proxy */
-        __syncthreads();         /* stage `it` is complete; stage it - 1 has no reader left */
-        const int nxt = it + STAGES - 1;
-        if (nxt < nk) load_stage(nxt % STAGES, k_begin + nxt * BK);
+        __syncthreads();         /* block kb is in; block kb - 1's stage has no reader left */
+        const int nxt = kb + NST - 1;
+        if (nxt < nk) load(nxt % NST, nxt);
         cp_async_commit();
-        const unsigned char *st = ring + (it % STAGES) * STAGE_BYTES;
+        const unsigned char *st = ring + (kb % NST) * STB;
         const float *xs = reinterpret_cast<const float *>(st + W_BYTES);
         uint32_t hi[4][4], lo[4][4];
 #pragma unroll
@@ -158,14 +135,17 @@ __global__ void __launch_bounds__(THREADS, 1) wg_gemm_kernel(const kdt_gemm_args
         wg::wait<0>();
     }
     cp_async_wait<0>();
+}
 
-    /* accumulator element 4 j + e: row rb + g (+ 8 for e >= 2), column 8 j + 2 c + (e & 1) */
-    float *y = a.y + (int64_t)split * a.y_split + (int64_t)b * a.y_batch + n0;
+/* A tile's accumulators to y (tile row r at y + r ldy), rows < m_valid, columns < n_valid. Element
+ * 4 j + e of a thread: row 16 warp + g (+ 8 for e >= 2), column 8 j + 2 c + (e & 1). */
+__device__ __forceinline__ void store_tile(const float (&acc)[64], float *y, int64_t ldy, int m_valid, int n_valid) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        const int r = rb + g + 8 * h;
+        const int r = warp * 16 + g + 8 * h;
         if (r >= m_valid) continue;
-        float *yr = y + (int64_t)(m0 + r) * a.ldy;
+        float *yr = y + (int64_t)r * ldy;
 #pragma unroll
         for (int j = 0; j < 16; j++) {
             const int col = 8 * j + 2 * c;
@@ -173,6 +153,50 @@ __global__ void __launch_bounds__(THREADS, 1) wg_gemm_kernel(const kdt_gemm_args
             if (col + 1 < n_valid) yr[col + 1] = acc[4 * j + 2 * h + 1];
         }
     }
+}
+#endif
+
+__global__ void __launch_bounds__(THREADS, 1) wg_gemm_kernel(const kdt_gemm_args a) {
+#if KDT_HAS_WGMMA
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char *ring = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    const int M = clamp_m(a.m_dev, a.m_max);
+    const int mtiles = (a.m_max + BM - 1) / BM;
+    const int b = blockIdx.z / mtiles, m0 = (blockIdx.z % mtiles) * BM;
+    if (m0 >= M) return;
+    const int n0 = blockIdx.x * BN, split = blockIdx.y;
+    const int n_valid = min(BN, a.n - n0), m_valid = min(BM, M - m0);
+    const int k_begin = split * a.k_chunk, k_end = min(k_begin + a.k_chunk, a.ldw);
+    const int nk = (k_end - k_begin) / BK;
+    const int tid = threadIdx.x;
+    const uint16_t *w = a.w + (int64_t)b * a.w_batch + (int64_t)n0 * a.ldw;
+    const float *x = a.x + (int64_t)b * a.x_batch;
+
+    /* this thread's X rows (tid >> 4) + 16 i of the tile, NULL past the row count */
+    const float *xrow[X_PER_THREAD];
+    bool xal[X_PER_THREAD];
+#pragma unroll
+    for (int i = 0; i < X_PER_THREAD; i++) {
+        const int r = (tid >> 4) + 16 * i;
+        const int m = m0 + r;
+        xrow[i] = r < m_valid ? x + (int64_t)(a.x_rows ? a.x_rows[m] : m) * a.ldx : nullptr;
+        xal[i] = ((uintptr_t)xrow[i] & 15) == 0;
+    }
+    auto load_stage = [&](int s, int kb) {
+        unsigned char *st = ring + s * STAGE_BYTES;
+        const int kc = k_begin + kb * BK;
+#pragma unroll
+        for (int i = 0; i < W_PER_THREAD; i++) {
+            const int q = tid + THREADS * i, r = q >> 3, ch = q & 7;
+            const bool ok = r < n_valid;
+            cp_async16(st + wg::sw128_offset(r, ch * 8), ok ? w + (int64_t)r * a.ldw + kc + ch * 8 : w, ok ? 16 : 0);
+        }
+        load_x<X_PER_THREAD, 16>(reinterpret_cast<float *>(st + W_BYTES), xrow, xal, kc, a.kx);
+    };
+    float acc[64];
+    k_loop<STAGES, STAGE_BYTES>(ring, nk, load_stage, acc);
+    store_tile(acc, a.y + (int64_t)split * a.y_split + (int64_t)b * a.y_batch + (int64_t)m0 * a.ldy + n0, a.ldy,
+               m_valid, n_valid);
 #else
     (void)a; /* never launched: wg_ready() is 0 in a pass without wgmma */
 #endif
@@ -239,90 +263,30 @@ __global__ void __launch_bounds__(G_THREADS, 2) wg_grouped_kernel(const kdt_grou
                                ok ? 16 : 0);
                 }
             }
-            float *xs = reinterpret_cast<float *>(st + W_BYTES);
-            const int xch = tid & 15, k = kb * BK + xch * 4;
-#pragma unroll
-            for (int i = 0; i < G_X_PER_THREAD; i++) {
-                float *dst = xs + ((tid >> 4) + 8 * i) * XS + xch * 4;
-                const float *src = xrow[i];
-                if (src && k + 4 <= kx && xal[i]) {
-                    cp_async16(dst, src + k, 16);
-                } else if (src && k < kx) {
-                    float4 v;
-                    v.x = src[k];
-                    v.y = k + 1 < kx ? src[k + 1] : 0.0f;
-                    v.z = k + 2 < kx ? src[k + 2] : 0.0f;
-                    v.w = k + 3 < kx ? src[k + 3] : 0.0f;
-                    *reinterpret_cast<float4 *>(dst) = v;
-                } else {
-                    *reinterpret_cast<float4 *>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                }
-            }
+            load_x<G_X_PER_THREAD, 8>(reinterpret_cast<float *>(st + W_BYTES), xrow, xal, kb * BK, kx);
         };
         float acc[64];
-#pragma unroll
-        for (int i = 0; i < 64; i++) acc[i] = 0.0f;
-#pragma unroll
-        for (int s = 0; s < G_STAGES - 1; s++) {
-            if (s < nk) load_stage(s, s);
-            cp_async_commit();
-        }
-        for (int kb = 0; kb < nk; kb++) {
-            cp_async_wait<G_STAGES - 2>();
-            wg::fence_proxy_async();
-            __syncthreads();
-            const int nxt = kb + G_STAGES - 1;
-            if (nxt < nk) load_stage(nxt % G_STAGES, nxt);
-            cp_async_commit();
-            const unsigned char *st = ring + (kb % G_STAGES) * G_STAGE_BYTES;
-            const float *xs = reinterpret_cast<const float *>(st + W_BYTES);
-            uint32_t hi[4][4], lo[4][4];
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                const float *xp = xs + (rb + g) * XS + kk * 16 + 2 * c;
-                split_bf16(*reinterpret_cast<const float2 *>(xp), hi[kk][0], lo[kk][0]);
-                split_bf16(*reinterpret_cast<const float2 *>(xp + 8 * XS), hi[kk][1], lo[kk][1]);
-                split_bf16(*reinterpret_cast<const float2 *>(xp + 8), hi[kk][2], lo[kk][2]);
-                split_bf16(*reinterpret_cast<const float2 *>(xp + 8 * XS + 8), hi[kk][3], lo[kk][3]);
-            }
-            const uint32_t wbase = smem_u32(st);
-            wg::fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                const uint64_t db = wg::desc_sw128(wbase + (uint32_t)kk * 32u, 16u, 1024u);
-                mma_m64n128k16_rs(acc, hi[kk], db);
-                mma_m64n128k16_rs(acc, lo[kk], db);
-            }
-            wg::commit();
-            wg::wait<0>();
-        }
-        cp_async_wait<0>();
+        k_loop<G_STAGES, G_STAGE_BYTES>(ring, nk, load_stage, acc);
         __syncthreads(); /* every warp is past the last stage before the next item's loads */
+        if (!a.h) {
+            store_tile(acc, a.y + (int64_t)p0 * a.ldy + n0, a.ldy, rows, n_valid);
+            continue;
+        }
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
+        for (int h = 0; h < 2; h++) { /* h = SwiGLU(gate, up): block q's gate columns 8 j + 2 c (+1), its up 32 on */
             const int r = rb + g + 8 * h;
             if (r >= rows) continue;
-            if (a.h) { /* h = SwiGLU(gate, up): block q's gate columns 8 j + 2 c (+1), its up 32 on */
-                float *hr = a.h + (int64_t)(p0 + r) * a.ldh + n0 / 2;
+            float *hr = a.h + (int64_t)(p0 + r) * a.ldh + n0 / 2;
 #pragma unroll
-                for (int q = 0; q < 2; q++)
+            for (int q = 0; q < 2; q++)
 #pragma unroll
-                    for (int j = 0; j < 4; j++)
+                for (int j = 0; j < 4; j++)
 #pragma unroll
-                        for (int e2 = 0; e2 < 2; e2++) {
-                            const int col = 32 * q + 8 * j + 2 * c + e2; /* of h, from n0 / 2 */
-                            if (64 * q < n_valid && n0 / 2 + col < ex.inter)
-                                hr[col] = kdt_g_swiglu(acc[4 * (8 * q + j) + 2 * h + e2], acc[4 * (8 * q + j + 4) + 2 * h + e2]);
-                        }
-            } else {
-                float *yr = a.y + (int64_t)(p0 + r) * a.ldy + n0;
-#pragma unroll
-                for (int j = 0; j < 16; j++) {
-                    const int col = 8 * j + 2 * c;
-                    if (col < n_valid) yr[col] = acc[4 * j + 2 * h];
-                    if (col + 1 < n_valid) yr[col + 1] = acc[4 * j + 2 * h + 1];
-                }
-            }
+                    for (int e2 = 0; e2 < 2; e2++) {
+                        const int col = 32 * q + 8 * j + 2 * c + e2; /* of h, from n0 / 2 */
+                        if (64 * q < n_valid && n0 / 2 + col < ex.inter)
+                            hr[col] = kdt_g_swiglu(acc[4 * (8 * q + j) + 2 * h + e2], acc[4 * (8 * q + j + 4) + 2 * h + e2]);
+                    }
         }
     }
 #else
