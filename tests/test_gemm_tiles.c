@@ -14,7 +14,9 @@
  * mbarrier protocol across a CTA's passes (test_bulk_pipeline_protocol) and the grouped GEMM's
  * CTAs-per-SM choice for the launch shapes of a Kimi layer and the tiny model
  * (test_grouped_policy), and that every pool the grouped launches get on any SM size runs their
- * pipeline (test_v2_pools), and which launches take the WIDE instances (test_wide_choice). */
+ * pipeline (test_v2_pools), and which launches take the WIDE instances (test_wide_choice). And the
+ * wgmma GEMMs' maps (gemm_wg.cuh, test_wg_maps): the verbatim copy of tiled blocks into the swizzled
+ * slab, and the accumulator and fused-SwiGLU maps against v2's. */
 #include <stdint.h>
 #include <string.h>
 
@@ -249,6 +251,63 @@ static void test_wide_choice(void) {
     CHECK_EQ_INT(gt_v2_tile_rows(GT_V2_HALF_ROWS + 1), 16);
 }
 
+/* gemm_wg.cuh's maps, which no GPU has run yet (session 45):
+ *  - the tiled loader copies 16-byte chunks verbatim: the chunk that lands at slab byte
+ *    gt_wg_slab_byte(r, c) must be row n0 + r's chunk kb * 8 + c of the tiled matrix, for both
+ *    64-row blocks of a 128-row tile and any K block (and rows < 64 match a tiled block's own map);
+ *  - the accumulator map covers the 64 x 128 tile once;
+ *  - the fused SwiGLU pairs, for each output, the gate and the up of one row, 32 columns apart in
+ *    one 64-column block, and writes h column n0' / 2 + (gate column in the block) as v2's
+ *    store_swiglu does for the block at n0' = n0 + 64 q; every h column of a row once. */
+static void test_wg_maps(void) {
+    const int ld = 320, rows = 256;
+    int bad = 0;
+    for (int n0 = 0; n0 + 128 <= rows; n0 += 128)
+        for (int kb = 0; kb < ld / 64; kb++)
+            for (int r = 0; r < 128; r++)
+                for (int c = 0; c < 8; c++) {
+                    const int d = gt_wg_slab_byte(r, c);
+                    const int64_t want = gt_tiled_chunk(n0 + r, kb * 8 + c, ld) - (int64_t)n0 * ld;
+                    bad += gt_wg_tiled_src(d, kb, ld) != want;
+                    if (r < 64) bad += d != 2 * gt_block_chunk(r, c);
+                }
+    CHECK_EQ_INT(bad, 0); /* the tiled copy */
+    bad = 0;
+    static unsigned char seen[64][128];
+    memset(seen, 0, sizeof seen);
+    for (int warp = 0; warp < 4; warp++)
+        for (int lane = 0; lane < 32; lane++)
+            for (int i = 0; i < 64; i++) {
+                const int r = gt_wg_acc_row(warp, lane, i), col = gt_wg_acc_col(lane, i);
+                if (r >= 0 && r < 64 && col >= 0 && col < 128) seen[r][col]++;
+                else bad++;
+            }
+    for (int r = 0; r < 64; r++)
+        for (int col = 0; col < 128; col++) bad += seen[r][col] != 1;
+    CHECK_EQ_INT(bad, 0); /* the accumulator map */
+    bad = 0;
+    static unsigned char hseen[64][64];
+    memset(hseen, 0, sizeof hseen);
+    for (int warp = 0; warp < 4; warp++)
+        for (int lane = 0; lane < 32; lane++)
+            for (int q = 0; q < 2; q++)
+                for (int j = 0; j < 4; j++)
+                    for (int hh = 0; hh < 2; hh++)
+                        for (int e = 0; e < 2; e++) {
+                            const int ge = gt_wg_gate_elem(q, j, hh, e), ue = gt_wg_up_elem(q, j, hh, e);
+                            const int row = gt_wg_acc_row(warp, lane, ge), gcol = gt_wg_acc_col(lane, ge);
+                            bad += row != gt_wg_acc_row(warp, lane, ue) || row != gt_wg_acc_row(warp, lane, 2 * hh);
+                            bad += gcol / 64 != q || gcol % 64 >= 32 || gt_wg_acc_col(lane, ue) != gcol + 32;
+                            const int hcol = gt_wg_h_col(lane, q, j, e);
+                            bad += hcol != 32 * q + gcol % 64;
+                            if (hcol >= 0 && hcol < 64) hseen[row][hcol]++;
+                            else bad++;
+                        }
+    for (int r = 0; r < 64; r++)
+        for (int col = 0; col < 64; col++) bad += hseen[r][col] != 1;
+    CHECK_EQ_INT(bad, 0);
+}
+
 int main(void) {
     T_RUN(test_tiled_layout);
     T_RUN(test_tile_starts);
@@ -256,5 +315,6 @@ int main(void) {
     T_RUN(test_grouped_policy);
     T_RUN(test_v2_pools);
     T_RUN(test_wide_choice);
+    T_RUN(test_wg_maps);
     return t_summary();
 }

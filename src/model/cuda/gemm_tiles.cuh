@@ -133,4 +133,26 @@ GT_HD int gt_v2_grouped_k(int k, int smem_per_sm, int runner_pool) {
     return 2;
 }
 
+/* ---- the wgmma GEMMs (gemm_wg.cuh) -------------------------------------------------------------
+ * W in shared memory as one 128-byte-swizzled slab of 128 rows x 64 K: row r's 16-byte chunk c at
+ * byte r * 128 + ((c ^ (r & 7)) << 4) (the layout wgmma's descriptors read, wgmma_sm90.cuh). For
+ * rows < 64 this is a tiled 64 x 64 block (gt_block_chunk) byte for byte, so a tiled expert's two
+ * blocks of a tile are copied verbatim, one after the other. */
+GT_HDC int gt_wg_slab_byte(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+/* The tiled copy: the source element (from W's block row n0 / 64, K block kb, ld columns) of the
+ * 16 bytes that land at slab byte d. */
+GT_HD int64_t gt_wg_tiled_src(int d, int kb, int ld) {
+    const int blk = d >> 13, within = (d & 8191) >> 4;
+    return (int64_t)blk * 64 * ld + (int64_t)kb * (GT_BN * GT_BK) + within * 8;
+}
+/* m64nN fp32 accumulator: element i of lane `lane` of warp `warp` (of its warpgroup) */
+GT_HD int gt_wg_acc_row(int warp, int lane, int i) { return 16 * warp + (lane >> 2) + 8 * ((i >> 1) & 1); }
+GT_HD int gt_wg_acc_col(int lane, int i) { return 8 * (i >> 2) + 2 * (lane & 3) + (i & 1); }
+/* The fused SwiGLU of a 128-column gate/up tile (per 64 columns: 32 gate, then 32 up): output
+ * (64-column block q, j < 4, e < 2) of a lane is h column gt_wg_h_col (from the tile's n0 / 2),
+ * from its accumulator elements gt_wg_gate_elem and gt_wg_up_elem of row half hh. */
+GT_HD int gt_wg_h_col(int lane, int q, int j, int e) { return 32 * q + 8 * j + 2 * (lane & 3) + e; }
+GT_HD int gt_wg_gate_elem(int q, int j, int hh, int e) { return 4 * (8 * q + j) + 2 * hh + e; }
+GT_HD int gt_wg_up_elem(int q, int j, int hh, int e) { return 4 * (8 * q + j + 4) + 2 * hh + e; }
+
 #endif

@@ -40,6 +40,14 @@ constexpr int SMEM = STAGES * STAGE_BYTES + 1024; /* + the slack that aligns the
 constexpr int X_PER_THREAD = BM * (BK / 4) / THREADS; /* 8 chunks of 4 floats */
 constexpr int W_PER_THREAD = BN * (BK / 8) / THREADS; /* 4 chunks of 8 bf16 */
 static_assert(STAGE_BYTES % 1024 == 0 && X_PER_THREAD == 8 && W_PER_THREAD == 4, "wg GEMM layout");
+/* the slab map the loaders use (gemm_tiles.cuh, checked on the CPU) is the one the descriptors read */
+constexpr bool slab_maps_agree() {
+    for (int r = 0; r < BN; r++)
+        for (int c = 0; c < 8; c++)
+            if ((uint32_t)gt_wg_slab_byte(r, c) != wg::sw128_offset(r, 8 * c)) return false;
+    return true;
+}
+static_assert(slab_maps_agree(), "gt_wg_slab_byte == wg::sw128_offset");
 
 /* d (64 f32) += A (registers, 4 x bf16x2) B (descriptor, K-major), m64n128k16, always accumulating */
 __device__ __forceinline__ void mma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
@@ -137,21 +145,14 @@ __device__ __forceinline__ void k_loop(unsigned char *ring, int nk, Load load, f
     cp_async_wait<0>();
 }
 
-/* A tile's accumulators to y (tile row r at y + r ldy), rows < m_valid, columns < n_valid. Element
- * 4 j + e of a thread: row 16 warp + g (+ 8 for e >= 2), column 8 j + 2 c + (e & 1). */
+/* A tile's accumulators to y (tile row r at y + r ldy), rows < m_valid, columns < n_valid (the
+ * accumulator map: gt_wg_acc_row / gt_wg_acc_col). */
 __device__ __forceinline__ void store_tile(const float (&acc)[64], float *y, int64_t ldy, int m_valid, int n_valid) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int r = warp * 16 + g + 8 * h;
-        if (r >= m_valid) continue;
-        float *yr = y + (int64_t)r * ldy;
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-            const int col = 8 * j + 2 * c;
-            if (col < n_valid) yr[col] = acc[4 * j + 2 * h];
-            if (col + 1 < n_valid) yr[col + 1] = acc[4 * j + 2 * h + 1];
-        }
+    for (int i = 0; i < 64; i++) {
+        const int r = gt_wg_acc_row(warp, lane, i), col = gt_wg_acc_col(lane, i);
+        if (r < m_valid && col < n_valid) y[(int64_t)r * ldy + col] = acc[i];
     }
 }
 #endif
@@ -189,7 +190,7 @@ __global__ void __launch_bounds__(THREADS, 1) wg_gemm_kernel(const kdt_gemm_args
         for (int i = 0; i < W_PER_THREAD; i++) {
             const int q = tid + THREADS * i, r = q >> 3, ch = q & 7;
             const bool ok = r < n_valid;
-            cp_async16(st + wg::sw128_offset(r, ch * 8), ok ? w + (int64_t)r * a.ldw + kc + ch * 8 : w, ok ? 16 : 0);
+            cp_async16(st + gt_wg_slab_byte(r, ch), ok ? w + (int64_t)r * a.ldw + kc + ch * 8 : w, ok ? 16 : 0);
         }
         load_x<X_PER_THREAD, 16>(reinterpret_cast<float *>(st + W_BYTES), xrow, xal, kc, a.kx);
     };
@@ -226,8 +227,7 @@ __global__ void __launch_bounds__(G_THREADS, 2) wg_grouped_kernel(const kdt_grou
     unsigned char *ring = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
     const int n0 = blockIdx.x * BN;
     const int n_items = *a.n_items;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
-    const int rb = warp * 16;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     for (int it = blockIdx.y; it < n_items; it += gridDim.y) {
         const int e = a.items[3 * it], p0 = a.items[3 * it + 1], rows = min(a.items[3 * it + 2], G_BM);
         const kdt_gpu_expert ex = a.experts[e];
@@ -249,17 +249,16 @@ __global__ void __launch_bounds__(G_THREADS, 2) wg_grouped_kernel(const kdt_grou
             if (a.tiled) { /* two 8 KB blocks (rows n0.., n0 + 64..), each already a swizzled slab */
 #pragma unroll
                 for (int i = 0; i < G_W_PER_THREAD; i++) {
-                    const int q = tid + G_THREADS * i, blk = q >> 9, within = q & 511;
-                    const bool ok = 64 * blk < n_valid;
-                    const uint16_t *src = w + (int64_t)blk * 64 * ldw + (int64_t)kb * (64 * BK) + within * 8;
-                    cp_async16(st + blk * 8192 + within * 16, ok ? src : w, ok ? 16 : 0);
+                    const int d = 16 * (tid + G_THREADS * i); /* slab byte: block d >> 13 */
+                    const bool ok = 64 * (d >> 13) < n_valid;
+                    cp_async16(st + d, ok ? w + gt_wg_tiled_src(d, kb, ldw) : w, ok ? 16 : 0);
                 }
             } else {
 #pragma unroll
                 for (int i = 0; i < G_W_PER_THREAD; i++) {
                     const int q = tid + G_THREADS * i, r = q >> 3, ch = q & 7;
                     const bool ok = r < n_valid;
-                    cp_async16(st + wg::sw128_offset(r, ch * 8), ok ? w + (int64_t)r * ldw + kb * BK + ch * 8 : w,
+                    cp_async16(st + gt_wg_slab_byte(r, ch), ok ? w + (int64_t)r * ldw + kb * BK + ch * 8 : w,
                                ok ? 16 : 0);
                 }
             }
@@ -273,8 +272,8 @@ __global__ void __launch_bounds__(G_THREADS, 2) wg_grouped_kernel(const kdt_grou
             continue;
         }
 #pragma unroll
-        for (int h = 0; h < 2; h++) { /* h = SwiGLU(gate, up): block q's gate columns 8 j + 2 c (+1), its up 32 on */
-            const int r = rb + g + 8 * h;
+        for (int hh = 0; hh < 2; hh++) { /* h = SwiGLU(gate, up), maps in gemm_tiles.cuh */
+            const int r = gt_wg_acc_row(warp, lane, 2 * hh);
             if (r >= rows) continue;
             float *hr = a.h + (int64_t)(p0 + r) * a.ldh + n0 / 2;
 #pragma unroll
@@ -283,9 +282,9 @@ __global__ void __launch_bounds__(G_THREADS, 2) wg_grouped_kernel(const kdt_grou
                 for (int j = 0; j < 4; j++)
 #pragma unroll
                     for (int e2 = 0; e2 < 2; e2++) {
-                        const int col = 32 * q + 8 * j + 2 * c + e2; /* of h, from n0 / 2 */
+                        const int col = gt_wg_h_col(lane, q, j, e2);
                         if (64 * q < n_valid && n0 / 2 + col < ex.inter)
-                            hr[col] = kdt_g_swiglu(acc[4 * (8 * q + j) + 2 * h + e2], acc[4 * (8 * q + j + 4) + 2 * h + e2]);
+                            hr[col] = kdt_g_swiglu(acc[gt_wg_gate_elem(q, j, hh, e2)], acc[gt_wg_up_elem(q, j, hh, e2)]);
                     }
         }
     }
