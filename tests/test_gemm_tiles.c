@@ -259,6 +259,13 @@ static void test_wide_choice(void) {
  *  - the fused SwiGLU pairs, for each output, the gate and the up of one row, 32 columns apart in
  *    one 64-column block, and writes h column n0' / 2 + (gate column in the block) as v2's
  *    store_swiglu does for the block at n0' = n0 + 64 q; every h column of a row once. */
+/* cells of seen[0..n) not hit exactly once */
+static int not_once(const unsigned char *seen, int n) {
+    int bad = 0;
+    for (int i = 0; i < n; i++) bad += seen[i] != 1;
+    return bad;
+}
+
 static void test_wg_maps(void) {
     const int ld = 320, rows = 256;
     int bad = 0;
@@ -282,8 +289,7 @@ static void test_wg_maps(void) {
                 if (r >= 0 && r < 64 && col >= 0 && col < 128) seen[r][col]++;
                 else bad++;
             }
-    for (int r = 0; r < 64; r++)
-        for (int col = 0; col < 128; col++) bad += seen[r][col] != 1;
+    bad += not_once(&seen[0][0], 64 * 128);
     CHECK_EQ_INT(bad, 0); /* the accumulator map */
     bad = 0;
     static unsigned char hseen[64][64];
@@ -303,8 +309,7 @@ static void test_wg_maps(void) {
                             if (hcol >= 0 && hcol < 64) hseen[row][hcol]++;
                             else bad++;
                         }
-    for (int r = 0; r < 64; r++)
-        for (int col = 0; col < 64; col++) bad += hseen[r][col] != 1;
+    bad += not_once(&hseen[0][0], 64 * 64);
     CHECK_EQ_INT(bad, 0);
 }
 

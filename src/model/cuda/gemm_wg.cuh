@@ -74,29 +74,14 @@ __global__ void wg_probe(int *out) { *out = KDT_HAS_WGMMA; }
 
 #if KDT_HAS_WGMMA
 /* One stage's X chunks: tile rows (tid >> 4) + STEP i (this thread's xrow[i], NULL past the rows),
- * columns kc + 4 (tid & 15) ..; zeros past kx and past the rows (those feed only their own
- * outputs, which nobody stores). */
+ * columns kc + 4 (tid & 15) .. (load_x4: zeros past kx and past the rows, which feed only their
+ * own outputs, which nobody stores). */
 template <int NX, int STEP>
 __device__ __forceinline__ void load_x(float *xs, const float *const (&xrow)[NX], const bool (&xal)[NX], int kc,
                                        int kx) {
     const int xch = threadIdx.x & 15, k = kc + xch * 4;
 #pragma unroll
-    for (int i = 0; i < NX; i++) {
-        float *dst = xs + ((threadIdx.x >> 4) + STEP * i) * XS + xch * 4;
-        const float *src = xrow[i];
-        if (src && k + 4 <= kx && xal[i]) {
-            cp_async16(dst, src + k, 16);
-        } else if (src && k < kx) { /* ragged K or an unaligned row: element by element */
-            float4 v;
-            v.x = src[k];
-            v.y = k + 1 < kx ? src[k + 1] : 0.0f;
-            v.z = k + 2 < kx ? src[k + 2] : 0.0f;
-            v.w = k + 3 < kx ? src[k + 3] : 0.0f;
-            *reinterpret_cast<float4 *>(dst) = v;
-        } else {
-            *reinterpret_cast<float4 *>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-    }
+    for (int i = 0; i < NX; i++) load_x4(xs + ((threadIdx.x >> 4) + STEP * i) * XS + xch * 4, xrow[i], k, kx, xal[i]);
 }
 
 /* The K loop of one output tile: nk blocks through a ring of NST stages of STB bytes (W slab, then

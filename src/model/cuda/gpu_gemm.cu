@@ -135,7 +135,26 @@ __device__ __forceinline__ int clamp_m(const int32_t *m_dev, int m_max) {
     return M < 0 ? 0 : (M > m_max ? m_max : M);
 }
 
-#include "gemm_wg.cuh" /* the wgmma kernel for many rows (opt-in: KDT_GEMM_WG=1) */
+/* 4 fp32 of X row `src` (NULL: a row past the pass) at columns k.. into dst: one 16-byte copy
+ * when the row is aligned and all 4 lie below kx, element by element for ragged K or an
+ * unaligned row, zeros past kx or past the rows. The X loaders of v1, v3 and the wgmma kernels
+ * (v2's keeps its own copy: the decode instances, whose code is left as measured). */
+__device__ __forceinline__ void load_x4(float *dst, const float *src, int k, int kx, bool aligned) {
+    if (src && k + 4 <= kx && aligned) {
+        cp_async16(dst, src + k, 16);
+    } else if (src && k < kx) {
+        float4 v;
+        v.x = src[k];
+        v.y = k + 1 < kx ? src[k + 1] : 0.0f;
+        v.z = k + 2 < kx ? src[k + 2] : 0.0f;
+        v.w = k + 3 < kx ? src[k + 3] : 0.0f;
+        *reinterpret_cast<float4 *>(dst) = v;
+    } else {
+        *reinterpret_cast<float4 *>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
+#include "gemm_wg.cuh" /* the wgmma kernels for many rows (opt-in: KDT_GEMM_WG=1) */
 
 /* ============================ v1: the original kernels (KDT_GEMM_V1=1) ============================
  * CTA tile: 64 columns x all M rows in passes of 64, 4 warps (warp w owns 16 columns, all four
@@ -198,20 +217,7 @@ __device__ __forceinline__ void load_stage(const Pass &p, unsigned char *stage, 
     for (int i = 0; i < X_ROWS_PER_THREAD; i++) {
         const int r = (tid >> 4) + 8 * i;
         if (r >= m_pad) continue;
-        float *dst = xs + r * XS + xch * 4;
-        const float *src = p.xrow[i];
-        if (src && k + 4 <= p.kx && p.xalign[i]) {
-            cp_async16(dst, src + k, 16);
-        } else if (src && k < p.kx) { /* ragged K or unaligned rows: element by element */
-            float4 v;
-            v.x = src[k];
-            v.y = k + 1 < p.kx ? src[k + 1] : 0.0f;
-            v.z = k + 2 < p.kx ? src[k + 2] : 0.0f;
-            v.w = k + 3 < p.kx ? src[k + 3] : 0.0f;
-            *reinterpret_cast<float4 *>(dst) = v;
-        } else {
-            *reinterpret_cast<float4 *>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
+        load_x4(xs + r * XS + xch * 4, p.xrow[i], k, p.kx, p.xalign[i]);
     }
 }
 
@@ -1153,20 +1159,7 @@ __device__ __forceinline__ void load_x(const Seq<KB, P> &q, int rcap, const XRow
     for (int i = 0; i < 8; i++) {
         const int r = r0 + M::RPI * i;
         if (r >= mv) break;
-        float *dst = slot + r * bks(KB) + cc * 4;
-        const float *src = xr.row[i];
-        if (k + 4 <= kx && ((xr.align >> i) & 1)) {
-            cp_async16(dst, src + k, 16);
-        } else if (k < kx) { /* ragged K or unaligned rows: element by element */
-            float4 v;
-            v.x = src[k];
-            v.y = k + 1 < kx ? src[k + 1] : 0.0f;
-            v.z = k + 2 < kx ? src[k + 2] : 0.0f;
-            v.w = k + 3 < kx ? src[k + 3] : 0.0f;
-            *reinterpret_cast<float4 *>(dst) = v;
-        } else {
-            *reinterpret_cast<float4 *>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
+        load_x4(slot + r * bks(KB) + cc * 4, xr.row[i], k, kx, (xr.align >> i) & 1);
     }
 }
 
