@@ -876,23 +876,27 @@ static int plain_case(const char *dir, const char *label, int n, uint64_t seed) 
         }
         free(excused);
         free(fref);
-        /* auto: the first chunk pays (keys = rows); then one row after n keys: absorbed when it does not pay */
+        /* auto, per chunk the form kdt_prefill_plain_pays names: a prompt's first chunk (keys = rows;
+         * plain unless the spec's nope and v dims outweigh 2 kv_lora_rank), then one row after it
+         * (absorbed unless plain pays even there), each bitwise that form's runner's rows */
         const int n_first = n < 64 ? n : 64;
+        const int first_plain = kdt_prefill_plain_pays(c, n_first, 0), one_plain = kdt_prefill_plain_pays(c, 1, n_first);
         o.logits = ls;
         CHECK_EQ_INT(kdt_gpu_prefill(rauto, kauto, 0, toks, n_first, &o), KDT_OK);
-        CHECK_MSG(memcmp(ls, lp, (size_t)n_first * V * 4) == 0, "%s: auto's first chunk is not plain's", label);
-        if (!kdt_prefill_plain_pays(c, 1, n_first)) {
-            float *one = xmalloc((size_t)V * 4), *ref = xmalloc((size_t)V * 4);
-            kdt_gpu_kv *kb = new_gkv(f.g, pages, 1);
-            CHECK_EQ_INT(kdt_gpu_prefill(rp, kb, 0, toks, n_first, NULL), KDT_OK); /* the same cache rows */
-            o.logits = one;
-            CHECK_EQ_INT(kdt_gpu_prefill(rauto, kauto, 0, toks + n_first, 1, &o), KDT_OK);
-            o.logits = ref;
-            CHECK_EQ_INT(kdt_gpu_decode(ra, kb, 1, NULL, toks + n_first, &o), KDT_OK);
-            CHECK_MSG(memcmp(one, ref, (size_t)V * 4) == 0, "%s: auto's one-row chunk is not the absorbed form's", label);
-            kdt_gpu_kv_free(kb);
-            free(one), free(ref);
-        }
+        CHECK_MSG(memcmp(ls, first_plain ? lp : la, (size_t)n_first * V * 4) == 0, "%s: auto's first chunk is not the %s form's",
+                  label, first_plain ? "plain" : "absorbed");
+        float *one = xmalloc((size_t)V * 4), *ref = xmalloc((size_t)V * 4);
+        kdt_gpu_kv *kb = new_gkv(f.g, pages, 1);
+        CHECK_EQ_INT(kdt_gpu_prefill(first_plain ? rp : ra, kb, 0, toks, n_first, NULL), KDT_OK); /* auto's cache rows */
+        o.logits = one;
+        CHECK_EQ_INT(kdt_gpu_prefill(rauto, kauto, 0, toks + n_first, 1, &o), KDT_OK);
+        o.logits = ref;
+        if (one_plain) CHECK_EQ_INT(kdt_gpu_prefill(rp, kb, 0, toks + n_first, 1, &o), KDT_OK);
+        else CHECK_EQ_INT(kdt_gpu_decode(ra, kb, 1, NULL, toks + n_first, &o), KDT_OK);
+        CHECK_MSG(memcmp(one, ref, (size_t)V * 4) == 0, "%s: auto's one-row chunk is not the %s form's", label,
+                  one_plain ? "plain" : "absorbed");
+        kdt_gpu_kv_free(kb);
+        free(one), free(ref);
     }
     kdt_gpu_kv_free(kp); kdt_gpu_kv_free(k7); kdt_gpu_kv_free(ka); kdt_gpu_kv_free(ks); kdt_gpu_kv_free(kauto);
     kdt_gpu_runner_free(rp); kdt_gpu_runner_free(r7); kdt_gpu_runner_free(ra); kdt_gpu_runner_free(rauto);

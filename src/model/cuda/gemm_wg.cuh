@@ -23,8 +23,9 @@
  *
  * Only sm_90a device code has wgmma (KDT_HAS_WGMMA); with the opt-in, kdt_gemm_init asks the
  * device which code it runs (wg_probe) and the launcher takes this kernel only where it is real.
- * Opt-in for now (written in session 45, not yet run on a GPU): KDT_GEMM_WG=1, for launches of at
- * least KDT_GEMM_WG_MIN rows (default 128). */
+ * Taken for launches of at least KDT_GEMM_WG_MIN rows (default 128; KDT_GEMM_WG=0 turns it off).
+ * First run in session 46 (H100): bitwise v1's on every case of gpu_test_gemm_ab, 120-180 TFLOP/s
+ * on Kimi's prefill projections (v2: 53-80); a 2,048-token Kimi layer 37.3 -> 19.7 ms. */
 #ifndef KDT_GEMM_WG_CUH
 #define KDT_GEMM_WG_CUH
 

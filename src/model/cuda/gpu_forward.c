@@ -797,7 +797,7 @@ static kdt_status moe(pass *p, const kdt_gpu_layer *L, int32_t l) {
  * so they stream its W slice together through L2, where a 64-row item passed twice in one CTA.
  * H100, correlated verify N 65: routed gate/up 566 -> 446 us, down 268 -> 238 (session 34).
  * KDT_GPU_ITEM_ROWS=n (32..64, read per pass) sets it; the rows' bits do not depend on it. Where
- * the grouped GEMM runs on wgmma (opt-in, a pass of many pairs) items of 64 rows fill its CTAs. */
+ * the grouped GEMM runs on wgmma (a pass of many pairs) items of 64 rows fill its CTAs. */
 static int32_t plan_item_rows(int32_t max_pairs) {
     const char *e = getenv("KDT_GPU_ITEM_ROWS");
     const int v = e ? atoi(e) : 0;

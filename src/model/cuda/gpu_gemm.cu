@@ -154,7 +154,7 @@ __device__ __forceinline__ void load_x4(float *dst, const float *src, int k, int
     }
 }
 
-#include "gemm_wg.cuh" /* the wgmma kernels for many rows (opt-in: KDT_GEMM_WG=1) */
+#include "gemm_wg.cuh" /* the wgmma kernels for many rows (KDT_GEMM_WG=0 turns them off) */
 
 /* ============================ v1: the original kernels (KDT_GEMM_V1=1) ============================
  * CTA tile: 64 columns x all M rows in passes of 64, 4 warps (warp w owns 16 columns, all four
@@ -1488,10 +1488,10 @@ cudaError_t set_smem(K kernel, size_t bytes) {
 }
 
 /* The wgmma GEMM (gemm_wg.cuh): whether each device runs real wgmma code with the shared memory it
- * needs (set by kdt_gemm_init: 1 yes, 2 no, 0 not asked), and the opt-in. */
+ * needs (set by kdt_gemm_init: 1 yes, 2 no, 0 not asked), and the switch (on unless KDT_GEMM_WG=0). */
 int g_wg_ready[16];
 bool wg_on() {
-    static const bool on = kdt_g_env_is("KDT_GEMM_WG", '1');
+    static const bool on = !kdt_g_env_is("KDT_GEMM_WG", '0');
     return on;
 }
 int wg_min_rows() {
@@ -1520,8 +1520,8 @@ bool wg_grouped_wanted(int max_item_rows, int n_pairs) {
            wg_dev_ready();
 }
 /* Asks device `dev` (the current one) whether its code for wgg::wg_gemm_kernel has wgmma and
- * allows the kernel its shared memory; once per device, at runner creation and only with the
- * opt-in (a synchronous copy: never during a capture). Any failure leaves the kernel unused. */
+ * allows the kernel its shared memory; once per device, at runner creation unless switched off
+ * (a synchronous copy: never during a capture). Any failure leaves the kernel unused. */
 void wg_setup(int dev, int optin) {
     if (dev < 0 || dev >= 16 || g_wg_ready[dev]) return;
     g_wg_ready[dev] = 2;

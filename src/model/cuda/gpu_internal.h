@@ -304,8 +304,8 @@ kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStr
 /* 1 when a gate/up launch like `a` can write SwiGLU's output itself (tiled experts: the v2
  * kernel) and KDT_GPU_FUSED_SWIGLU is not 0; the caller then sets h / ldh and runs no SwiGLU. */
 int kdt_grouped_fuses_swiglu(const kdt_grouped_args *a);
-/* KDT_G_BM (64) when a grouped launch of `n_pairs` pairs would take the wgmma kernel (opt-in
- * KDT_GEMM_WG=1, gemm_wg.cuh), whose CTA runs 64-row items; 0 otherwise (the plan keeps 32) */
+/* KDT_G_BM (64) when a grouped launch of `n_pairs` pairs would take the wgmma kernel (gemm_wg.cuh,
+ * unless KDT_GEMM_WG=0), whose CTA runs 64-row items; 0 otherwise (the plan keeps 32) */
 int32_t kdt_gemm_wg_item_rows(int32_t n_pairs);
 
 /* Rewrites a bf16 weight [rows][ld] (rows % 64 == 0, ld % 64 == 0) in place into the tiled
