@@ -310,6 +310,15 @@ static void dense_case(const DenseCase &dc, uint64_t seed) {
             snprintf(wtn, sizeof wtn, "tiled weights (%s): %s", names[v], what);
             same(y1, yt, ybytes, wtn);
         }
+        if (g_wg) { /* the wgmma kernel copies tiled blocks verbatim (Kimi's shared expert) */
+            poison(yt, ybytes);
+            t.y = yt;
+            launch_gemm_wg(t);
+            CK(cudaDeviceSynchronize());
+            char wtn[260];
+            snprintf(wtn, sizeof wtn, "tiled weights (wgmma): %s", what);
+            same(y1, yt, ybytes, wtn);
+        }
         cudaFree(yt);
         cudaFree(wt);
         cudaFree(tmp);

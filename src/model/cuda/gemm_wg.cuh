@@ -15,7 +15,8 @@
  *
  * CTA: 128 rows (two warpgroups of 64) x 128 output columns, 8 warps. K in 64-wide blocks through a
  * cp.async ring of STAGES stages: W [128 rows][64] bf16 as one 128-byte-swizzled slab (wgmma's B,
- * K-major) and X [128 rows][64] fp32 (row stride XS, as v1's). Each warp splits its 16 rows' X into
+ * K-major; row-major W is swizzled on the way in, tiled W (kdt_gemm_tile64: Kimi's shared expert)
+ * already is that slab and is copied verbatim) and X [128 rows][64] fp32 (row stride XS, as v1's). Each warp splits its 16 rows' X into
  * hi / lo A fragments in registers, then issues 8 wgmma (4 k16 steps x hi, lo) on its warpgroup's
  * 64 x 128 accumulator. Grid: (column tiles, K splits, batch x row tiles); a CTA whose rows start
  * past the device's row count returns. Launched without programmatic dependence (it waits for
@@ -172,11 +173,20 @@ __global__ void __launch_bounds__(THREADS, 1) wg_gemm_kernel(const kdt_gemm_args
     auto load_stage = [&](int s, int kb) {
         unsigned char *st = ring + s * STAGE_BYTES;
         const int kc = k_begin + kb * BK;
+        if (a.tiled) { /* whole 64-row tiles (tileable): two 8 KB blocks, each already a swizzled slab */
 #pragma unroll
-        for (int i = 0; i < W_PER_THREAD; i++) {
-            const int q = tid + THREADS * i, r = q >> 3, ch = q & 7;
-            const bool ok = r < n_valid;
-            cp_async16(st + gt_wg_slab_byte(r, ch), ok ? w + (int64_t)r * a.ldw + kc + ch * 8 : w, ok ? 16 : 0);
+            for (int i = 0; i < W_PER_THREAD; i++) {
+                const int d = 16 * (tid + THREADS * i);
+                const bool ok = 64 * (d >> 13) < n_valid;
+                cp_async16(st + d, ok ? w + gt_wg_tiled_src(d, kc / BK, a.ldw) : w, ok ? 16 : 0);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < W_PER_THREAD; i++) {
+                const int q = tid + THREADS * i, r = q >> 3, ch = q & 7;
+                const bool ok = r < n_valid;
+                cp_async16(st + gt_wg_slab_byte(r, ch), ok ? w + (int64_t)r * a.ldw + kc + ch * 8 : w, ok ? 16 : 0);
+            }
         }
         load_x<X_PER_THREAD, 16>(reinterpret_cast<float *>(st + W_BYTES), xrow, xal, kc, a.kx);
     };

@@ -1511,7 +1511,7 @@ bool wg_dev_ready() {
     return g_wg_ready[dev] == 1;
 }
 bool wg_wanted(const kdt_gemm_args *a) {
-    return wg_on() && !a->tiled && !use_v1() && a->m_max >= wg_min_rows() && wg_dev_ready();
+    return wg_on() && !use_v1() && a->m_max >= wg_min_rows() && wg_dev_ready();
 }
 /* the grouped form: passes of at least 8 x KDT_GEMM_WG_MIN (token, expert) pairs (a Kimi pass of
  * 128 rows at top-8) whose items may hold 32 rows or more */

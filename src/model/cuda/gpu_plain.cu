@@ -356,6 +356,8 @@ kdt_status kdt_plain_init(int32_t dqk_p, int32_t dv_p, int32_t stages) {
 kdt_status kdt_plain_launch(const kdt_plain_args *a, const kdt_gmat *uk_t, const kdt_gmat *uv, cudaStream_t s) {
     if (a->T < 1 || a->T > a->cap || a->R < 1 || a->first + a->R != a->T)
         return kdt_fail(KDT_ERR_INTERNAL, "plain attention: T %d, cap %d, rows %d from slot %d", a->T, a->cap, a->R, a->first);
+    if (uk_t->tiled || uv->tiled) /* plain_up reads them row-major (gpu_upload.c never tiles them) */
+        return kdt_fail(KDT_ERR_INTERNAL, "plain attention: W_UK / W_UV in the tiled layout");
     const unsigned kt = (unsigned)((a->T + BM - 1) / BM);
     plain_up<true><<<dim3(kt, (unsigned)a->H, (unsigned)((a->dn + BN - 1) / BN)), THREADS, 0, s>>>(
         *a, uk_t->w, uk_t->ld, uk_t->batch_stride, a->dn, a->dn, a->k_hi, a->k_lo, a->dqk_p);

@@ -223,7 +223,8 @@ kdt_status kdt_gpu_model_weight_bytes(const kdt_gpu_model *g, int32_t layer, kdt
  * EXPERTS: every routed and shared expert's gate/up and down, all or none (one grouped launch
  * reads them all; a model whose expert matrices are not whole 64-row tiles stays row-major).
  * DENSE: the attention projections, o_proj, the router and dense MLPs, each on its own (a matrix
- * that is not whole tiles stays row-major); not the embedding or lm_head. iid_fill: the values
+ * that is not whole tiles stays row-major); not the embedding or lm_head, and not W_UK / W_UV,
+ * which the plain prefill attention (gpu_plain.cu) reads row by row besides the GEMMs. iid_fill: the values
  * are i.i.d. random (kdt_gpu_model_random); where a matrix has no padding columns any
  * permutation of it is an equally random matrix, so the layout is only declared, not rewritten. */
 static int tileable(const kdt_gmat *m) {
@@ -262,13 +263,13 @@ static kdt_status tile_weights(kdt_gpu_model *g, int iid_fill) {
     for (int32_t l = 0; l < NL; l++) {
         const kdt_gpu_layer *L = &g->layers[l];
         const kdt_gmat *ex[4] = {&L->experts_gu, &L->experts_down, &L->shared_gu, &L->shared_down};
-        const kdt_gmat *de[8] = {&L->w_a, &L->q_b, &L->uk_t, &L->uv, &L->o_proj, &L->router, &L->dense_gu, &L->dense_down};
+        const kdt_gmat *de[6] = {&L->w_a, &L->q_b, &L->o_proj, &L->router, &L->dense_gu, &L->dense_down};
         for (int i = 0; experts && L->is_moe && i < 4; i++) {
             if (!ex[i]->w || ex[i]->rows == 0) continue;
             if (!tileable(ex[i])) experts_ok = 0;
             else if (ex[i]->ld > max_ld) max_ld = ex[i]->ld;
         }
-        for (int i = 0; dense && i < 8; i++)
+        for (int i = 0; dense && i < 6; i++)
             if (tileable(de[i]) && de[i]->ld > max_ld) max_ld = de[i]->ld;
     }
     if (max_ld == 0) return KDT_OK;
@@ -280,10 +281,10 @@ static kdt_status tile_weights(kdt_gpu_model *g, int iid_fill) {
     for (int32_t l = 0; st == KDT_OK && l < NL; l++) {
         kdt_gpu_layer *L = &g->layers[l];
         kdt_gmat *ex[4] = {&L->experts_gu, &L->experts_down, &L->shared_gu, &L->shared_down};
-        kdt_gmat *de[8] = {&L->w_a, &L->q_b, &L->uk_t, &L->uv, &L->o_proj, &L->router, &L->dense_gu, &L->dense_down};
+        kdt_gmat *de[6] = {&L->w_a, &L->q_b, &L->o_proj, &L->router, &L->dense_gu, &L->dense_down};
         for (int i = 0; st == KDT_OK && experts_ok && L->is_moe && i < 4; i++)
             if (ex[i]->w && ex[i]->rows > 0) st = tile_mat(ex[i], iid_fill, tmp, tmp_rows);
-        for (int i = 0; st == KDT_OK && dense && i < 8; i++)
+        for (int i = 0; st == KDT_OK && dense && i < 6; i++)
             if (tileable(de[i])) st = tile_mat(de[i], iid_fill, tmp, tmp_rows);
     }
     if (st == KDT_OK && (e = cudaDeviceSynchronize()) != cudaSuccess) st = cuda_fail(e, "tiled weights");
