@@ -984,6 +984,15 @@ static void test_plain_prefill(void) {
     tm_mkdtemp(dir, sizeof dir);
     tm_write_model(dir, &k);
     plain_case(dir, "Kimi attention dimensions", quick ? 70 : 200, 43);
+    {   /* every weight that may be tiled, tiled (the opt-in dense layout): the plain form reads
+         * W_UK / W_UV itself, row-major, which session 46 found tiled (and wrong) under it */
+        char *td = env_save("KDT_GPU_TILED_DENSE"), *te = env_save("KDT_GPU_TILED_EXPERTS");
+        setenv("KDT_GPU_TILED_DENSE", "1", 1);
+        setenv("KDT_GPU_TILED_EXPERTS", "1", 1);
+        plain_case(dir, "Kimi attention dimensions, tiled weights", 70, 44);
+        env_restore("KDT_GPU_TILED_DENSE", td);
+        env_restore("KDT_GPU_TILED_EXPERTS", te);
+    }
     tm_rmdir(dir);
     /* A spec whose prompt has most rows at a routing near-tie checks little but the bits (one
      * of session 45's four had all 70 rows excused): such specs do not count, and more are drawn. */
