@@ -89,9 +89,11 @@ __device__ __forceinline__ void load_x(float *xs, const float *const (&xrow)[NX]
 /* The K loop of one output tile: nk blocks through a ring of NST stages of STB bytes (W slab, then
  * X), load(s, kb) filling stage s with block kb. Per block each warp splits its 16 X rows (16 warp
  * of the tile) into hi / lo A fragments, then its warpgroup issues 4 k16 steps x (hi, lo) onto acc,
- * from +0: the chain of gpu_gemm.cu's header. */
+ * from +0: the chain of gpu_gemm.cu's header. A warpgroup with mma_on false (all its rows past
+ * the launch's: a dense tile of <= 64 rows) only loads and keeps its zeros, which nobody stores;
+ * the flag is uniform over the warpgroup, as wgmma needs. */
 template <int NST, int STB, class Load>
-__device__ __forceinline__ void k_loop(unsigned char *ring, int nk, Load load, float (&acc)[64]) {
+__device__ __forceinline__ void k_loop(unsigned char *ring, int nk, Load load, float (&acc)[64], bool mma_on) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, rb = warp * 16;
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.0f;
@@ -107,6 +109,7 @@ __device__ __forceinline__ void k_loop(unsigned char *ring, int nk, Load load, f
         const int nxt = kb + NST - 1;
         if (nxt < nk) load(nxt % NST, nxt);
         cp_async_commit();
+        if (!mma_on) continue;
         const unsigned char *st = ring + (kb % NST) * STB;
         const float *xs = reinterpret_cast<const float *>(st + W_BYTES);
         uint32_t hi[4][4], lo[4][4];
@@ -191,7 +194,7 @@ __global__ void __launch_bounds__(THREADS, 1) wg_gemm_kernel(const kdt_gemm_args
         load_x<X_PER_THREAD, 16>(reinterpret_cast<float *>(st + W_BYTES), xrow, xal, kc, a.kx);
     };
     float acc[64];
-    k_loop<STAGES, STAGE_BYTES>(ring, nk, load_stage, acc);
+    k_loop<STAGES, STAGE_BYTES>(ring, nk, load_stage, acc, (tid >> 7) * 64 < m_valid);
     store_tile(acc, a.y + (int64_t)split * a.y_split + (int64_t)b * a.y_batch + (int64_t)m0 * a.ldy + n0, a.ldy,
                m_valid, n_valid);
 #else
@@ -261,7 +264,7 @@ __global__ void __launch_bounds__(G_THREADS, 2) wg_grouped_kernel(const kdt_grou
             load_x<G_X_PER_THREAD, 8>(reinterpret_cast<float *>(st + W_BYTES), xrow, xal, kb * BK, kx);
         };
         float acc[64];
-        k_loop<G_STAGES, G_STAGE_BYTES>(ring, nk, load_stage, acc);
+        k_loop<G_STAGES, G_STAGE_BYTES>(ring, nk, load_stage, acc, true);
         __syncthreads(); /* every warp is past the last stage before the next item's loads */
         if (!a.h) {
             store_tile(acc, a.y + (int64_t)p0 * a.ldy + n0, a.ldy, rows, n_valid);

@@ -1494,13 +1494,12 @@ bool wg_on() {
     static const bool on = !kdt_g_env_is("KDT_GEMM_WG", '0');
     return on;
 }
+/* the bounds are read per launch (a graph captures the choice), so bench_model's in-process A/B
+ * (KDT_BENCH_MODEL_AB) can set them */
 int wg_min_rows() {
-    static const int min_rows = [] {
-        const char *e = getenv("KDT_GEMM_WG_MIN");
-        const int v = e ? atoi(e) : 0;
-        return v > 0 ? v : 128;
-    }();
-    return min_rows;
+    const char *e = getenv("KDT_GEMM_WG_MIN");
+    const int v = e ? atoi(e) : 0;
+    return v > 0 ? v : 128;
 }
 bool wg_dev_ready() {
     int dev = 0;
@@ -1513,10 +1512,17 @@ bool wg_dev_ready() {
 bool wg_wanted(const kdt_gemm_args *a) {
     return wg_on() && !use_v1() && a->m_max >= wg_min_rows() && wg_dev_ready();
 }
-/* the grouped form: passes of at least 8 x KDT_GEMM_WG_MIN (token, expert) pairs (a Kimi pass of
- * 128 rows at top-8) whose items may hold 32 rows or more */
+/* the grouped form: passes of at least KDT_GEMM_WG_PAIRS (token, expert) pairs (default 8 x
+ * KDT_GEMM_WG_MIN: a Kimi pass of 128 rows at top-8) whose items may hold 32 rows or more. The
+ * host knows the pass's pairs, not how they spread over the experts (a correlated tree's 65 rows
+ * fill ~11 experts' items, a random one's ~284), so this bound is a guess for the A/B to set. */
+int wg_min_pairs() {
+    const char *e = getenv("KDT_GEMM_WG_PAIRS");
+    const int v = e ? atoi(e) : 0;
+    return v > 0 ? v : 8 * wg_min_rows();
+}
 bool wg_grouped_wanted(int max_item_rows, int n_pairs) {
-    return wg_on() && !use_v1() && max_item_rows >= KDT_G_ITEM_ROWS_MIN && n_pairs >= 8 * wg_min_rows() &&
+    return wg_on() && !use_v1() && max_item_rows >= KDT_G_ITEM_ROWS_MIN && n_pairs >= wg_min_pairs() &&
            wg_dev_ready();
 }
 /* Asks device `dev` (the current one) whether its code for wgg::wg_gemm_kernel has wgmma and
