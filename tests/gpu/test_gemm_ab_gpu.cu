@@ -1239,7 +1239,7 @@ static void prefill_timing() {
     static const Shape shapes[] = {{"q_a_kv_a", 2112, 7168}, {"q_b", 12288, 1536}, {"o_proj", 7168, 8192},
                                    {"shared gate/up", 4096, 7168}, {"shared down", 7168, 2048}};
     printf("\nprefill dense GEMMs (median us of 5, L2 flushed; TFLOP/s = 2 M N K / time)\n");
-    for (int M : {512, 2048}) {
+    for (int M : {65, 128, 512, 2048}) { /* 65: a one-stream verify of 65 nodes (KDT_GEMM_WG_MIN's A/B) */
         for (const Shape &sh : shapes) {
             int splits, k_chunk;
             kdt_gemm_plan(sh.n, sh.k, 1, &splits, &k_chunk);
