@@ -177,6 +177,17 @@ static void launch_gemm_wg(const kdt_gemm_args &a) {
     wgg::wg_gemm_kernel<<<grid, wgg::THREADS, (size_t)wgg::SMEM>>>(a);
     CK(cudaGetLastError());
 }
+/* its A-from-shared-memory form (KDT_GEMM_WG_SS=1): X split into ws's hi / lo planes, then the GEMM
+ * (unbatched launches only, as kdt_gemm_launch_ws takes it) */
+static void launch_gemm_wg_ss(const kdt_gemm_args &a, uint16_t *ws) {
+    const int64_t plane = (int64_t)a.m_max * a.ldw, chunks = (int64_t)a.m_max * (a.ldw / 8);
+    wgg::wg_split_kernel<<<(unsigned)((chunks + 255) / 256), 256>>>(a, ws, plane, a.ldw);
+    CK(cudaGetLastError());
+    const dim3 grid((unsigned)((a.n + wgg::BN - 1) / wgg::BN), (unsigned)a.splits,
+                    (unsigned)((a.m_max + wgg::BM - 1) / wgg::BM));
+    wgg::wg_gemm_ss_kernel<<<grid, wgg::THREADS, (size_t)wgg::S_SMEM>>>(a, ws, plane, a.ldw);
+    CK(cudaGetLastError());
+}
 static void launch_grouped_wg(const kdt_grouped_args &a) {
     const dim3 grid((unsigned)((a.n_max + wgg::BN - 1) / wgg::BN), (unsigned)(a.grid_items > 0 ? a.grid_items : 1));
     wgg::wg_grouped_kernel<<<grid, wgg::G_THREADS, (size_t)wgg::G_SMEM>>>(a);
@@ -318,6 +329,15 @@ static void dense_case(const DenseCase &dc, uint64_t seed) {
             char wtn[260];
             snprintf(wtn, sizeof wtn, "tiled weights (wgmma): %s", what);
             same(y1, yt, ybytes, wtn);
+            if (batch == 1) {
+                uint16_t *ws = dalloc<uint16_t>((size_t)2 * dc.M * ld);
+                poison(yt, ybytes);
+                launch_gemm_wg_ss(t, ws);
+                CK(cudaDeviceSynchronize());
+                snprintf(wtn, sizeof wtn, "tiled weights (wgmma, A from shared memory): %s", what);
+                same(y1, yt, ybytes, wtn);
+                cudaFree(ws);
+            }
         }
         cudaFree(yt);
         cudaFree(wt);
@@ -332,6 +352,15 @@ static void dense_case(const DenseCase &dc, uint64_t seed) {
         char ww[260];
         snprintf(ww, sizeof ww, "wgmma: %s", what);
         same(y1, yw, ybytes, ww);
+        if (batch == 1) { /* X split into bf16 planes first, A from shared memory */
+            uint16_t *ws = dalloc<uint16_t>((size_t)2 * dc.M * ld);
+            poison(yw, ybytes);
+            launch_gemm_wg_ss(a, ws);
+            CK(cudaDeviceSynchronize());
+            snprintf(ww, sizeof ww, "wgmma, A from shared memory: %s", what);
+            same(y1, yw, ybytes, ww);
+            cudaFree(ws);
+        }
         a.y = y2;
         cudaFree(yw);
     }
@@ -1256,7 +1285,7 @@ static void prefill_timing() {
             a.y = y; a.ldy = sh.n; a.y_split = (int64_t)M * sh.n;
             a.m_dev = d_m; a.m_max = M; a.batch = 1; a.splits = splits; a.k_chunk = k_chunk;
             const double t2 = time_us([&] { if (kdt_gemm_launch(&a, g_stages, 0) != KDT_OK) n_fail++; }, 5);
-            double tw = 0;
+            double tw = 0, ts = 0;
             if (g_wg) {
                 kdt_gemm_args b = a;
                 b.y = yw;
@@ -1265,11 +1294,20 @@ static void prefill_timing() {
                 char what[120];
                 snprintf(what, sizeof what, "prefill timing shape %s M=%d: wgmma vs v2", sh.name, M);
                 same(y, yw, (size_t)splits * M * sh.n * 4, what);
+                uint16_t *ws = dalloc<uint16_t>((size_t)2 * M * sh.k);
+                poison(yw, (size_t)splits * M * sh.n * 4);
+                ts = time_us([&] { launch_gemm_wg_ss(b, ws); }, 5); /* the split pass included */
+                CK(cudaDeviceSynchronize());
+                snprintf(what, sizeof what, "prefill timing shape %s M=%d: wgmma ss vs v2", sh.name, M);
+                same(y, yw, (size_t)splits * M * sh.n * 4, what);
+                cudaFree(ws);
             }
             const double fl = 2.0 * M * sh.n * sh.k;
-            printf("  %-15s M=%-5d N=%-6d K=%-5d splits %-2d  v2 %9.1f us %6.1f TFLOP/s", sh.name, M, sh.n, sh.k, splits,
-                   t2, fl / t2 / 1e6);
-            if (g_wg) printf("   wgmma %9.1f us %6.1f TFLOP/s   x%.2f", tw, fl / tw / 1e6, t2 / tw);
+            printf("  %-15s M=%-5d N=%-6d K=%-5d splits %-2d  v2 %8.1f us %6.1f TF/s", sh.name, M, sh.n, sh.k, splits, t2,
+                   fl / t2 / 1e6);
+            if (g_wg)
+                printf("   wgmma %8.1f us %6.1f TF/s x%.2f   ss (split + GEMM) %8.1f us %6.1f TF/s x%.2f", tw,
+                       fl / tw / 1e6, t2 / tw, ts, fl / ts / 1e6, t2 / ts);
             printf("\n");
             cudaFree(w); cudaFree(x); cudaFree(y); cudaFree(yw); cudaFree(d_m);
         }

@@ -292,6 +292,146 @@ __global__ void __launch_bounds__(G_THREADS, 2) wg_grouped_kernel(const kdt_grou
 #endif
 }
 
+/* ---- the dense form with A from shared memory (opt-in KDT_GEMM_WG_SS=1; session 46, not yet run)
+ * Why: the register-A kernel above waits for each block's wgmma before the next barrier, because
+ * its A fragments are registers that ordinary instructions (the hi / lo split) write: ptxas
+ * serializes any wgmma pipeline across such writes (C7513). Here X is split once per launch by
+ * wg_split_kernel into two bf16 planes in global memory (hi, lo: [rows][ld], zeros past kx),
+ * which the K loop loads like W, as 128-byte-swizzled slabs, and wgmma reads A from shared memory:
+ * no register operands, so one block's wgmma stay in flight across the barrier (wait<1>), and a
+ * warpgroup's issue overlaps its previous products. The products and their order are the
+ * register kernel's (the same bf16 hi / lo values, the same k16 steps, hi then lo), so the bits.
+ * Stage: W slab 16 KB + A hi 16 KB + A lo 16 KB (128 rows); 4 stages, 2 blocks loaded ahead (the
+ * stage a load overwrites is block kb - 2's, whose products every warpgroup waited for). */
+constexpr int S_STAGES = 4;
+constexpr int A_BYTES = BM * BK * 2;                     /* one plane of 128 rows x 64 bf16: 16 KB */
+constexpr int S_STAGE_BYTES = W_BYTES + 2 * A_BYTES;     /* 49,152: a multiple of 1024 */
+constexpr int S_SMEM = S_STAGES * S_STAGE_BYTES + 1024;  /* 197,632 */
+constexpr int S_A_PER_THREAD = 2 * BM * (BK / 8) / THREADS; /* 8 chunks of 8 bf16 */
+static_assert(S_STAGE_BYTES % 1024 == 0 && S_A_PER_THREAD == 8, "wg ss layout");
+
+/* d (64 f32) += A (descriptor, K-major) B (descriptor, K-major), m64n128k16, always accumulating */
+__device__ __forceinline__ void mma_m64n128k16_ss(float (&d)[64], uint64_t da, uint64_t db) {
+#if KDT_HAS_WGMMA
+#define KDT_WGG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                      "+f"(d[i + 6]), "+f"(d[i + 7])
+    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+                 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+                 "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+                 "%64, %65, 1, 1, 1, 0, 0;\n}\n"
+                 : KDT_WGG_D8(0), KDT_WGG_D8(8), KDT_WGG_D8(16), KDT_WGG_D8(24), KDT_WGG_D8(32), KDT_WGG_D8(40),
+                   KDT_WGG_D8(48), KDT_WGG_D8(56)
+                 : "l"(da), "l"(db));
+#undef KDT_WGG_D8
+#else
+    (void)d, (void)da, (void)db;
+#endif
+}
+
+/* X (a's rows: gathered through x_rows, rows < *m_dev) split into hl's two planes: hi =
+ * bf16_rn(x), lo = bf16_rn(x - hi) (split_bf16, as every GEMM variant splits), [m_max][ld] each,
+ * plane elements apart, zeros for columns kx..ld-1. One thread per 8 columns of a row. Rows past
+ * the device's count are not written (the GEMM does not load them). Not for batched launches. */
+__global__ void wg_split_kernel(const kdt_gemm_args a, uint16_t *hl, int64_t plane, int ld) {
+    const int M = clamp_m(a.m_dev, a.m_max), cpr = ld / 8;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)M * cpr) return;
+    const int m = (int)(i / cpr), k0 = (int)(i % cpr) * 8;
+    const float *xr = a.x + (int64_t)(a.x_rows ? a.x_rows[m] : m) * a.ldx;
+    uint32_t h[4], l[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int k = k0 + 2 * j;
+        split_bf16(make_float2(k < a.kx ? xr[k] : 0.0f, k + 1 < a.kx ? xr[k + 1] : 0.0f), h[j], l[j]);
+    }
+    *reinterpret_cast<uint4 *>(hl + (int64_t)m * ld + k0) = make_uint4(h[0], h[1], h[2], h[3]);
+    *reinterpret_cast<uint4 *>(hl + plane + (int64_t)m * ld + k0) = make_uint4(l[0], l[1], l[2], l[3]);
+}
+
+__global__ void __launch_bounds__(THREADS, 1) wg_gemm_ss_kernel(const kdt_gemm_args a, const uint16_t *hl,
+                                                                 int64_t plane, int ld) {
+#if KDT_HAS_WGMMA
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char *ring = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    const int M = clamp_m(a.m_dev, a.m_max);
+    const int m0 = blockIdx.z * BM;
+    if (m0 >= M) return;
+    const int n0 = blockIdx.x * BN, split = blockIdx.y;
+    const int n_valid = min(BN, a.n - n0), m_valid = min(BM, M - m0);
+    const int k_begin = split * a.k_chunk, k_end = min(k_begin + a.k_chunk, a.ldw);
+    const int nk = (k_end - k_begin) / BK;
+    const int tid = threadIdx.x, wgi = tid >> 7;
+    const uint16_t *w = a.w + (int64_t)n0 * a.ldw;
+    const uint16_t *arow = hl + (int64_t)m0 * ld;
+    auto load_stage = [&](int s, int kb) {
+        unsigned char *st = ring + s * S_STAGE_BYTES;
+        const int kc = k_begin + kb * BK;
+        if (a.tiled) {
+#pragma unroll
+            for (int i = 0; i < W_PER_THREAD; i++) {
+                const int d = 16 * (tid + THREADS * i);
+                const bool ok = 64 * (d >> 13) < n_valid;
+                cp_async16(st + d, ok ? w + gt_wg_tiled_src(d, kc / BK, a.ldw) : w, ok ? 16 : 0);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < W_PER_THREAD; i++) {
+                const int q = tid + THREADS * i, r = q >> 3, ch = q & 7;
+                const bool ok = r < n_valid;
+                cp_async16(st + gt_wg_slab_byte(r, ch), ok ? w + (int64_t)r * a.ldw + kc + ch * 8 : w, ok ? 16 : 0);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < S_A_PER_THREAD; i++) { /* plane p (hi, lo), tile row r, chunk ch */
+            const int q = tid + THREADS * i, p = q >> 10, r = (q >> 3) & (BM - 1), ch = q & 7;
+            const bool ok = r < m_valid;
+            cp_async16(st + W_BYTES + p * A_BYTES + gt_wg_slab_byte(r, ch),
+                       ok ? arow + p * plane + (int64_t)r * ld + kc + ch * 8 : hl, ok ? 16 : 0);
+        }
+    };
+    /* Both warpgroups issue their products even where all 64 rows of one are past the launch's
+     * (zeros, never stored): skipping them as the register kernel does puts the wgmma in a
+     * divergent path, and ptxas then serializes the pipeline (C7518). */
+    constexpr int AHEAD = S_STAGES - 2;
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < AHEAD; s++) {
+        if (s < nk) load_stage(s, s);
+        cp_async_commit();
+    }
+    for (int kb = 0; kb < nk; kb++) {
+        cp_async_wait<AHEAD - 1>();
+        wg::fence_proxy_async(); /* this thread's cp.async writes, for wgmma's async proxy */
+        wg::wait<1>();   /* block kb - 2's products are done: its stage is free */
+        __syncthreads();           /* block kb is in; block kb - 2's stage has no reader left */
+        const int nxt = kb + AHEAD;
+        if (nxt < nk) load_stage(nxt % S_STAGES, nxt);
+        cp_async_commit();
+        const uint32_t st = smem_u32(ring + (kb % S_STAGES) * S_STAGE_BYTES);
+        const uint32_t ahi = st + W_BYTES + (uint32_t)wgi * 8192u, alo = ahi + A_BYTES;
+        wg::fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) {
+            const uint64_t db = wg::desc_sw128(st + (uint32_t)kk * 32u, 16u, 1024u);
+            mma_m64n128k16_ss(acc, wg::desc_sw128(ahi + (uint32_t)kk * 32u, 16u, 1024u), db);
+            mma_m64n128k16_ss(acc, wg::desc_sw128(alo + (uint32_t)kk * 32u, 16u, 1024u), db);
+        }
+        wg::commit();
+    }
+    wg::wait<0>();
+#pragma unroll
+    for (int i = 0; i < 64; i += 16) wg::fence_operands16(acc + i); /* read after the last wait */
+    cp_async_wait<0>();
+    store_tile(acc, a.y + (int64_t)split * a.y_split + (int64_t)m0 * a.ldy + n0, a.ldy, m_valid, n_valid);
+#else
+    (void)a, (void)hl, (void)plane, (void)ld; /* never launched: wg_ready() is 0 in a pass without wgmma */
+#endif
+}
+
 } // namespace wgg
 
 #endif

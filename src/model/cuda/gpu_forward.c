@@ -238,6 +238,19 @@ kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_op
     STEP(ralloc(r, (void **)&r->o_lat, (size_t)R * H * dc * f, "o_lat"));
     STEP(ralloc(r, (void **)&r->heads, (size_t)R * H * dv * f, "heads"));
     STEP(ralloc(r, (void **)&r->part, part * f, "split-K partials"));
+    if (kdt_gemm_wg_ss_on()) { /* opt-in: X's hi / lo planes for the wgmma GEMM, one per stream */
+        int32_t max_ld = 0;
+        for (int32_t l = 0; l < c->n_layers; l++) {
+            const kdt_gpu_layer *L = &g->layers[l];
+            const kdt_gmat *mats[] = {&L->w_a, &L->q_b, &L->uk_t, &L->uv, &L->o_proj, &L->router,
+                                      &L->dense_gu, &L->dense_down, &L->shared_gu, &L->shared_down};
+            for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+                if (mats[i]->w && mats[i]->ld > max_ld) max_ld = mats[i]->ld;
+        }
+        r->x_hl_elems = kdt_gemm_wg_ss_elems(R, max_ld);
+        STEP(ralloc(r, (void **)&r->x_hl, (size_t)r->x_hl_elems * 2, "wgmma GEMM X planes"));
+        STEP(ralloc(r, (void **)&r->x_hl_side, (size_t)r->x_hl_elems * 2, "wgmma GEMM X planes (side stream)"));
+    }
     STEP(ralloc(r, (void **)&r->att_o, (size_t)r->max_splits_total * H * dc * f, "attention partials"));
     STEP(ralloc(r, (void **)&r->att_m, (size_t)r->max_splits_total * H * f, "attention partials"));
     STEP(ralloc(r, (void **)&r->att_l, (size_t)r->max_splits_total * H * f, "attention partials"));
@@ -633,6 +646,7 @@ typedef struct pass {
     const int32_t *m_dev;
     int32_t step;               /* operations issued so far (kdt_gpu_runner_set_step_limit) */
     int32_t plain_next;         /* the next GEMM launches without programmatic dependence */
+    uint16_t *x_hl;             /* the wgmma GEMM's X planes for this stream (NULL: none) */
 } pass;
 
 /* 1 when the pass is cut before this step (profiling); else counts and names the step. Once cut,
@@ -684,7 +698,7 @@ static kdt_status gemm_into(pass *p, const char *name, const float *x, int64_t l
     if (step_cut(p, name)) return KDT_OK;
     const int plain = p->plain_next;
     p->plain_next = 0;
-    return kdt_gemm_launch_plain(&a, p->stages, p->s, plain);
+    return kdt_gemm_launch_ws(&a, p->stages, p->s, plain, p->x_hl, p->r->x_hl_elems);
 }
 static kdt_status gemm(pass *p, const char *name, const float *x, int64_t ldx, int64_t x_batch, int32_t kx,
                        const kdt_gmat *w, int64_t ldy, int64_t y_batch, int32_t *splits, int64_t *split_stride) {
@@ -754,6 +768,7 @@ static kdt_status shared_expert(pass *p, const kdt_gpu_layer *L, int32_t *dn_spl
     q.s = r->side;
     q.part = r->part_sh;
     q.part_floats = r->part_sh_floats;
+    q.x_hl = r->x_hl_side;
     /* its first GEMM launches when post_o has finished, without programmatic dependence: placed at
      * post_o's trigger (KDT_GPU_SHARED_PDL=1), its CTAs (320 for Kimi) compete for SM slots with the
      * router GEMM, which is on the critical path. Plain: Kimi 2-layer decode S 1 passes 805-818 us
@@ -1054,6 +1069,7 @@ kdt_status kdt_gpu_run(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_gpu_run_confi
     p.s = r->stream;
     p.part = r->part;
     p.part_floats = r->part_floats;
+    p.x_hl = r->x_hl;
     p.M = rc->max_rows;
     p.stages = r->stages;
     p.hdr = (const kdt_gstage_hdr *)r->d_stage;

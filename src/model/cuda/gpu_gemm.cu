@@ -1542,6 +1542,7 @@ void wg_setup(int dev, int optin) {
     if (d) cudaFree(d);
     if (e == cudaSuccess && h == 1) e = set_smem(wgg::wg_gemm_kernel, (size_t)wgg::SMEM);
     if (e == cudaSuccess && h == 1) e = set_smem(wgg::wg_grouped_kernel, (size_t)wgg::G_SMEM);
+    if (e == cudaSuccess && h == 1) e = set_smem(wgg::wg_gemm_ss_kernel, (size_t)wgg::S_SMEM);
     if (e == cudaSuccess && h == 1) g_wg_ready[dev] = 1;
     cudaGetLastError(); /* a failure here is not the runner's */
 }
@@ -1901,6 +1902,27 @@ extern "C" kdt_status kdt_gemm_launch_plain(const kdt_gemm_args *a, int32_t stag
  * experts always take v2. */
 extern "C" int kdt_grouped_fuses_swiglu(const kdt_grouped_args *a) {
     return !kdt_g_env_is("KDT_GPU_FUSED_SWIGLU", '0') && a->which == 0 && a->tiled;
+}
+
+/* KDT_GEMM_WG_SS=1 (opt-in, read per launch; session 46, not yet run): dense launches that would
+ * take the wgmma kernel take its A-from-shared-memory form instead (gemm_wg.cuh,
+ * wg_gemm_ss_kernel) where the caller gives a workspace for X's bf16 hi / lo planes: a split pass,
+ * then the GEMM; the same bits. */
+extern "C" int kdt_gemm_wg_ss_on(void) { return kdt_g_env_is("KDT_GEMM_WG_SS", '1'); }
+extern "C" int64_t kdt_gemm_wg_ss_elems(int32_t rows, int32_t max_ld) { return 2 * (int64_t)rows * max_ld; }
+extern "C" kdt_status kdt_gemm_launch_ws(const kdt_gemm_args *a, int32_t stages, cudaStream_t s, int plain,
+                                         uint16_t *ws, int64_t ws_elems) {
+    const int64_t plane = (int64_t)a->m_max * a->ldw;
+    if (!ws || !kdt_gemm_wg_ss_on() || a->batch > 1 || 2 * plane > ws_elems || a->ldw % BK || a->k_chunk % BK ||
+        a->m_max < 1 || a->n < 1 || !wg_wanted(a))
+        return kdt_gemm_launch_plain(a, stages, s, plain);
+    const int64_t chunks = (int64_t)a->m_max * (a->ldw / 8);
+    wgg::wg_split_kernel<<<(unsigned)((chunks + 255) / 256), 256, 0, s>>>(*a, ws, plane, a->ldw);
+    KDT_TRY(launch_error("GPU GEMM (wgmma): X split"));
+    const dim3 gw((unsigned)((a->n + wgg::BN - 1) / wgg::BN), (unsigned)a->splits,
+                  (unsigned)((a->m_max + wgg::BM - 1) / wgg::BM));
+    wgg::wg_gemm_ss_kernel<<<gw, wgg::THREADS, (size_t)wgg::S_SMEM, s>>>(*a, ws, plane, a->ldw);
+    return launch_error("GPU GEMM (wgmma, A from shared memory)");
 }
 
 extern "C" int32_t kdt_gemm_wg_item_rows(int32_t n_pairs) {

@@ -198,6 +198,9 @@ struct kdt_gpu_runner {
     float *heads;                   /* [max_rows][H * d_v] */
     float *part;                    /* split-K partials of the dense GEMMs */
     size_t part_floats;
+    uint16_t *x_hl, *x_hl_side;     /* KDT_GEMM_WG_SS=1 at creation: X's bf16 hi / lo planes for the
+                                       wgmma GEMM (kdt_gemm_launch_ws), main and side stream's */
+    int64_t x_hl_elems;
     float *att_o, *att_m, *att_l;   /* attention partials [splits][H][d_c], [splits][H] */
     int32_t *sel;                   /* [max_rows][top_k] selected experts, ascending */
     float *wgt;                     /* [max_rows][top_k] their weights */
@@ -277,6 +280,13 @@ typedef struct kdt_gemm_args {
 kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cudaStream_t s);
 /* the same, launched without programmatic dependence when plain (a full dependency) */
 kdt_status kdt_gemm_launch_plain(const kdt_gemm_args *a, int32_t stages, cudaStream_t s, int plain);
+/* the same, with a workspace of ws_elems bf16 for X's hi / lo planes (kdt_gemm_wg_ss_elems(rows,
+ * max ldw)): with KDT_GEMM_WG_SS=1 (kdt_gemm_wg_ss_on, opt-in) a launch that takes the wgmma kernel
+ * splits X there first and reads A from shared memory (gemm_wg.cuh); the same bits */
+kdt_status kdt_gemm_launch_ws(const kdt_gemm_args *a, int32_t stages, cudaStream_t s, int plain, uint16_t *ws,
+                              int64_t ws_elems);
+int kdt_gemm_wg_ss_on(void);
+int64_t kdt_gemm_wg_ss_elems(int32_t rows, int32_t max_ld);
 
 /* Grouped MoE GEMM over the item list: which = 0 gate/up (X rows gathered by pair_row, K = D,
  * N = 2 i_pad of the item's expert), 1 down (X = h rows in pair order, K = I, N = D). */
