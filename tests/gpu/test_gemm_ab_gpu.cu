@@ -563,7 +563,54 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
         snprintf(what, sizeof what, "grouped down, wgmma, %s experts, D=%d I=%d E=%d items=%d", experts, D, I, E, n_items);
         same(z1, z2, b1, what);
     };
+    /* its A-from-shared-memory form (KDT_GEMM_WG_SS=1): xn and h split into planes first (h's rows
+     * zero past their expert's inter, by pair_expert), as kdt_grouped_launch_ws does; with h set on
+     * ga, the fused SwiGLU's output goes to h_out instead of y */
+    std::vector<int32_t> pair_expert;
+    for (int e = 0; e < E; e++)
+        for (int r = 0; r < rows_per_expert[e]; r++) pair_expert.push_back(e);
+    if (pair_expert.empty()) pair_expert.push_back(0);
+    int32_t *d_pe = dint(pair_expert);
+    std::vector<int32_t> xr_count = {xrows};
+    int32_t *d_xm = dint(xr_count);
+    uint16_t *ws_x = dalloc<uint16_t>((size_t)2 * xrows * ld_d), *ws_h = dalloc<uint16_t>((size_t)2 * std::max(pairs, 1) * ld_i);
+    auto launch_grouped_ss = [&](const kdt_grouped_args &g) {
+        const int rows = g.which == 0 ? xrows : std::max(pairs, 1), ld = g.which == 0 ? ld_d : ld_i;
+        uint16_t *ws = g.which == 0 ? ws_x : ws_h;
+        const int64_t plane = (int64_t)rows * ld;
+        const unsigned sg = (unsigned)(((int64_t)rows * (ld / 8) + 255) / 256);
+        if (g.which == 0) {
+            kdt_gemm_args x;
+            memset(&x, 0, sizeof x);
+            x.x = g.x;
+            x.ldx = g.ldx;
+            x.kx = g.kd;
+            x.m_dev = d_xm;
+            x.m_max = xrows;
+            wgg::wg_split_kernel<<<sg, 256>>>(x, ws, plane, ld);
+        } else {
+            wgg::wg_split_pairs_kernel<<<sg, 256>>>(g, d_pe, rows, ws, plane, ld);
+        }
+        CK(cudaGetLastError());
+        const dim3 grid((unsigned)((g.n_max + wgg::GS_BN - 1) / wgg::GS_BN), (unsigned)(g.grid_items > 0 ? g.grid_items : 1));
+        wgg::wg_grouped_ss_kernel<<<grid, wgg::THREADS, (size_t)wgg::GS_SMEM>>>(g, ws, plane, ld);
+        CK(cudaGetLastError());
+    };
+    auto check_wg_ss = [&](kdt_grouped_args ga, kdt_grouped_args gb, const char *experts) {
+        poison(y2, b0);
+        poison(z2, b1);
+        ga.y = y2;
+        gb.y = z2;
+        launch_grouped_ss(ga);
+        launch_grouped_ss(gb);
+        CK(cudaDeviceSynchronize());
+        snprintf(what, sizeof what, "grouped gate/up, wgmma ss, %s experts, D=%d I=%d E=%d items=%d", experts, D, I, E, n_items);
+        same(y1, y2, b0, what);
+        snprintf(what, sizeof what, "grouped down, wgmma ss, %s experts, D=%d I=%d E=%d items=%d", experts, D, I, E, n_items);
+        same(z1, z2, b1, what);
+    };
     if (g_wg) check_wg(a, b, "row-major");
+    if (g_wg) check_wg_ss(a, b, "row-major");
     if ((2 * i_pad) % 64 == 0 && D % 64 == 0) {
         /* the tiled expert layout (kdt_gemm_tile64, KDT_GPU_TILED_EXPERTS): tiled copies of the
          * weights through kdt_grouped_launch (v2 whatever KDT_GEMM_V1 / V3 say): v1's bits */
@@ -637,6 +684,7 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
         }
         if (g_wg) { /* the wgmma grouped kernel on tiled experts, then its fused SwiGLU against v2's */
             check_wg(at, bt, "tiled");
+            check_wg_ss(at, bt, "tiled");
             const size_t hb = (size_t)std::max(pairs, 1) * ldh * 4 + 32;
             float *h1 = dalloc<float>(hb / 4), *h2 = dalloc<float>(hb / 4);
             poison(h1, hb);
@@ -650,6 +698,12 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
             CK(cudaDeviceSynchronize());
             snprintf(what, sizeof what, "grouped gate/up + SwiGLU, tiled weights, wgmma vs v2, D=%d I=%d E=%d items=%d", D,
                      I, E, n_items);
+            same(h1, h2, hb, what);
+            poison(h2, hb);
+            launch_grouped_ss(af);
+            CK(cudaDeviceSynchronize());
+            snprintf(what, sizeof what, "grouped gate/up + SwiGLU, tiled weights, wgmma ss vs v2, D=%d I=%d E=%d items=%d",
+                     D, I, E, n_items);
             same(h1, h2, hb, what);
             cudaFree(h1);
             cudaFree(h2);
@@ -689,6 +743,10 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
         set_v3(V3_CONFIGS[0]);
     }
     for (auto p : bufs) cudaFree(p);
+    cudaFree(d_pe);
+    cudaFree(d_xm);
+    cudaFree(ws_x);
+    cudaFree(ws_h);
     cudaFree(d_ex);
     cudaFree(d_items);
     cudaFree(d_pr);

@@ -137,8 +137,9 @@ __device__ __forceinline__ void k_loop(unsigned char *ring, int nk, Load load, f
 
 /* A tile's accumulators to y (tile row r at y + r ldy), rows < m_valid, columns < n_valid (the
  * accumulator map: gt_wg_acc_row / gt_wg_acc_col). */
-__device__ __forceinline__ void store_tile(const float (&acc)[64], float *y, int64_t ldy, int m_valid, int n_valid) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+__device__ __forceinline__ void store_tile(const float (&acc)[64], float *y, int64_t ldy, int m_valid, int n_valid,
+                                           int warp = threadIdx.x >> 5) {
+    const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int i = 0; i < 64; i++) {
         const int r = gt_wg_acc_row(warp, lane, i), col = gt_wg_acc_col(lane, i);
@@ -427,6 +428,151 @@ __global__ void __launch_bounds__(THREADS, 1) wg_gemm_ss_kernel(const kdt_gemm_a
     for (int i = 0; i < 64; i += 16) wg::fence_operands16(acc + i); /* read after the last wait */
     cp_async_wait<0>();
     store_tile(acc, a.y + (int64_t)split * a.y_split + (int64_t)m0 * a.ldy + n0, a.ldy, m_valid, n_valid);
+#else
+    (void)a, (void)hl, (void)plane, (void)ld; /* never launched: wg_ready() is 0 in a pass without wgmma */
+#endif
+}
+
+/* ---- the grouped form with A from shared memory (opt-in KDT_GEMM_WG_SS=1; session 46, not yet run)
+ * X split once per launch into bf16 hi / lo planes: gate/up's xn rows by wg_split_kernel (pair_row
+ * gathers them here), down's h rows (pair order) by wg_split_pairs_kernel, which zeroes each row
+ * past its expert's inter (the register kernel's load_x4 does that per item). CTA: two
+ * warpgroups on one item (<= 64 rows) x 256 columns, each warpgroup 128 of them, sharing the A
+ * planes; 4 stages of W 32 KB + A 2 x 8 KB, 2 blocks ahead, wait<1> as the dense ss kernel;
+ * 1 CTA per SM. The fused SwiGLU as the register kernel's, per warpgroup. */
+constexpr int GS_BN = 256, GS_STAGES = 4;
+constexpr int GS_W_BYTES = GS_BN * BK * 2;                  /* 32 KB: two 128-row slabs */
+constexpr int GS_A_BYTES = G_BM * BK * 2;                   /* 8 KB: one plane of 64 rows */
+constexpr int GS_STAGE_BYTES = GS_W_BYTES + 2 * GS_A_BYTES; /* 49,152 */
+constexpr int GS_SMEM = GS_STAGES * GS_STAGE_BYTES + 1024;
+constexpr int GS_W_PER_THREAD = GS_BN * (BK / 8) / THREADS;     /* 8 */
+constexpr int GS_A_PER_THREAD = 2 * G_BM * (BK / 8) / THREADS;  /* 4 */
+static_assert(GS_STAGE_BYTES % 1024 == 0 && GS_W_PER_THREAD == 8 && GS_A_PER_THREAD == 4, "wg grouped ss layout");
+
+/* h's pair rows (< the device's pair count, a.n_items[1]) into hl's planes [max pairs][ld], row p
+ * zero past experts[pair_expert[p]].inter */
+__global__ void wg_split_pairs_kernel(const kdt_grouped_args a, const int32_t *pair_expert, int max_pairs,
+                                      uint16_t *hl, int64_t plane, int ld) {
+    const int P = min(a.n_items[1], max_pairs), cpr = ld / 8;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)P * cpr) return;
+    const int p = (int)(i / cpr), k0 = (int)(i % cpr) * 8, kx = a.experts[pair_expert[p]].inter;
+    const float *xr = a.x + (int64_t)p * a.ldx;
+    uint32_t h[4], l[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int k = k0 + 2 * j;
+        split_bf16(make_float2(k < kx ? xr[k] : 0.0f, k + 1 < kx ? xr[k + 1] : 0.0f), h[j], l[j]);
+    }
+    *reinterpret_cast<uint4 *>(hl + (int64_t)p * ld + k0) = make_uint4(h[0], h[1], h[2], h[3]);
+    *reinterpret_cast<uint4 *>(hl + plane + (int64_t)p * ld + k0) = make_uint4(l[0], l[1], l[2], l[3]);
+}
+
+__global__ void __launch_bounds__(THREADS, 1) wg_grouped_ss_kernel(const kdt_grouped_args a, const uint16_t *hl,
+                                                                    int64_t plane, int ld) {
+#if KDT_HAS_WGMMA
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char *ring = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    const int n0 = blockIdx.x * GS_BN;
+    const int n_items = *a.n_items;
+    const int tid = threadIdx.x, wgi = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31;
+    constexpr int AHEAD = GS_STAGES - 2;
+    for (int it = blockIdx.y; it < n_items; it += gridDim.y) {
+        const int e = a.items[3 * it], p0 = a.items[3 * it + 1], rows = min(a.items[3 * it + 2], G_BM);
+        const kdt_gpu_expert ex = a.experts[e];
+        const int N = a.which == 0 ? 2 * ex.i_pad : a.kd;
+        if (n0 >= N || rows <= 0) continue; /* the same for every thread: no barrier is skipped by some */
+        const int ldw = a.which == 0 ? ex.ld_d : ex.ld_i;
+        const uint16_t *w = (a.which == 0 ? ex.gu : ex.down) + (int64_t)n0 * ldw;
+        const int n_valid = min(GS_BN, N - n0), nk = ldw / BK;
+        const uint16_t *arow[GS_A_PER_THREAD]; /* this thread's A chunks: plane q >> 9, row (q >> 3) & 63 */
+#pragma unroll
+        for (int i = 0; i < GS_A_PER_THREAD; i++) {
+            const int q = tid + THREADS * i, r = (q >> 3) & (G_BM - 1);
+            arow[i] = r < rows ? hl + (int64_t)(q >> 9) * plane +
+                                     (int64_t)(a.which == 0 ? a.pair_row[p0 + r] : p0 + r) * ld
+                               : nullptr;
+        }
+        auto load_stage = [&](int s, int kb) {
+            unsigned char *st = ring + s * GS_STAGE_BYTES;
+            if (a.tiled) { /* four 8 KB blocks (rows n0 + 64 j), each already a swizzled slab */
+#pragma unroll
+                for (int i = 0; i < GS_W_PER_THREAD; i++) {
+                    const int d = 16 * (tid + THREADS * i);
+                    const bool ok = 64 * (d >> 13) < n_valid;
+                    cp_async16(st + d, ok ? w + gt_wg_tiled_src(d, kb, ldw) : w, ok ? 16 : 0);
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < GS_W_PER_THREAD; i++) {
+                    const int q = tid + THREADS * i, r = q >> 3, ch = q & 7;
+                    const bool ok = r < n_valid;
+                    cp_async16(st + gt_wg_slab_byte(r, ch), ok ? w + (int64_t)r * ldw + kb * BK + ch * 8 : w,
+                               ok ? 16 : 0);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < GS_A_PER_THREAD; i++) {
+                const int q = tid + THREADS * i, r = (q >> 3) & (G_BM - 1), ch = q & 7;
+                cp_async16(st + GS_W_BYTES + (q >> 9) * GS_A_BYTES + gt_wg_slab_byte(r, ch),
+                           arow[i] ? arow[i] + kb * BK + ch * 8 : hl, arow[i] ? 16 : 0);
+            }
+        };
+        float acc[64];
+#pragma unroll
+        for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < AHEAD; s++) {
+            if (s < nk) load_stage(s, s);
+            cp_async_commit();
+        }
+        for (int kb = 0; kb < nk; kb++) {
+            cp_async_wait<AHEAD - 1>();
+            wg::fence_proxy_async();
+            wg::wait<1>();
+            __syncthreads();
+            const int nxt = kb + AHEAD;
+            if (nxt < nk) load_stage(nxt % GS_STAGES, nxt);
+            cp_async_commit();
+            const uint32_t st = smem_u32(ring + (kb % GS_STAGES) * GS_STAGE_BYTES);
+            const uint32_t wb = st + (uint32_t)wgi * 16384u, ahi = st + GS_W_BYTES, alo = ahi + GS_A_BYTES;
+            wg::fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                const uint64_t db = wg::desc_sw128(wb + (uint32_t)kk * 32u, 16u, 1024u);
+                mma_m64n128k16_ss(acc, wg::desc_sw128(ahi + (uint32_t)kk * 32u, 16u, 1024u), db);
+                mma_m64n128k16_ss(acc, wg::desc_sw128(alo + (uint32_t)kk * 32u, 16u, 1024u), db);
+            }
+            wg::commit();
+        }
+        wg::wait<0>();
+#pragma unroll
+        for (int i = 0; i < 64; i += 16) wg::fence_operands16(acc + i);
+        cp_async_wait<0>();
+        __syncthreads(); /* every warpgroup's products are done before the next item's loads */
+        const int n0w = n0 + 128 * wgi, nvw = n_valid - 128 * wgi;
+        if (nvw <= 0) continue;
+        if (!a.h) {
+            store_tile(acc, a.y + (int64_t)p0 * a.ldy + n0w, a.ldy, rows, nvw, wq);
+            continue;
+        }
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) { /* h = SwiGLU(gate, up), as wg_grouped_kernel */
+            const int r = gt_wg_acc_row(wq, lane, 2 * hh);
+            if (r >= rows) continue;
+            float *hr = a.h + (int64_t)(p0 + r) * a.ldh + n0w / 2;
+#pragma unroll
+            for (int q = 0; q < 2; q++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int e2 = 0; e2 < 2; e2++) {
+                        const int col = gt_wg_h_col(lane, q, j, e2);
+                        if (64 * q < nvw && n0w / 2 + col < ex.inter)
+                            hr[col] = kdt_g_swiglu(acc[gt_wg_gate_elem(q, j, hh, e2)], acc[gt_wg_up_elem(q, j, hh, e2)]);
+                    }
+        }
+    }
 #else
     (void)a, (void)hl, (void)plane, (void)ld; /* never launched: wg_ready() is 0 in a pass without wgmma */
 #endif

@@ -247,9 +247,21 @@ kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_op
             for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
                 if (mats[i]->w && mats[i]->ld > max_ld) max_ld = mats[i]->ld;
         }
-        r->x_hl_elems = kdt_gemm_wg_ss_elems(R, max_ld);
+        r->x_hl_side_elems = kdt_gemm_wg_ss_elems(R, max_ld);
+        /* the MoE: gate/up's xn rows (ld_d), down's pair rows (ld_i, the shared expert's included) */
+        int32_t ld_d = 0, ld_i = 0;
+        for (int32_t l = 0; l < c->n_layers; l++) {
+            const kdt_gpu_layer *L = &g->layers[l];
+            if (L->experts_gu.ld > ld_d) ld_d = L->experts_gu.ld;
+            if (L->experts_down.ld > ld_i) ld_i = L->experts_down.ld;
+            if (L->shared_down.ld > ld_i) ld_i = L->shared_down.ld;
+        }
+        const int64_t moe = r->max_pairs > 0 ? kdt_gemm_wg_ss_elems(r->max_pairs, ld_i) : 0,
+                      moe_x = kdt_gemm_wg_ss_elems(R, ld_d);
+        r->x_hl_elems = r->x_hl_side_elems > moe ? r->x_hl_side_elems : moe;
+        if (moe_x > r->x_hl_elems) r->x_hl_elems = moe_x;
         STEP(ralloc(r, (void **)&r->x_hl, (size_t)r->x_hl_elems * 2, "wgmma GEMM X planes"));
-        STEP(ralloc(r, (void **)&r->x_hl_side, (size_t)r->x_hl_elems * 2, "wgmma GEMM X planes (side stream)"));
+        STEP(ralloc(r, (void **)&r->x_hl_side, (size_t)r->x_hl_side_elems * 2, "wgmma GEMM X planes (side stream)"));
     }
     STEP(ralloc(r, (void **)&r->att_o, (size_t)r->max_splits_total * H * dc * f, "attention partials"));
     STEP(ralloc(r, (void **)&r->att_m, (size_t)r->max_splits_total * H * f, "attention partials"));
@@ -646,7 +658,8 @@ typedef struct pass {
     const int32_t *m_dev;
     int32_t step;               /* operations issued so far (kdt_gpu_runner_set_step_limit) */
     int32_t plain_next;         /* the next GEMM launches without programmatic dependence */
-    uint16_t *x_hl;             /* the wgmma GEMM's X planes for this stream (NULL: none) */
+    uint16_t *x_hl;             /* the wgmma GEMMs' X planes for this stream (NULL: none) */
+    int64_t x_hl_elems;
 } pass;
 
 /* 1 when the pass is cut before this step (profiling); else counts and names the step. Once cut,
@@ -698,7 +711,7 @@ static kdt_status gemm_into(pass *p, const char *name, const float *x, int64_t l
     if (step_cut(p, name)) return KDT_OK;
     const int plain = p->plain_next;
     p->plain_next = 0;
-    return kdt_gemm_launch_ws(&a, p->stages, p->s, plain, p->x_hl, p->r->x_hl_elems);
+    return kdt_gemm_launch_ws(&a, p->stages, p->s, plain, p->x_hl, p->x_hl_elems);
 }
 static kdt_status gemm(pass *p, const char *name, const float *x, int64_t ldx, int64_t x_batch, int32_t kx,
                        const kdt_gmat *w, int64_t ldy, int64_t y_batch, int32_t *splits, int64_t *split_stride) {
@@ -769,6 +782,7 @@ static kdt_status shared_expert(pass *p, const kdt_gpu_layer *L, int32_t *dn_spl
     q.part = r->part_sh;
     q.part_floats = r->part_sh_floats;
     q.x_hl = r->x_hl_side;
+    q.x_hl_elems = r->x_hl_side_elems;
     /* its first GEMM launches when post_o has finished, without programmatic dependence: placed at
      * post_o's trigger (KDT_GPU_SHARED_PDL=1), its CTAs (320 for Kimi) compete for SM slots with the
      * router GEMM, which is on the critical path. Plain: Kimi 2-layer decode S 1 passes 805-818 us
@@ -873,7 +887,11 @@ static kdt_status moe_routed(pass *p, const kdt_gpu_layer *L, int32_t l, int32_t
         a.h = r->h;
         a.ldh = r->ld_h;
     }
-    PASS_STEP(p, "moe_gate_up", kdt_grouped_launch(&a, p->stages, p->s));
+    /* the wgmma kernel's X planes (KDT_GEMM_WG_SS=1): widths over every expert of the launch */
+    const int32_t ld_gu = L->experts_gu.ld,
+                  ld_dn = in_plan && L->shared_down.ld > L->experts_down.ld ? L->shared_down.ld : L->experts_down.ld;
+    PASS_STEP(p, "moe_gate_up", kdt_grouped_launch_ws(&a, p->stages, p->s, p->x_hl, p->x_hl_elems, p->m_dev, p->M,
+                                                      r->pair_expert, ld_gu));
     if (!fused)
         PASS_STEP(p, "moe_swiglu", kdt_op_swiglu(r->moe_part, 1, 0, ldp, r->moe_counts + 1, max_pairs, r->pair_expert,
                                                  L->experts, 0, r->h, r->ld_h, p->s));
@@ -884,7 +902,8 @@ static kdt_status moe_routed(pass *p, const kdt_gpu_layer *L, int32_t l, int32_t
     a.y = r->moe_y;
     a.ldy = D;
     a.n_max = D;
-    PASS_STEP(p, "moe_down", kdt_grouped_launch(&a, p->stages, p->s));
+    PASS_STEP(p, "moe_down", kdt_grouped_launch_ws(&a, p->stages, p->s, p->x_hl, p->x_hl_elems, p->m_dev, p->M,
+                                                   r->pair_expert, ld_dn));
     if (hs == 2) /* the combine reads the shared expert's partials: join first */
         KDT_TRY(stream_after(p->s, r->side, r->ev_join, "GPU forward: shared expert join"));
     PASS_STEP(p, "moe_combine", kdt_op_moe_combine(r->x, r->moe_y, r->part_sh, sh_splits, sh_ss, D, K, r->pos_of,
@@ -1070,6 +1089,7 @@ kdt_status kdt_gpu_run(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_gpu_run_confi
     p.part = r->part;
     p.part_floats = r->part_floats;
     p.x_hl = r->x_hl;
+    p.x_hl_elems = r->x_hl_elems;
     p.M = rc->max_rows;
     p.stages = r->stages;
     p.hdr = (const kdt_gstage_hdr *)r->d_stage;

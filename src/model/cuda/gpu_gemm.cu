@@ -1543,6 +1543,7 @@ void wg_setup(int dev, int optin) {
     if (e == cudaSuccess && h == 1) e = set_smem(wgg::wg_gemm_kernel, (size_t)wgg::SMEM);
     if (e == cudaSuccess && h == 1) e = set_smem(wgg::wg_grouped_kernel, (size_t)wgg::G_SMEM);
     if (e == cudaSuccess && h == 1) e = set_smem(wgg::wg_gemm_ss_kernel, (size_t)wgg::S_SMEM);
+    if (e == cudaSuccess && h == 1) e = set_smem(wgg::wg_grouped_ss_kernel, (size_t)wgg::GS_SMEM);
     if (e == cudaSuccess && h == 1) g_wg_ready[dev] = 1;
     cudaGetLastError(); /* a failure here is not the runner's */
 }
@@ -1923,6 +1924,40 @@ extern "C" kdt_status kdt_gemm_launch_ws(const kdt_gemm_args *a, int32_t stages,
                   (unsigned)((a->m_max + wgg::BM - 1) / wgg::BM));
     wgg::wg_gemm_ss_kernel<<<gw, wgg::THREADS, (size_t)wgg::S_SMEM, s>>>(*a, ws, plane, a->ldw);
     return launch_error("GPU GEMM (wgmma, A from shared memory)");
+}
+
+/* The grouped launch with a workspace (KDT_GEMM_WG_SS=1, opt-in; session 46, not yet run): where
+ * the wgmma kernel would run, X is split into ws's planes first (gate/up: xn's m_max rows, of which
+ * *m_dev exist; down: h's pairs, each zero past its expert's inter, by pair_expert), then the
+ * A-from-shared-memory kernel. The same bits. */
+extern "C" kdt_status kdt_grouped_launch_ws(const kdt_grouped_args *a, int32_t stages, cudaStream_t s, uint16_t *ws,
+                                            int64_t ws_elems, const int32_t *m_dev, int32_t m_max,
+                                            const int32_t *pair_expert, int32_t ld) {
+    const int64_t rows = a->which == 0 ? m_max : a->n_pairs_hint;
+    const int64_t plane = rows * ld;
+    if (!ws || !kdt_gemm_wg_ss_on() || rows < 1 || ld % BK || 2 * plane > ws_elems || (a->which == 1 && !pair_expert) ||
+        !wg_grouped_wanted(a->max_item_rows, a->n_pairs_hint))
+        return kdt_grouped_launch(a, stages, s);
+    if (a->h && (a->which != 0 || !a->tiled))
+        return kdt_fail(KDT_ERR_INTERNAL, "GPU grouped GEMM: a fused SwiGLU needs a gate/up launch over tiled experts");
+    const int64_t chunks = rows * (ld / 8);
+    const unsigned sg = (unsigned)((chunks + 255) / 256);
+    if (a->which == 0) {
+        kdt_gemm_args x;
+        memset(&x, 0, sizeof x);
+        x.x = a->x;
+        x.ldx = a->ldx;
+        x.kx = a->kd;
+        x.m_dev = m_dev;
+        x.m_max = m_max;
+        wgg::wg_split_kernel<<<sg, 256, 0, s>>>(x, ws, plane, ld);
+    } else {
+        wgg::wg_split_pairs_kernel<<<sg, 256, 0, s>>>(*a, pair_expert, (int)rows, ws, plane, ld);
+    }
+    KDT_TRY(launch_error("GPU grouped GEMM (wgmma): X split"));
+    const dim3 gw((unsigned)((a->n_max + wgg::GS_BN - 1) / wgg::GS_BN), (unsigned)(a->grid_items > 0 ? a->grid_items : 1));
+    wgg::wg_grouped_ss_kernel<<<gw, wgg::THREADS, (size_t)wgg::GS_SMEM, s>>>(*a, ws, plane, ld);
+    return launch_error("GPU grouped GEMM (wgmma, A from shared memory)");
 }
 
 extern "C" int32_t kdt_gemm_wg_item_rows(int32_t n_pairs) {

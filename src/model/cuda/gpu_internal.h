@@ -199,8 +199,9 @@ struct kdt_gpu_runner {
     float *part;                    /* split-K partials of the dense GEMMs */
     size_t part_floats;
     uint16_t *x_hl, *x_hl_side;     /* KDT_GEMM_WG_SS=1 at creation: X's bf16 hi / lo planes for the
-                                       wgmma GEMM (kdt_gemm_launch_ws), main and side stream's */
-    int64_t x_hl_elems;
+                                       wgmma GEMMs (kdt_gemm_launch_ws, kdt_grouped_launch_ws): the
+                                       main stream's (dense and MoE), the side stream's (dense) */
+    int64_t x_hl_elems, x_hl_side_elems;
     float *att_o, *att_m, *att_l;   /* attention partials [splits][H][d_c], [splits][H] */
     int32_t *sel;                   /* [max_rows][top_k] selected experts, ascending */
     float *wgt;                     /* [max_rows][top_k] their weights */
@@ -311,6 +312,12 @@ typedef struct kdt_grouped_args {
                                    bits k_swiglu would write (kdt_grouped_fuses_swiglu) */
 } kdt_grouped_args;
 kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s);
+/* with a workspace for the wgmma kernel's A planes (KDT_GEMM_WG_SS=1, as kdt_gemm_launch_ws): X
+ * (gate/up: xn, m_max rows of which *m_dev exist; down: h, n_pairs_hint rows, each zero past
+ * experts[pair_expert[p]].inter) split into planes of ld (>= every expert's ld_d, resp. ld_i) */
+kdt_status kdt_grouped_launch_ws(const kdt_grouped_args *a, int32_t stages, cudaStream_t s, uint16_t *ws,
+                                 int64_t ws_elems, const int32_t *m_dev, int32_t m_max, const int32_t *pair_expert,
+                                 int32_t ld);
 /* 1 when a gate/up launch like `a` can write SwiGLU's output itself (tiled experts: the v2
  * kernel) and KDT_GPU_FUSED_SWIGLU is not 0; the caller then sets h / ldh and runs no SwiGLU. */
 int kdt_grouped_fuses_swiglu(const kdt_grouped_args *a);
