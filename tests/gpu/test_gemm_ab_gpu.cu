@@ -290,6 +290,22 @@ static void dense_case(const DenseCase &dc, uint64_t seed) {
         a.y = y2;
         cudaFree(yl);
     }
+    /* the wgmma kernel on g (output into buf), then (unbatched) its A-from-shared-memory form after
+     * the X split: v1's bits */
+    auto check_wg_dense = [&](kdt_gemm_args g, float *buf, const char *label) {
+        char ww[300];
+        for (int ss = 0; ss < (batch == 1 ? 2 : 1); ss++) {
+            uint16_t *ws = ss ? dalloc<uint16_t>((size_t)2 * dc.M * ld) : nullptr;
+            poison(buf, ybytes);
+            g.y = buf;
+            if (ss) launch_gemm_wg_ss(g, ws);
+            else launch_gemm_wg(g);
+            CK(cudaDeviceSynchronize());
+            snprintf(ww, sizeof ww, "%swgmma%s: %s", label, ss ? ", A from shared memory" : "", what);
+            same(y1, buf, ybytes, ww);
+            if (ws) cudaFree(ws);
+        }
+    };
     if (dc.n % 64 == 0) {
         /* tiled weights (kdt_gemm_tile64, KDT_GPU_TILED_DENSE): the launcher's choice, then the
          * cp.async and (sm_90+) bulk-copy instances directly: v1's bits */
@@ -321,47 +337,14 @@ static void dense_case(const DenseCase &dc, uint64_t seed) {
             snprintf(wtn, sizeof wtn, "tiled weights (%s): %s", names[v], what);
             same(y1, yt, ybytes, wtn);
         }
-        if (g_wg) { /* the wgmma kernel copies tiled blocks verbatim (Kimi's shared expert) */
-            poison(yt, ybytes);
-            t.y = yt;
-            launch_gemm_wg(t);
-            CK(cudaDeviceSynchronize());
-            char wtn[260];
-            snprintf(wtn, sizeof wtn, "tiled weights (wgmma): %s", what);
-            same(y1, yt, ybytes, wtn);
-            if (batch == 1) {
-                uint16_t *ws = dalloc<uint16_t>((size_t)2 * dc.M * ld);
-                poison(yt, ybytes);
-                launch_gemm_wg_ss(t, ws);
-                CK(cudaDeviceSynchronize());
-                snprintf(wtn, sizeof wtn, "tiled weights (wgmma, A from shared memory): %s", what);
-                same(y1, yt, ybytes, wtn);
-                cudaFree(ws);
-            }
-        }
+        if (g_wg) check_wg_dense(t, yt, "tiled weights, "); /* tiled blocks copied verbatim (Kimi's shared expert) */
         cudaFree(yt);
         cudaFree(wt);
         cudaFree(tmp);
     }
     if (g_wg) { /* the wgmma kernel for many rows, at any row count: v1's bits */
         float *yw = dalloc<float>(ybytes / 4);
-        poison(yw, ybytes);
-        a.y = yw;
-        launch_gemm_wg(a);
-        CK(cudaDeviceSynchronize());
-        char ww[260];
-        snprintf(ww, sizeof ww, "wgmma: %s", what);
-        same(y1, yw, ybytes, ww);
-        if (batch == 1) { /* X split into bf16 planes first, A from shared memory */
-            uint16_t *ws = dalloc<uint16_t>((size_t)2 * dc.M * ld);
-            poison(yw, ybytes);
-            launch_gemm_wg_ss(a, ws);
-            CK(cudaDeviceSynchronize());
-            snprintf(ww, sizeof ww, "wgmma, A from shared memory: %s", what);
-            same(y1, yw, ybytes, ww);
-            cudaFree(ws);
-        }
-        a.y = y2;
+        check_wg_dense(a, yw, "");
         cudaFree(yw);
     }
     if (g_v3 && dc.M <= v3::ROWS) {
@@ -549,20 +532,6 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
         snprintf(what, sizeof what, "grouped down, 5 CTAs per SM instance, D=%d I=%d E=%d items=%d", D, I, E, n_items);
         same(z1, z2, b1, what);
     }
-    /* the wgmma grouped kernel on gate/up `ga` and down `gb` (their y: y2, z2): v1's bits */
-    auto check_wg = [&](kdt_grouped_args ga, kdt_grouped_args gb, const char *experts) {
-        poison(y2, b0);
-        poison(z2, b1);
-        ga.y = y2;
-        gb.y = z2;
-        launch_grouped_wg(ga);
-        launch_grouped_wg(gb);
-        CK(cudaDeviceSynchronize());
-        snprintf(what, sizeof what, "grouped gate/up, wgmma, %s experts, D=%d I=%d E=%d items=%d", experts, D, I, E, n_items);
-        same(y1, y2, b0, what);
-        snprintf(what, sizeof what, "grouped down, wgmma, %s experts, D=%d I=%d E=%d items=%d", experts, D, I, E, n_items);
-        same(z1, z2, b1, what);
-    };
     /* its A-from-shared-memory form (KDT_GEMM_WG_SS=1): xn and h split into planes first (h's rows
      * zero past their expert's inter, by pair_expert), as kdt_grouped_launch_ws does; with h set on
      * ga, the fused SwiGLU's output goes to h_out instead of y */
@@ -596,21 +565,30 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
         wgg::wg_grouped_ss_kernel<<<grid, wgg::THREADS, (size_t)wgg::GS_SMEM>>>(g, ws, plane, ld);
         CK(cudaGetLastError());
     };
-    auto check_wg_ss = [&](kdt_grouped_args ga, kdt_grouped_args gb, const char *experts) {
+    /* the wgmma grouped kernel (ss: its A-from-shared-memory form) on gate/up `ga` and down `gb`
+     * (their y: y2, z2): v1's bits */
+    auto check_wg = [&](kdt_grouped_args ga, kdt_grouped_args gb, const char *experts, bool ss) {
         poison(y2, b0);
         poison(z2, b1);
         ga.y = y2;
         gb.y = z2;
-        launch_grouped_ss(ga);
-        launch_grouped_ss(gb);
+        if (ss) {
+            launch_grouped_ss(ga);
+            launch_grouped_ss(gb);
+        } else {
+            launch_grouped_wg(ga);
+            launch_grouped_wg(gb);
+        }
         CK(cudaDeviceSynchronize());
-        snprintf(what, sizeof what, "grouped gate/up, wgmma ss, %s experts, D=%d I=%d E=%d items=%d", experts, D, I, E, n_items);
+        const char *form = ss ? "wgmma ss" : "wgmma";
+        snprintf(what, sizeof what, "grouped gate/up, %s, %s experts, D=%d I=%d E=%d items=%d", form, experts, D, I, E,
+                 n_items);
         same(y1, y2, b0, what);
-        snprintf(what, sizeof what, "grouped down, wgmma ss, %s experts, D=%d I=%d E=%d items=%d", experts, D, I, E, n_items);
+        snprintf(what, sizeof what, "grouped down, %s, %s experts, D=%d I=%d E=%d items=%d", form, experts, D, I, E,
+                 n_items);
         same(z1, z2, b1, what);
     };
-    if (g_wg) check_wg(a, b, "row-major");
-    if (g_wg) check_wg_ss(a, b, "row-major");
+    for (int ss = 0; g_wg && ss < 2; ss++) check_wg(a, b, "row-major", ss);
     if ((2 * i_pad) % 64 == 0 && D % 64 == 0) {
         /* the tiled expert layout (kdt_gemm_tile64, KDT_GPU_TILED_EXPERTS): tiled copies of the
          * weights through kdt_grouped_launch (v2 whatever KDT_GEMM_V1 / V3 say): v1's bits */
@@ -683,8 +661,8 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
             same(z1, z2, b1, what);
         }
         if (g_wg) { /* the wgmma grouped kernel on tiled experts, then its fused SwiGLU against v2's */
-            check_wg(at, bt, "tiled");
-            check_wg_ss(at, bt, "tiled");
+            check_wg(at, bt, "tiled", false);
+            check_wg(at, bt, "tiled", true);
             const size_t hb = (size_t)std::max(pairs, 1) * ldh * 4 + 32;
             float *h1 = dalloc<float>(hb / 4), *h2 = dalloc<float>(hb / 4);
             poison(h1, hb);

@@ -51,25 +51,36 @@ constexpr bool slab_maps_agree() {
 }
 static_assert(slab_maps_agree(), "gt_wg_slab_byte == wg::sw128_offset");
 
-/* d (64 f32) += A (registers, 4 x bf16x2) B (descriptor, K-major), m64n128k16, always accumulating */
-__device__ __forceinline__ void mma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
-#if KDT_HAS_WGMMA
+/* m64n128k16 with d (64 f32) always accumulated: A from registers (rs: 4 x bf16x2 fragments) or from
+ * shared memory (ss: a descriptor), B from shared memory (K-major descriptor). One operand list. */
+#define KDT_WGG_MMA "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "                  \
+                    "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                  \
+                    "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"         \
+                    "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"         \
+                    "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
 #define KDT_WGG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
                       "+f"(d[i + 6]), "+f"(d[i + 7])
-    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-                 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-                 "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-                 "{%64,%65,%66,%67}, %68, 1, 1, 1, 0;\n}\n"
-                 : KDT_WGG_D8(0), KDT_WGG_D8(8), KDT_WGG_D8(16), KDT_WGG_D8(24), KDT_WGG_D8(32), KDT_WGG_D8(40),
-                   KDT_WGG_D8(48), KDT_WGG_D8(56)
+#define KDT_WGG_D64 KDT_WGG_D8(0), KDT_WGG_D8(8), KDT_WGG_D8(16), KDT_WGG_D8(24), KDT_WGG_D8(32), KDT_WGG_D8(40), \
+                    KDT_WGG_D8(48), KDT_WGG_D8(56)
+__device__ __forceinline__ void mma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+#if KDT_HAS_WGMMA
+    asm volatile("{\n" KDT_WGG_MMA "{%64,%65,%66,%67}, %68, 1, 1, 1, 0;\n}\n"
+                 : KDT_WGG_D64
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-#undef KDT_WGG_D8
 #else
     (void)d, (void)a, (void)db;
 #endif
 }
+__device__ __forceinline__ void mma_m64n128k16_ss(float (&d)[64], uint64_t da, uint64_t db) {
+#if KDT_HAS_WGMMA
+    asm volatile("{\n" KDT_WGG_MMA "%64, %65, 1, 1, 1, 0, 0;\n}\n" : KDT_WGG_D64 : "l"(da), "l"(db));
+#else
+    (void)d, (void)da, (void)db;
+#endif
+}
+#undef KDT_WGG_D64
+#undef KDT_WGG_D8
+#undef KDT_WGG_MMA
 
 /* 1 in a device pass that has wgmma: what kdt_gemm_init reads back (wg_ready) */
 __global__ void wg_probe(int *out) { *out = KDT_HAS_WGMMA; }
@@ -146,20 +157,90 @@ __device__ __forceinline__ void store_tile(const float (&acc)[64], float *y, int
         if (r < m_valid && col < n_valid) y[(int64_t)r * ldy + col] = acc[i];
     }
 }
+
+/* One stage's W: NT threads, NCH 16-byte chunks each, copy the NT NCH / 8 rows of W from w (the
+ * tile's first output row; ld columns) for K block kb (counted from the matrix's column 0) into
+ * the slab(s) at st: tiled (kdt_gemm_tile64's 64 x 64 blocks already are swizzled slabs: copied
+ * verbatim, 8 KB each, blocks past n_valid's rows zero-filled) or row-major (chunk (r, ch) to
+ * gt_wg_slab_byte(r, ch), rows past n_valid zero-filled). */
+template <int NCH, int NT>
+__device__ __forceinline__ void load_w(unsigned char *st, const uint16_t *w, int ld, int kb, int n_valid, bool tiled) {
+    const int tid = threadIdx.x;
+    if (tiled) {
+#pragma unroll
+        for (int i = 0; i < NCH; i++) {
+            const int d = 16 * (tid + NT * i); /* slab byte: block d >> 13 */
+            const bool ok = 64 * (d >> 13) < n_valid;
+            cp_async16(st + d, ok ? w + gt_wg_tiled_src(d, kb, ld) : w, ok ? 16 : 0);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < NCH; i++) {
+            const int q = tid + NT * i, r = q >> 3, ch = q & 7;
+            const bool ok = r < n_valid;
+            cp_async16(st + gt_wg_slab_byte(r, ch), ok ? w + (int64_t)r * ld + kb * BK + ch * 8 : w, ok ? 16 : 0);
+        }
+    }
+}
+
+/* The fused SwiGLU of a warpgroup's 64 x 128 accumulator (warp wq of it): h = SwiGLU(gate, up) for
+ * the item's rows < rows, h columns from n0 / 2 below inter, 64-column blocks below n_valid
+ * (maps in gemm_tiles.cuh: a thread holds a gate and its up). */
+__device__ __forceinline__ void store_swiglu(const float (&acc)[64], float *h, int64_t ldh, int rows, int n0,
+                                             int n_valid, int inter, int wq) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int r = gt_wg_acc_row(wq, lane, 2 * hh);
+        if (r >= rows) continue;
+        float *hr = h + (int64_t)r * ldh + n0 / 2;
+#pragma unroll
+        for (int q = 0; q < 2; q++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; e2++) {
+                    const int col = gt_wg_h_col(lane, q, j, e2);
+                    if (64 * q < n_valid && n0 / 2 + col < inter)
+                        hr[col] = kdt_g_swiglu(acc[gt_wg_gate_elem(q, j, hh, e2)], acc[gt_wg_up_elem(q, j, hh, e2)]);
+                }
+    }
+}
 #endif
+
+/* A dense launch's tile of this CTA: grid (column tiles, K splits, batch x row tiles). valid is
+ * false where the tile's rows start past the device's row count (the CTA returns). */
+struct DenseTile {
+    int b, m0, n0, split, m_valid, n_valid, k_begin, nk;
+    bool valid;
+};
+__device__ __forceinline__ DenseTile dense_tile(const kdt_gemm_args &a) {
+    DenseTile t;
+    const int M = clamp_m(a.m_dev, a.m_max), mtiles = (a.m_max + BM - 1) / BM;
+    t.b = blockIdx.z / mtiles;
+    t.m0 = (blockIdx.z % mtiles) * BM;
+    t.n0 = blockIdx.x * BN;
+    t.split = blockIdx.y;
+    t.valid = t.m0 < M;
+    t.m_valid = min(BM, M - t.m0);
+    t.n_valid = min(BN, a.n - t.n0);
+    t.k_begin = t.split * a.k_chunk;
+    t.nk = (min(t.k_begin + a.k_chunk, a.ldw) - t.k_begin) / BK;
+    return t;
+}
+/* the dynamic shared memory from its first 1024-byte boundary (swizzled slabs need it) */
+__device__ __forceinline__ unsigned char *ring_base(unsigned char *smem) {
+    return smem + ((1024 - (smem_u32(smem) & 1023)) & 1023);
+}
 
 __global__ void __launch_bounds__(THREADS, 1) wg_gemm_kernel(const kdt_gemm_args a) {
 #if KDT_HAS_WGMMA
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    unsigned char *ring = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-    const int M = clamp_m(a.m_dev, a.m_max);
-    const int mtiles = (a.m_max + BM - 1) / BM;
-    const int b = blockIdx.z / mtiles, m0 = (blockIdx.z % mtiles) * BM;
-    if (m0 >= M) return;
-    const int n0 = blockIdx.x * BN, split = blockIdx.y;
-    const int n_valid = min(BN, a.n - n0), m_valid = min(BM, M - m0);
-    const int k_begin = split * a.k_chunk, k_end = min(k_begin + a.k_chunk, a.ldw);
-    const int nk = (k_end - k_begin) / BK;
+    unsigned char *ring = ring_base(smem_raw);
+    const DenseTile t = dense_tile(a);
+    if (!t.valid) return;
+    const int b = t.b, m0 = t.m0, n0 = t.n0, split = t.split, n_valid = t.n_valid, m_valid = t.m_valid;
+    const int k_begin = t.k_begin, nk = t.nk;
     const int tid = threadIdx.x;
     const uint16_t *w = a.w + (int64_t)b * a.w_batch + (int64_t)n0 * a.ldw;
     const float *x = a.x + (int64_t)b * a.x_batch;
@@ -177,21 +258,7 @@ __global__ void __launch_bounds__(THREADS, 1) wg_gemm_kernel(const kdt_gemm_args
     auto load_stage = [&](int s, int kb) {
         unsigned char *st = ring + s * STAGE_BYTES;
         const int kc = k_begin + kb * BK;
-        if (a.tiled) { /* whole 64-row tiles (tileable): two 8 KB blocks, each already a swizzled slab */
-#pragma unroll
-            for (int i = 0; i < W_PER_THREAD; i++) {
-                const int d = 16 * (tid + THREADS * i);
-                const bool ok = 64 * (d >> 13) < n_valid;
-                cp_async16(st + d, ok ? w + gt_wg_tiled_src(d, kc / BK, a.ldw) : w, ok ? 16 : 0);
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < W_PER_THREAD; i++) {
-                const int q = tid + THREADS * i, r = q >> 3, ch = q & 7;
-                const bool ok = r < n_valid;
-                cp_async16(st + gt_wg_slab_byte(r, ch), ok ? w + (int64_t)r * a.ldw + kc + ch * 8 : w, ok ? 16 : 0);
-            }
-        }
+        load_w<W_PER_THREAD, THREADS>(st, w, a.ldw, kc / BK, n_valid, a.tiled);
         load_x<X_PER_THREAD, 16>(reinterpret_cast<float *>(st + W_BYTES), xrow, xal, kc, a.kx);
     };
     float acc[64];
@@ -224,10 +291,10 @@ static_assert(G_BM == KDT_G_BM, "one pass per plan item");
 __global__ void __launch_bounds__(G_THREADS, 2) wg_grouped_kernel(const kdt_grouped_args a) {
 #if KDT_HAS_WGMMA
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    unsigned char *ring = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    unsigned char *ring = ring_base(smem_raw);
     const int n0 = blockIdx.x * BN;
     const int n_items = *a.n_items;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int tid = threadIdx.x;
     for (int it = blockIdx.y; it < n_items; it += gridDim.y) {
         const int e = a.items[3 * it], p0 = a.items[3 * it + 1], rows = min(a.items[3 * it + 2], G_BM);
         const kdt_gpu_expert ex = a.experts[e];
@@ -246,178 +313,114 @@ __global__ void __launch_bounds__(G_THREADS, 2) wg_grouped_kernel(const kdt_grou
         }
         auto load_stage = [&](int s, int kb) {
             unsigned char *st = ring + s * G_STAGE_BYTES;
-            if (a.tiled) { /* two 8 KB blocks (rows n0.., n0 + 64..), each already a swizzled slab */
-#pragma unroll
-                for (int i = 0; i < G_W_PER_THREAD; i++) {
-                    const int d = 16 * (tid + G_THREADS * i); /* slab byte: block d >> 13 */
-                    const bool ok = 64 * (d >> 13) < n_valid;
-                    cp_async16(st + d, ok ? w + gt_wg_tiled_src(d, kb, ldw) : w, ok ? 16 : 0);
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < G_W_PER_THREAD; i++) {
-                    const int q = tid + G_THREADS * i, r = q >> 3, ch = q & 7;
-                    const bool ok = r < n_valid;
-                    cp_async16(st + gt_wg_slab_byte(r, ch), ok ? w + (int64_t)r * ldw + kb * BK + ch * 8 : w,
-                               ok ? 16 : 0);
-                }
-            }
+            load_w<G_W_PER_THREAD, G_THREADS>(st, w, ldw, kb, n_valid, a.tiled);
             load_x<G_X_PER_THREAD, 8>(reinterpret_cast<float *>(st + W_BYTES), xrow, xal, kb * BK, kx);
         };
         float acc[64];
         k_loop<G_STAGES, G_STAGE_BYTES>(ring, nk, load_stage, acc, true);
         __syncthreads(); /* every warp is past the last stage before the next item's loads */
-        if (!a.h) {
-            store_tile(acc, a.y + (int64_t)p0 * a.ldy + n0, a.ldy, rows, n_valid);
-            continue;
-        }
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) { /* h = SwiGLU(gate, up), maps in gemm_tiles.cuh */
-            const int r = gt_wg_acc_row(warp, lane, 2 * hh);
-            if (r >= rows) continue;
-            float *hr = a.h + (int64_t)(p0 + r) * a.ldh + n0 / 2;
-#pragma unroll
-            for (int q = 0; q < 2; q++)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-#pragma unroll
-                    for (int e2 = 0; e2 < 2; e2++) {
-                        const int col = gt_wg_h_col(lane, q, j, e2);
-                        if (64 * q < n_valid && n0 / 2 + col < ex.inter)
-                            hr[col] = kdt_g_swiglu(acc[gt_wg_gate_elem(q, j, hh, e2)], acc[gt_wg_up_elem(q, j, hh, e2)]);
-                    }
-        }
+        if (a.h) store_swiglu(acc, a.h + (int64_t)p0 * a.ldh, a.ldh, rows, n0, n_valid, ex.inter, tid >> 5);
+        else store_tile(acc, a.y + (int64_t)p0 * a.ldy + n0, a.ldy, rows, n_valid);
     }
 #else
     (void)a; /* never launched: wg_ready() is 0 in a pass without wgmma */
 #endif
 }
 
-/* ---- the dense form with A from shared memory (opt-in KDT_GEMM_WG_SS=1; session 46, not yet run)
- * Why: the register-A kernel above waits for each block's wgmma before the next barrier, because
- * its A fragments are registers that ordinary instructions (the hi / lo split) write: ptxas
- * serializes any wgmma pipeline across such writes (C7513). Here X is split once per launch by
- * wg_split_kernel into two bf16 planes in global memory (hi, lo: [rows][ld], zeros past kx),
- * which the K loop loads like W, as 128-byte-swizzled slabs, and wgmma reads A from shared memory:
- * no register operands, so one block's wgmma stay in flight across the barrier (wait<1>), and a
- * warpgroup's issue overlaps its previous products. The products and their order are the
- * register kernel's (the same bf16 hi / lo values, the same k16 steps, hi then lo), so the bits.
- * Stage: W slab 16 KB + A hi 16 KB + A lo 16 KB (128 rows); 4 stages, 2 blocks loaded ahead (the
- * stage a load overwrites is block kb - 2's, whose products every warpgroup waited for). */
-constexpr int S_STAGES = 4;
+/* ---- the A-from-shared-memory forms (opt-in KDT_GEMM_WG_SS=1; session 46, not yet run) ----------
+ * Why: the register-A kernels above wait for each block's wgmma before the next barrier, because
+ * their A fragments are registers that ordinary instructions (the hi / lo split) write: ptxas
+ * serializes any wgmma pipeline across such writes (C7513). Here X is split once per launch into
+ * two bf16 planes in global memory (hi, lo: [rows][ld], zeros past kx; wg_split_kernel,
+ * wg_split_pairs_kernel), which the K loop loads like W, as 128-byte-swizzled slabs, and wgmma
+ * reads A from shared memory: no register operands, so one block's wgmma stay in flight across the
+ * barrier (wait<1>) and a warpgroup's issue overlaps its previous products. The products and
+ * their order are the register kernels' (the same bf16 hi / lo values, the same k16 steps, hi
+ * then lo), so are the bits. Every warpgroup issues its products even where its rows or columns
+ * are all empty (zeros, never stored): a skip would put the wgmma in a divergent path, and ptxas
+ * then serializes the pipeline (C7518). */
+constexpr int SS_STAGES = 4;
 constexpr int A_BYTES = BM * BK * 2;                     /* one plane of 128 rows x 64 bf16: 16 KB */
-constexpr int S_STAGE_BYTES = W_BYTES + 2 * A_BYTES;     /* 49,152: a multiple of 1024 */
-constexpr int S_SMEM = S_STAGES * S_STAGE_BYTES + 1024;  /* 197,632 */
+constexpr int S_STAGE_BYTES = W_BYTES + 2 * A_BYTES;     /* dense: W slab + A hi + A lo, 49,152 */
+constexpr int S_SMEM = SS_STAGES * S_STAGE_BYTES + 1024; /* 197,632 */
 constexpr int S_A_PER_THREAD = 2 * BM * (BK / 8) / THREADS; /* 8 chunks of 8 bf16 */
-static_assert(S_STAGE_BYTES % 1024 == 0 && S_A_PER_THREAD == 8, "wg ss layout");
+constexpr int GS_BN = 256;                                  /* grouped: two warpgroups x 128 columns */
+constexpr int GS_W_BYTES = GS_BN * BK * 2;                  /* 32 KB: two 128-row slabs */
+constexpr int GS_A_BYTES = G_BM * BK * 2;                   /* 8 KB: one plane of 64 rows */
+constexpr int GS_STAGE_BYTES = GS_W_BYTES + 2 * GS_A_BYTES; /* 49,152 */
+constexpr int GS_SMEM = SS_STAGES * GS_STAGE_BYTES + 1024;
+constexpr int GS_W_PER_THREAD = GS_BN * (BK / 8) / THREADS;    /* 8 */
+constexpr int GS_A_PER_THREAD = 2 * G_BM * (BK / 8) / THREADS; /* 4 */
+static_assert(S_STAGE_BYTES % 1024 == 0 && GS_STAGE_BYTES % 1024 == 0 && S_A_PER_THREAD == 8 &&
+                  GS_W_PER_THREAD == 8 && GS_A_PER_THREAD == 4, "wg ss layouts");
 
-/* d (64 f32) += A (descriptor, K-major) B (descriptor, K-major), m64n128k16, always accumulating */
-__device__ __forceinline__ void mma_m64n128k16_ss(float (&d)[64], uint64_t da, uint64_t db) {
-#if KDT_HAS_WGMMA
-#define KDT_WGG_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
-                      "+f"(d[i + 6]), "+f"(d[i + 7])
-    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-                 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-                 "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-                 "%64, %65, 1, 1, 1, 0, 0;\n}\n"
-                 : KDT_WGG_D8(0), KDT_WGG_D8(8), KDT_WGG_D8(16), KDT_WGG_D8(24), KDT_WGG_D8(32), KDT_WGG_D8(40),
-                   KDT_WGG_D8(48), KDT_WGG_D8(56)
-                 : "l"(da), "l"(db));
-#undef KDT_WGG_D8
-#else
-    (void)d, (void)da, (void)db;
-#endif
+/* Columns k0..k0+7 of X row xr (zeros from kx on) as bf16 hi and lo (split_bf16, as every GEMM
+ * variant splits) into the planes at hi and lo */
+__device__ __forceinline__ void split8(const float *xr, int k0, int kx, uint16_t *hi, uint16_t *lo) {
+    uint32_t h[4], l[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int k = k0 + 2 * j;
+        split_bf16(make_float2(k < kx ? xr[k] : 0.0f, k + 1 < kx ? xr[k + 1] : 0.0f), h[j], l[j]);
+    }
+    *reinterpret_cast<uint4 *>(hi) = make_uint4(h[0], h[1], h[2], h[3]);
+    *reinterpret_cast<uint4 *>(lo) = make_uint4(l[0], l[1], l[2], l[3]);
 }
 
-/* X (a's rows: gathered through x_rows, rows < *m_dev) split into hl's two planes: hi =
- * bf16_rn(x), lo = bf16_rn(x - hi) (split_bf16, as every GEMM variant splits), [m_max][ld] each,
- * plane elements apart, zeros for columns kx..ld-1. One thread per 8 columns of a row. Rows past
- * the device's count are not written (the GEMM does not load them). Not for batched launches. */
+/* X (a's rows: gathered through x_rows, rows < *m_dev) into hl's planes [m_max][ld], plane
+ * elements apart; one thread per 8 columns of a row. Rows past the device's count are not written
+ * (no GEMM loads them). Not for batched launches. */
 __global__ void wg_split_kernel(const kdt_gemm_args a, uint16_t *hl, int64_t plane, int ld) {
     const int M = clamp_m(a.m_dev, a.m_max), cpr = ld / 8;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)M * cpr) return;
     const int m = (int)(i / cpr), k0 = (int)(i % cpr) * 8;
-    const float *xr = a.x + (int64_t)(a.x_rows ? a.x_rows[m] : m) * a.ldx;
-    uint32_t h[4], l[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const int k = k0 + 2 * j;
-        split_bf16(make_float2(k < a.kx ? xr[k] : 0.0f, k + 1 < a.kx ? xr[k + 1] : 0.0f), h[j], l[j]);
-    }
-    *reinterpret_cast<uint4 *>(hl + (int64_t)m * ld + k0) = make_uint4(h[0], h[1], h[2], h[3]);
-    *reinterpret_cast<uint4 *>(hl + plane + (int64_t)m * ld + k0) = make_uint4(l[0], l[1], l[2], l[3]);
+    const int64_t o = (int64_t)m * ld + k0;
+    split8(a.x + (int64_t)(a.x_rows ? a.x_rows[m] : m) * a.ldx, k0, a.kx, hl + o, hl + plane + o);
 }
 
-__global__ void __launch_bounds__(THREADS, 1) wg_gemm_ss_kernel(const kdt_gemm_args a, const uint16_t *hl,
-                                                                 int64_t plane, int ld) {
+/* h's pair rows (< the device's pair count, a.n_items[1]) into hl's planes [max pairs][ld], row p
+ * zero past experts[pair_expert[p]].inter (the register kernel's load_x4 zeroes per item) */
+__global__ void wg_split_pairs_kernel(const kdt_grouped_args a, const int32_t *pair_expert, int max_pairs,
+                                      uint16_t *hl, int64_t plane, int ld) {
+    const int P = min(a.n_items[1], max_pairs), cpr = ld / 8;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)P * cpr) return;
+    const int p = (int)(i / cpr), k0 = (int)(i % cpr) * 8;
+    const int64_t o = (int64_t)p * ld + k0;
+    split8(a.x + (int64_t)p * a.ldx, k0, a.experts[pair_expert[p]].inter, hl + o, hl + plane + o);
+}
+
 #if KDT_HAS_WGMMA
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    unsigned char *ring = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-    const int M = clamp_m(a.m_dev, a.m_max);
-    const int m0 = blockIdx.z * BM;
-    if (m0 >= M) return;
-    const int n0 = blockIdx.x * BN, split = blockIdx.y;
-    const int n_valid = min(BN, a.n - n0), m_valid = min(BM, M - m0);
-    const int k_begin = split * a.k_chunk, k_end = min(k_begin + a.k_chunk, a.ldw);
-    const int nk = (k_end - k_begin) / BK;
-    const int tid = threadIdx.x, wgi = tid >> 7;
-    const uint16_t *w = a.w + (int64_t)n0 * a.ldw;
-    const uint16_t *arow = hl + (int64_t)m0 * ld;
-    auto load_stage = [&](int s, int kb) {
-        unsigned char *st = ring + s * S_STAGE_BYTES;
-        const int kc = k_begin + kb * BK;
-        if (a.tiled) {
-#pragma unroll
-            for (int i = 0; i < W_PER_THREAD; i++) {
-                const int d = 16 * (tid + THREADS * i);
-                const bool ok = 64 * (d >> 13) < n_valid;
-                cp_async16(st + d, ok ? w + gt_wg_tiled_src(d, kc / BK, a.ldw) : w, ok ? 16 : 0);
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < W_PER_THREAD; i++) {
-                const int q = tid + THREADS * i, r = q >> 3, ch = q & 7;
-                const bool ok = r < n_valid;
-                cp_async16(st + gt_wg_slab_byte(r, ch), ok ? w + (int64_t)r * a.ldw + kc + ch * 8 : w, ok ? 16 : 0);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < S_A_PER_THREAD; i++) { /* plane p (hi, lo), tile row r, chunk ch */
-            const int q = tid + THREADS * i, p = q >> 10, r = (q >> 3) & (BM - 1), ch = q & 7;
-            const bool ok = r < m_valid;
-            cp_async16(st + W_BYTES + p * A_BYTES + gt_wg_slab_byte(r, ch),
-                       ok ? arow + p * plane + (int64_t)r * ld + kc + ch * 8 : hl, ok ? 16 : 0);
-        }
-    };
-    /* Both warpgroups issue their products even where all 64 rows of one are past the launch's
-     * (zeros, never stored): skipping them as the register kernel does puts the wgmma in a
-     * divergent path, and ptxas then serializes the pipeline (C7518). */
-    constexpr int AHEAD = S_STAGES - 2;
-    float acc[64];
+/* The pipelined K loop: nk blocks through SS_STAGES stages of STB bytes, 2 loaded ahead, load(s, kb)
+ * filling stage s. A warpgroup's B slab sits w_off bytes into a stage, its A hi plane a_off bytes
+ * in and the lo plane a_bytes after it. Before the barrier of block kb each warpgroup waits for
+ * its products of block kb - 2 (wait<1>), whose stage the load after the barrier overwrites. */
+template <int STB, class Load>
+__device__ __forceinline__ void ss_k_loop(unsigned char *ring, int nk, Load load, float (&acc)[64], uint32_t w_off,
+                                          uint32_t a_off, uint32_t a_bytes) {
+    constexpr int AHEAD = SS_STAGES - 2;
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.0f;
 #pragma unroll
     for (int s = 0; s < AHEAD; s++) {
-        if (s < nk) load_stage(s, s);
+        if (s < nk) load(s, s);
         cp_async_commit();
     }
     for (int kb = 0; kb < nk; kb++) {
         cp_async_wait<AHEAD - 1>();
         wg::fence_proxy_async(); /* this thread's cp.async writes, for wgmma's async proxy */
-        wg::wait<1>();   /* block kb - 2's products are done: its stage is free */
-        __syncthreads();           /* block kb is in; block kb - 2's stage has no reader left */
+        wg::wait<1>();           /* block kb - 2's products are done: its stage is free */
+        __syncthreads();         /* block kb is in; no warpgroup reads block kb - 2's stage */
         const int nxt = kb + AHEAD;
-        if (nxt < nk) load_stage(nxt % S_STAGES, nxt);
+        if (nxt < nk) load(nxt % SS_STAGES, nxt);
         cp_async_commit();
-        const uint32_t st = smem_u32(ring + (kb % S_STAGES) * S_STAGE_BYTES);
-        const uint32_t ahi = st + W_BYTES + (uint32_t)wgi * 8192u, alo = ahi + A_BYTES;
+        const uint32_t st = smem_u32(ring + (kb % SS_STAGES) * STB);
+        const uint32_t wb = st + w_off, ahi = st + a_off, alo = ahi + a_bytes;
         wg::fence();
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
-            const uint64_t db = wg::desc_sw128(st + (uint32_t)kk * 32u, 16u, 1024u);
+            const uint64_t db = wg::desc_sw128(wb + (uint32_t)kk * 32u, 16u, 1024u);
             mma_m64n128k16_ss(acc, wg::desc_sw128(ahi + (uint32_t)kk * 32u, 16u, 1024u), db);
             mma_m64n128k16_ss(acc, wg::desc_sw128(alo + (uint32_t)kk * 32u, 16u, 1024u), db);
         }
@@ -427,61 +430,56 @@ __global__ void __launch_bounds__(THREADS, 1) wg_gemm_ss_kernel(const kdt_gemm_a
 #pragma unroll
     for (int i = 0; i < 64; i += 16) wg::fence_operands16(acc + i); /* read after the last wait */
     cp_async_wait<0>();
-    store_tile(acc, a.y + (int64_t)split * a.y_split + (int64_t)m0 * a.ldy + n0, a.ldy, m_valid, n_valid);
+}
+#endif
+
+/* Dense: 128 x 128 tiles as wg_gemm_kernel's; stage = W slab + A hi + A lo (128 rows each). */
+__global__ void __launch_bounds__(THREADS, 1) wg_gemm_ss_kernel(const kdt_gemm_args a, const uint16_t *hl,
+                                                                 int64_t plane, int ld) {
+#if KDT_HAS_WGMMA
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char *ring = ring_base(smem_raw);
+    const DenseTile t = dense_tile(a); /* one batch: b is 0 */
+    if (!t.valid) return;
+    const int m0 = t.m0, n0 = t.n0, n_valid = t.n_valid, m_valid = t.m_valid, k_begin = t.k_begin;
+    const int tid = threadIdx.x;
+    const uint16_t *w = a.w + (int64_t)n0 * a.ldw, *arow = hl + (int64_t)m0 * ld;
+    auto load_stage = [&](int s, int kb) {
+        unsigned char *st = ring + s * S_STAGE_BYTES;
+        const int kc = k_begin + kb * BK;
+        load_w<W_PER_THREAD, THREADS>(st, w, a.ldw, kc / BK, n_valid, a.tiled);
+#pragma unroll
+        for (int i = 0; i < S_A_PER_THREAD; i++) { /* plane q >> 10 (hi, lo), tile row r, chunk ch */
+            const int q = tid + THREADS * i, r = (q >> 3) & (BM - 1), ch = q & 7;
+            const bool ok = r < m_valid;
+            cp_async16(st + W_BYTES + (q >> 10) * A_BYTES + gt_wg_slab_byte(r, ch),
+                       ok ? arow + (q >> 10) * plane + (int64_t)r * ld + kc + ch * 8 : hl, ok ? 16 : 0);
+        }
+    };
+    float acc[64];
+    ss_k_loop<S_STAGE_BYTES>(ring, t.nk, load_stage, acc, 0u, (uint32_t)(W_BYTES + (tid >> 7) * 8192), A_BYTES);
+    store_tile(acc, a.y + (int64_t)t.split * a.y_split + (int64_t)m0 * a.ldy + n0, a.ldy, m_valid, n_valid);
 #else
     (void)a, (void)hl, (void)plane, (void)ld; /* never launched: wg_ready() is 0 in a pass without wgmma */
 #endif
 }
 
-/* ---- the grouped form with A from shared memory (opt-in KDT_GEMM_WG_SS=1; session 46, not yet run)
- * X split once per launch into bf16 hi / lo planes: gate/up's xn rows by wg_split_kernel (pair_row
- * gathers them here), down's h rows (pair order) by wg_split_pairs_kernel, which zeroes each row
- * past its expert's inter (the register kernel's load_x4 does that per item). CTA: two
- * warpgroups on one item (<= 64 rows) x 256 columns, each warpgroup 128 of them, sharing the A
- * planes; 4 stages of W 32 KB + A 2 x 8 KB, 2 blocks ahead, wait<1> as the dense ss kernel;
- * 1 CTA per SM. The fused SwiGLU as the register kernel's, per warpgroup. */
-constexpr int GS_BN = 256, GS_STAGES = 4;
-constexpr int GS_W_BYTES = GS_BN * BK * 2;                  /* 32 KB: two 128-row slabs */
-constexpr int GS_A_BYTES = G_BM * BK * 2;                   /* 8 KB: one plane of 64 rows */
-constexpr int GS_STAGE_BYTES = GS_W_BYTES + 2 * GS_A_BYTES; /* 49,152 */
-constexpr int GS_SMEM = GS_STAGES * GS_STAGE_BYTES + 1024;
-constexpr int GS_W_PER_THREAD = GS_BN * (BK / 8) / THREADS;     /* 8 */
-constexpr int GS_A_PER_THREAD = 2 * G_BM * (BK / 8) / THREADS;  /* 4 */
-static_assert(GS_STAGE_BYTES % 1024 == 0 && GS_W_PER_THREAD == 8 && GS_A_PER_THREAD == 4, "wg grouped ss layout");
-
-/* h's pair rows (< the device's pair count, a.n_items[1]) into hl's planes [max pairs][ld], row p
- * zero past experts[pair_expert[p]].inter */
-__global__ void wg_split_pairs_kernel(const kdt_grouped_args a, const int32_t *pair_expert, int max_pairs,
-                                      uint16_t *hl, int64_t plane, int ld) {
-    const int P = min(a.n_items[1], max_pairs), cpr = ld / 8;
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (int64_t)P * cpr) return;
-    const int p = (int)(i / cpr), k0 = (int)(i % cpr) * 8, kx = a.experts[pair_expert[p]].inter;
-    const float *xr = a.x + (int64_t)p * a.ldx;
-    uint32_t h[4], l[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const int k = k0 + 2 * j;
-        split_bf16(make_float2(k < kx ? xr[k] : 0.0f, k + 1 < kx ? xr[k + 1] : 0.0f), h[j], l[j]);
-    }
-    *reinterpret_cast<uint4 *>(hl + (int64_t)p * ld + k0) = make_uint4(h[0], h[1], h[2], h[3]);
-    *reinterpret_cast<uint4 *>(hl + plane + (int64_t)p * ld + k0) = make_uint4(l[0], l[1], l[2], l[3]);
-}
-
+/* Grouped: two warpgroups on one item (<= 64 rows) x 256 columns, each 128 of them (its slab 16 KB
+ * into the stage), both reading the item's A planes (gate/up: xn's rows through pair_row; down:
+ * h's pair rows); 1 CTA per SM; the fused SwiGLU per warpgroup. */
 __global__ void __launch_bounds__(THREADS, 1) wg_grouped_ss_kernel(const kdt_grouped_args a, const uint16_t *hl,
                                                                     int64_t plane, int ld) {
 #if KDT_HAS_WGMMA
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    unsigned char *ring = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    unsigned char *ring = ring_base(smem_raw);
     const int n0 = blockIdx.x * GS_BN;
     const int n_items = *a.n_items;
-    const int tid = threadIdx.x, wgi = tid >> 7, wq = (tid >> 5) & 3, lane = tid & 31;
-    constexpr int AHEAD = GS_STAGES - 2;
+    const int tid = threadIdx.x, wgi = tid >> 7;
     for (int it = blockIdx.y; it < n_items; it += gridDim.y) {
         const int e = a.items[3 * it], p0 = a.items[3 * it + 1], rows = min(a.items[3 * it + 2], G_BM);
         const kdt_gpu_expert ex = a.experts[e];
         const int N = a.which == 0 ? 2 * ex.i_pad : a.kd;
-        if (n0 >= N || rows <= 0) continue; /* the same for every thread: no barrier is skipped by some */
+        if (n0 >= N || rows <= 0) continue; /* the same for every thread of the CTA */
         const int ldw = a.which == 0 ? ex.ld_d : ex.ld_i;
         const uint16_t *w = (a.which == 0 ? ex.gu : ex.down) + (int64_t)n0 * ldw;
         const int n_valid = min(GS_BN, N - n0), nk = ldw / BK;
@@ -495,22 +493,7 @@ __global__ void __launch_bounds__(THREADS, 1) wg_grouped_ss_kernel(const kdt_gro
         }
         auto load_stage = [&](int s, int kb) {
             unsigned char *st = ring + s * GS_STAGE_BYTES;
-            if (a.tiled) { /* four 8 KB blocks (rows n0 + 64 j), each already a swizzled slab */
-#pragma unroll
-                for (int i = 0; i < GS_W_PER_THREAD; i++) {
-                    const int d = 16 * (tid + THREADS * i);
-                    const bool ok = 64 * (d >> 13) < n_valid;
-                    cp_async16(st + d, ok ? w + gt_wg_tiled_src(d, kb, ldw) : w, ok ? 16 : 0);
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < GS_W_PER_THREAD; i++) {
-                    const int q = tid + THREADS * i, r = q >> 3, ch = q & 7;
-                    const bool ok = r < n_valid;
-                    cp_async16(st + gt_wg_slab_byte(r, ch), ok ? w + (int64_t)r * ldw + kb * BK + ch * 8 : w,
-                               ok ? 16 : 0);
-                }
-            }
+            load_w<GS_W_PER_THREAD, THREADS>(st, w, ldw, kb, n_valid, a.tiled);
 #pragma unroll
             for (int i = 0; i < GS_A_PER_THREAD; i++) {
                 const int q = tid + THREADS * i, r = (q >> 3) & (G_BM - 1), ch = q & 7;
@@ -519,59 +502,12 @@ __global__ void __launch_bounds__(THREADS, 1) wg_grouped_ss_kernel(const kdt_gro
             }
         };
         float acc[64];
-#pragma unroll
-        for (int i = 0; i < 64; i++) acc[i] = 0.0f;
-#pragma unroll
-        for (int s = 0; s < AHEAD; s++) {
-            if (s < nk) load_stage(s, s);
-            cp_async_commit();
-        }
-        for (int kb = 0; kb < nk; kb++) {
-            cp_async_wait<AHEAD - 1>();
-            wg::fence_proxy_async();
-            wg::wait<1>();
-            __syncthreads();
-            const int nxt = kb + AHEAD;
-            if (nxt < nk) load_stage(nxt % GS_STAGES, nxt);
-            cp_async_commit();
-            const uint32_t st = smem_u32(ring + (kb % GS_STAGES) * GS_STAGE_BYTES);
-            const uint32_t wb = st + (uint32_t)wgi * 16384u, ahi = st + GS_W_BYTES, alo = ahi + GS_A_BYTES;
-            wg::fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                const uint64_t db = wg::desc_sw128(wb + (uint32_t)kk * 32u, 16u, 1024u);
-                mma_m64n128k16_ss(acc, wg::desc_sw128(ahi + (uint32_t)kk * 32u, 16u, 1024u), db);
-                mma_m64n128k16_ss(acc, wg::desc_sw128(alo + (uint32_t)kk * 32u, 16u, 1024u), db);
-            }
-            wg::commit();
-        }
-        wg::wait<0>();
-#pragma unroll
-        for (int i = 0; i < 64; i += 16) wg::fence_operands16(acc + i);
-        cp_async_wait<0>();
+        ss_k_loop<GS_STAGE_BYTES>(ring, nk, load_stage, acc, (uint32_t)wgi * 16384u, GS_W_BYTES, GS_A_BYTES);
         __syncthreads(); /* every warpgroup's products are done before the next item's loads */
         const int n0w = n0 + 128 * wgi, nvw = n_valid - 128 * wgi;
         if (nvw <= 0) continue;
-        if (!a.h) {
-            store_tile(acc, a.y + (int64_t)p0 * a.ldy + n0w, a.ldy, rows, nvw, wq);
-            continue;
-        }
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) { /* h = SwiGLU(gate, up), as wg_grouped_kernel */
-            const int r = gt_wg_acc_row(wq, lane, 2 * hh);
-            if (r >= rows) continue;
-            float *hr = a.h + (int64_t)(p0 + r) * a.ldh + n0w / 2;
-#pragma unroll
-            for (int q = 0; q < 2; q++)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-#pragma unroll
-                    for (int e2 = 0; e2 < 2; e2++) {
-                        const int col = gt_wg_h_col(lane, q, j, e2);
-                        if (64 * q < nvw && n0w / 2 + col < ex.inter)
-                            hr[col] = kdt_g_swiglu(acc[gt_wg_gate_elem(q, j, hh, e2)], acc[gt_wg_up_elem(q, j, hh, e2)]);
-                    }
-        }
+        if (a.h) store_swiglu(acc, a.h + (int64_t)p0 * a.ldh, a.ldh, rows, n0w, nvw, ex.inter, (tid >> 5) & 3);
+        else store_tile(acc, a.y + (int64_t)p0 * a.ldy + n0w, a.ldy, rows, nvw, (tid >> 5) & 3);
     }
 #else
     (void)a, (void)hl, (void)plane, (void)ld; /* never launched: wg_ready() is 0 in a pass without wgmma */
