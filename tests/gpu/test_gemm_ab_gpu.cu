@@ -513,6 +513,14 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
     snprintf(what, sizeof what, "grouped down D=%d I=%d E=%d items=%d pairs=%d grid_items=%d", D, I, E, n_items, pairs,
              grid_items);
     same(z1, z2, b1, what);
+    /* y2 / z2, from the form named, against v1's y1 / z1 (gate/up, down): bitwise */
+    auto same_gu_down = [&](const char *form) {
+        char w[300];
+        snprintf(w, sizeof w, "%s: grouped gate/up D=%d I=%d E=%d items=%d", form, D, I, E, n_items);
+        same(y1, y2, b0, w);
+        snprintf(w, sizeof w, "%s: grouped down D=%d I=%d E=%d items=%d", form, D, I, E, n_items);
+        same(z1, z2, b1, w);
+    };
     {   /* the wave-shaping instance (5 CTAs per SM on an H200: 3-stage pool, 16-row passes): v1's bits */
         int per_sm = 0;
         CK(kdt_smem_per_sm(0, &per_sm));
@@ -527,10 +535,7 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
         v2_grouped_kernel<5, W_ROWS><<<gridb, THREADS, c5.pool>>>(b, c5);
         CK(cudaGetLastError());
         CK(cudaDeviceSynchronize());
-        snprintf(what, sizeof what, "grouped gate/up, 5 CTAs per SM instance, D=%d I=%d E=%d items=%d", D, I, E, n_items);
-        same(y1, y2, b0, what);
-        snprintf(what, sizeof what, "grouped down, 5 CTAs per SM instance, D=%d I=%d E=%d items=%d", D, I, E, n_items);
-        same(z1, z2, b1, what);
+        same_gu_down("5 CTAs per SM instance");
     }
     /* its A-from-shared-memory form (KDT_GEMM_WG_SS=1): xn and h split into planes first (h's rows
      * zero past their expert's inter, by pair_expert), as kdt_grouped_launch_ws does; with h set on
@@ -580,13 +585,8 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
             launch_grouped_wg(gb);
         }
         CK(cudaDeviceSynchronize());
-        const char *form = ss ? "wgmma ss" : "wgmma";
-        snprintf(what, sizeof what, "grouped gate/up, %s, %s experts, D=%d I=%d E=%d items=%d", form, experts, D, I, E,
-                 n_items);
-        same(y1, y2, b0, what);
-        snprintf(what, sizeof what, "grouped down, %s, %s experts, D=%d I=%d E=%d items=%d", form, experts, D, I, E,
-                 n_items);
-        same(z1, z2, b1, what);
+        snprintf(what, sizeof what, "%s, %s experts", ss ? "wgmma ss" : "wgmma", experts);
+        same_gu_down(what);
     };
     for (int ss = 0; g_wg && ss < 2; ss++) check_wg(a, b, "row-major", ss);
     if ((2 * i_pad) % 64 == 0 && D % 64 == 0) {
@@ -653,36 +653,28 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
             }
             CK(cudaGetLastError());
             CK(cudaDeviceSynchronize());
-            snprintf(what, sizeof what, "grouped gate/up, tiled weights (%s), D=%d I=%d E=%d items=%d", names[v], D, I, E,
-                     n_items);
-            same(y1, y2, b0, what);
-            snprintf(what, sizeof what, "grouped down, tiled weights (%s), D=%d I=%d E=%d items=%d", names[v], D, I, E,
-                     n_items);
-            same(z1, z2, b1, what);
+            snprintf(what, sizeof what, "tiled weights (%s)", names[v]);
+            same_gu_down(what);
         }
         if (g_wg) { /* the wgmma grouped kernel on tiled experts, then its fused SwiGLU against v2's */
-            check_wg(at, bt, "tiled", false);
-            check_wg(at, bt, "tiled", true);
+            for (int ss = 0; ss < 2; ss++) check_wg(at, bt, "tiled", ss);
             const size_t hb = (size_t)std::max(pairs, 1) * ldh * 4 + 32;
             float *h1 = dalloc<float>(hb / 4), *h2 = dalloc<float>(hb / 4);
             poison(h1, hb);
-            poison(h2, hb);
             kdt_grouped_args af = at;
             af.h = h1;
             af.ldh = ldh;
             v2_grouped_kernel<0, W_TILED><<<ga, THREADS, cd.pool>>>(af, cd);
             af.h = h2;
-            launch_grouped_wg(af);
-            CK(cudaDeviceSynchronize());
-            snprintf(what, sizeof what, "grouped gate/up + SwiGLU, tiled weights, wgmma vs v2, D=%d I=%d E=%d items=%d", D,
-                     I, E, n_items);
-            same(h1, h2, hb, what);
-            poison(h2, hb);
-            launch_grouped_ss(af);
-            CK(cudaDeviceSynchronize());
-            snprintf(what, sizeof what, "grouped gate/up + SwiGLU, tiled weights, wgmma ss vs v2, D=%d I=%d E=%d items=%d",
-                     D, I, E, n_items);
-            same(h1, h2, hb, what);
+            for (int ss = 0; ss < 2; ss++) {
+                poison(h2, hb);
+                if (ss) launch_grouped_ss(af);
+                else launch_grouped_wg(af);
+                CK(cudaDeviceSynchronize());
+                snprintf(what, sizeof what, "grouped gate/up + SwiGLU, tiled weights, wgmma%s vs v2, D=%d I=%d E=%d items=%d",
+                         ss ? " ss" : "", D, I, E, n_items);
+                same(h1, h2, hb, what);
+            }
             cudaFree(h1);
             cudaFree(h2);
         }
@@ -710,13 +702,9 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
                     continue;
                 }
                 CK(cudaDeviceSynchronize());
-                char w3[260];
-                snprintf(w3, sizeof w3, "v3 config %d, row bound %d: grouped gate/up D=%d I=%d E=%d items=%d", c,
-                         bounds[bi], D, I, E, n_items);
-                same(y1, y2, b0, w3);
-                snprintf(w3, sizeof w3, "v3 config %d, row bound %d: grouped down D=%d I=%d E=%d items=%d", c,
-                         bounds[bi], D, I, E, n_items);
-                same(z1, z2, b1, w3);
+                char w3[80];
+                snprintf(w3, sizeof w3, "v3 config %d, row bound %d", c, bounds[bi]);
+                same_gu_down(w3);
             }
         set_v3(V3_CONFIGS[0]);
     }

@@ -787,8 +787,8 @@ static kdt_gpu_runner *new_runner_form(const kdt_gpu_model *g, int max_rows, int
  *  - bitwise the same in 64-row and 7-row chunks (logits and KV rows), and for a prompt whose
  *    second part is a second prefill call;
  *  - a decode step after it, against the reference's next row;
- *  - auto: a prompt's first chunk takes the plain form (bitwise plain's rows), a one-row chunk
- *    after a prefix the absorbed one (bitwise an absorbed runner's row).
+ *  - auto: a prompt's first chunk and a one-row chunk after it each take the form
+ *    kdt_prefill_plain_pays names (bitwise that form's runner's rows).
  * Returns the number of prompt rows whose logits were judged (not excused). */
 static int plain_case(const char *dir, const char *label, int n, uint64_t seed) {
     fixture f;

@@ -16,13 +16,13 @@
  * CTA: 128 rows (two warpgroups of 64) x 128 output columns, 8 warps. K in 64-wide blocks through a
  * cp.async ring of STAGES stages: W [128 rows][64] bf16 as one 128-byte-swizzled slab (wgmma's B,
  * K-major; row-major W is swizzled on the way in, tiled W (kdt_gemm_tile64: Kimi's shared expert)
- * already is that slab and is copied verbatim) and X [128 rows][64] fp32 (row stride XS, as v1's). Each warp splits its 16 rows' X into
- * hi / lo A fragments in registers, then issues 8 wgmma (4 k16 steps x hi, lo) on its warpgroup's
- * 64 x 128 accumulator. Grid: (column tiles, K splits, batch x row tiles); a CTA whose rows start
+ * already is that slab and is copied verbatim) and X [128 rows][64] fp32 (row stride XS, as v1's).
+ * Each warp splits its 16 rows' X into hi / lo A fragments in registers, then issues 8 wgmma (4
+ * k16 steps x hi, lo) on its warpgroup's 64 x 128 accumulator. Grid: (column tiles, K splits, batch x row tiles); a CTA whose rows start
  * past the device's row count returns. Launched without programmatic dependence (it waits for
  * its predecessors by the stream's order and lets its successors start at its end).
  *
- * Only sm_90a device code has wgmma (KDT_HAS_WGMMA); with the opt-in, kdt_gemm_init asks the
+ * Only sm_90a device code has wgmma (KDT_HAS_WGMMA); unless switched off, kdt_gemm_init asks the
  * device which code it runs (wg_probe) and the launcher takes this kernel only where it is real.
  * Taken for launches of at least KDT_GEMM_WG_MIN rows (default 128; KDT_GEMM_WG=0 turns it off).
  * First run in session 46 (H100): bitwise v1's on every case of gpu_test_gemm_ab, 120-180 TFLOP/s
@@ -288,6 +288,30 @@ constexpr int G_W_PER_THREAD = BN * (BK / 8) / G_THREADS;   /* 8 */
 static_assert(G_STAGE_BYTES % 1024 == 0 && G_X_PER_THREAD == 8 && G_W_PER_THREAD == 8, "wg grouped layout");
 static_assert(G_BM == KDT_G_BM, "one pass per plan item");
 
+/* Item `it` of a grouped launch against the bn output columns from n0: its expert, first pair p0,
+ * rows (<= G_BM), W (tiled too: block row n0 / 64) and its ld, the columns that exist and the K
+ * blocks. valid is false where the item has no rows or its expert no columns from n0 (the same
+ * for every thread of the CTA, which then skips the item). */
+struct GroupItem {
+    kdt_gpu_expert ex;
+    const uint16_t *w;
+    int p0, rows, ldw, n_valid, nk;
+    bool valid;
+};
+__device__ __forceinline__ GroupItem group_item(const kdt_grouped_args &a, int it, int n0, int bn) {
+    GroupItem g;
+    g.ex = a.experts[a.items[3 * it]];
+    g.p0 = a.items[3 * it + 1];
+    g.rows = min(a.items[3 * it + 2], G_BM);
+    const int N = a.which == 0 ? 2 * g.ex.i_pad : a.kd;
+    g.valid = n0 < N && g.rows > 0;
+    g.ldw = a.which == 0 ? g.ex.ld_d : g.ex.ld_i;
+    g.w = (a.which == 0 ? g.ex.gu : g.ex.down) + (int64_t)n0 * g.ldw;
+    g.n_valid = min(bn, N - n0);
+    g.nk = g.ldw / BK;
+    return g;
+}
+
 __global__ void __launch_bounds__(G_THREADS, 2) wg_grouped_kernel(const kdt_grouped_args a) {
 #if KDT_HAS_WGMMA
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -296,13 +320,9 @@ __global__ void __launch_bounds__(G_THREADS, 2) wg_grouped_kernel(const kdt_grou
     const int n_items = *a.n_items;
     const int tid = threadIdx.x;
     for (int it = blockIdx.y; it < n_items; it += gridDim.y) {
-        const int e = a.items[3 * it], p0 = a.items[3 * it + 1], rows = min(a.items[3 * it + 2], G_BM);
-        const kdt_gpu_expert ex = a.experts[e];
-        const int N = a.which == 0 ? 2 * ex.i_pad : a.kd;
-        if (n0 >= N || rows <= 0) continue;
-        const int ldw = a.which == 0 ? ex.ld_d : ex.ld_i, kx = a.which == 0 ? a.kd : ex.inter;
-        const uint16_t *w = (a.which == 0 ? ex.gu : ex.down) + (int64_t)n0 * ldw; /* tiled too: block row n0 / 64 */
-        const int n_valid = min(BN, N - n0), nk = ldw / BK;
+        const GroupItem g = group_item(a, it, n0, BN);
+        if (!g.valid) continue;
+        const int p0 = g.p0, rows = g.rows, kx = a.which == 0 ? a.kd : g.ex.inter;
         const float *xrow[G_X_PER_THREAD];
         bool xal[G_X_PER_THREAD];
 #pragma unroll
@@ -313,14 +333,14 @@ __global__ void __launch_bounds__(G_THREADS, 2) wg_grouped_kernel(const kdt_grou
         }
         auto load_stage = [&](int s, int kb) {
             unsigned char *st = ring + s * G_STAGE_BYTES;
-            load_w<G_W_PER_THREAD, G_THREADS>(st, w, ldw, kb, n_valid, a.tiled);
+            load_w<G_W_PER_THREAD, G_THREADS>(st, g.w, g.ldw, kb, g.n_valid, a.tiled);
             load_x<G_X_PER_THREAD, 8>(reinterpret_cast<float *>(st + W_BYTES), xrow, xal, kb * BK, kx);
         };
         float acc[64];
-        k_loop<G_STAGES, G_STAGE_BYTES>(ring, nk, load_stage, acc, true);
+        k_loop<G_STAGES, G_STAGE_BYTES>(ring, g.nk, load_stage, acc, true);
         __syncthreads(); /* every warp is past the last stage before the next item's loads */
-        if (a.h) store_swiglu(acc, a.h + (int64_t)p0 * a.ldh, a.ldh, rows, n0, n_valid, ex.inter, tid >> 5);
-        else store_tile(acc, a.y + (int64_t)p0 * a.ldy + n0, a.ldy, rows, n_valid);
+        if (a.h) store_swiglu(acc, a.h + (int64_t)p0 * a.ldh, a.ldh, rows, n0, g.n_valid, g.ex.inter, tid >> 5);
+        else store_tile(acc, a.y + (int64_t)p0 * a.ldy + n0, a.ldy, rows, g.n_valid);
     }
 #else
     (void)a; /* never launched: wg_ready() is 0 in a pass without wgmma */
@@ -476,13 +496,9 @@ __global__ void __launch_bounds__(THREADS, 1) wg_grouped_ss_kernel(const kdt_gro
     const int n_items = *a.n_items;
     const int tid = threadIdx.x, wgi = tid >> 7;
     for (int it = blockIdx.y; it < n_items; it += gridDim.y) {
-        const int e = a.items[3 * it], p0 = a.items[3 * it + 1], rows = min(a.items[3 * it + 2], G_BM);
-        const kdt_gpu_expert ex = a.experts[e];
-        const int N = a.which == 0 ? 2 * ex.i_pad : a.kd;
-        if (n0 >= N || rows <= 0) continue; /* the same for every thread of the CTA */
-        const int ldw = a.which == 0 ? ex.ld_d : ex.ld_i;
-        const uint16_t *w = (a.which == 0 ? ex.gu : ex.down) + (int64_t)n0 * ldw;
-        const int n_valid = min(GS_BN, N - n0), nk = ldw / BK;
+        const GroupItem g = group_item(a, it, n0, GS_BN);
+        if (!g.valid) continue;
+        const int p0 = g.p0, rows = g.rows;
         const uint16_t *arow[GS_A_PER_THREAD]; /* this thread's A chunks: plane q >> 9, row (q >> 3) & 63 */
 #pragma unroll
         for (int i = 0; i < GS_A_PER_THREAD; i++) {
@@ -493,7 +509,7 @@ __global__ void __launch_bounds__(THREADS, 1) wg_grouped_ss_kernel(const kdt_gro
         }
         auto load_stage = [&](int s, int kb) {
             unsigned char *st = ring + s * GS_STAGE_BYTES;
-            load_w<GS_W_PER_THREAD, THREADS>(st, w, ldw, kb, n_valid, a.tiled);
+            load_w<GS_W_PER_THREAD, THREADS>(st, g.w, g.ldw, kb, g.n_valid, a.tiled);
 #pragma unroll
             for (int i = 0; i < GS_A_PER_THREAD; i++) {
                 const int q = tid + THREADS * i, r = (q >> 3) & (G_BM - 1), ch = q & 7;
@@ -502,11 +518,11 @@ __global__ void __launch_bounds__(THREADS, 1) wg_grouped_ss_kernel(const kdt_gro
             }
         };
         float acc[64];
-        ss_k_loop<GS_STAGE_BYTES>(ring, nk, load_stage, acc, (uint32_t)wgi * 16384u, GS_W_BYTES, GS_A_BYTES);
+        ss_k_loop<GS_STAGE_BYTES>(ring, g.nk, load_stage, acc, (uint32_t)wgi * 16384u, GS_W_BYTES, GS_A_BYTES);
         __syncthreads(); /* every warpgroup's products are done before the next item's loads */
-        const int n0w = n0 + 128 * wgi, nvw = n_valid - 128 * wgi;
+        const int n0w = n0 + 128 * wgi, nvw = g.n_valid - 128 * wgi;
         if (nvw <= 0) continue;
-        if (a.h) store_swiglu(acc, a.h + (int64_t)p0 * a.ldh, a.ldh, rows, n0w, nvw, ex.inter, (tid >> 5) & 3);
+        if (a.h) store_swiglu(acc, a.h + (int64_t)p0 * a.ldh, a.ldh, rows, n0w, nvw, g.ex.inter, (tid >> 5) & 3);
         else store_tile(acc, a.y + (int64_t)p0 * a.ldy + n0w, a.ldy, rows, nvw, (tid >> 5) & 3);
     }
 #else

@@ -238,28 +238,27 @@ kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_op
     STEP(ralloc(r, (void **)&r->o_lat, (size_t)R * H * dc * f, "o_lat"));
     STEP(ralloc(r, (void **)&r->heads, (size_t)R * H * dv * f, "heads"));
     STEP(ralloc(r, (void **)&r->part, part * f, "split-K partials"));
-    if (kdt_gemm_wg_ss_on()) { /* opt-in: X's hi / lo planes for the wgmma GEMM, one per stream */
-        int32_t max_ld = 0;
+    if (kdt_gemm_wg_ss_on()) {
+        /* opt-in: X's hi / lo planes for the wgmma GEMMs (kdt_gemm_launch_ws, kdt_grouped_launch_ws),
+         * as wide as the widest K they serve: the main stream's dense GEMMs (unbatched ones only, so
+         * not W_UK / W_UV) over R rows, its MoE gate/up over R rows and down over the pairs (the
+         * shared expert's included); the side stream's shared expert over R rows */
+        int32_t ld_main = 0, ld_pairs = 0, ld_side = 0;
         for (int32_t l = 0; l < c->n_layers; l++) {
             const kdt_gpu_layer *L = &g->layers[l];
-            const kdt_gmat *mats[] = {&L->w_a, &L->q_b, &L->uk_t, &L->uv, &L->o_proj, &L->router,
-                                      &L->dense_gu, &L->dense_down, &L->shared_gu, &L->shared_down};
+            const kdt_gmat *mats[] = {&L->w_a, &L->q_b, &L->o_proj, &L->router, &L->dense_gu, &L->dense_down,
+                                      &L->experts_gu};
             for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
-                if (mats[i]->w && mats[i]->ld > max_ld) max_ld = mats[i]->ld;
+                if (mats[i]->w && mats[i]->ld > ld_main) ld_main = mats[i]->ld;
+            if (L->experts_down.ld > ld_pairs) ld_pairs = L->experts_down.ld;
+            if (L->shared_down.ld > ld_pairs) ld_pairs = L->shared_down.ld;
+            if (L->shared_gu.ld > ld_side) ld_side = L->shared_gu.ld;
+            if (L->shared_down.ld > ld_side) ld_side = L->shared_down.ld;
         }
-        r->x_hl_side_elems = kdt_gemm_wg_ss_elems(R, max_ld);
-        /* the MoE: gate/up's xn rows (ld_d), down's pair rows (ld_i, the shared expert's included) */
-        int32_t ld_d = 0, ld_i = 0;
-        for (int32_t l = 0; l < c->n_layers; l++) {
-            const kdt_gpu_layer *L = &g->layers[l];
-            if (L->experts_gu.ld > ld_d) ld_d = L->experts_gu.ld;
-            if (L->experts_down.ld > ld_i) ld_i = L->experts_down.ld;
-            if (L->shared_down.ld > ld_i) ld_i = L->shared_down.ld;
-        }
-        const int64_t moe = r->max_pairs > 0 ? kdt_gemm_wg_ss_elems(r->max_pairs, ld_i) : 0,
-                      moe_x = kdt_gemm_wg_ss_elems(R, ld_d);
-        r->x_hl_elems = r->x_hl_side_elems > moe ? r->x_hl_side_elems : moe;
-        if (moe_x > r->x_hl_elems) r->x_hl_elems = moe_x;
+        const int64_t pairs = r->max_pairs > 0 ? kdt_gemm_wg_ss_elems(r->max_pairs, ld_pairs) : 0;
+        r->x_hl_elems = kdt_gemm_wg_ss_elems(R, ld_main);
+        if (pairs > r->x_hl_elems) r->x_hl_elems = pairs;
+        r->x_hl_side_elems = kdt_gemm_wg_ss_elems(R, ld_side);
         STEP(ralloc(r, (void **)&r->x_hl, (size_t)r->x_hl_elems * 2, "wgmma GEMM X planes"));
         STEP(ralloc(r, (void **)&r->x_hl_side, (size_t)r->x_hl_side_elems * 2, "wgmma GEMM X planes (side stream)"));
     }

@@ -1497,9 +1497,8 @@ bool wg_on() {
 /* the bounds are read per launch (a graph captures the choice), so bench_model's in-process A/B
  * (KDT_BENCH_MODEL_AB) can set them */
 int wg_min_rows() {
-    const char *e = getenv("KDT_GEMM_WG_MIN");
-    const int v = e ? atoi(e) : 0;
-    return v > 0 ? v : 128;
+    const int v = env_int("KDT_GEMM_WG_MIN", 1, 1 << 30);
+    return v ? v : 128;
 }
 bool wg_dev_ready() {
     int dev = 0;
@@ -1517,9 +1516,8 @@ bool wg_wanted(const kdt_gemm_args *a) {
  * host knows the pass's pairs, not how they spread over the experts (a correlated tree's 65 rows
  * fill ~11 experts' items, a random one's ~284), so this bound is a guess for the A/B to set. */
 int wg_min_pairs() {
-    const char *e = getenv("KDT_GEMM_WG_PAIRS");
-    const int v = e ? atoi(e) : 0;
-    return v > 0 ? v : 8 * wg_min_rows();
+    const int v = env_int("KDT_GEMM_WG_PAIRS", 1, 1 << 30);
+    return v ? v : 8 * wg_min_rows();
 }
 bool wg_grouped_wanted(int max_item_rows, int n_pairs) {
     return wg_on() && !use_v1() && max_item_rows >= KDT_G_ITEM_ROWS_MIN && n_pairs >= wg_min_pairs() &&
