@@ -267,40 +267,34 @@ static int not_once(const unsigned char *seen, int n) {
 }
 
 static void test_wg_maps(void) {
-    const int ld = 320, rows = 256;
-    int bad = 0;
-    for (int n0 = 0; n0 + 128 <= rows; n0 += 128)
-        for (int kb = 0; kb < ld / 64; kb++)
-            for (int r = 0; r < 128; r++)
-                for (int c = 0; c < 8; c++) {
-                    const int d = gt_wg_slab_byte(r, c);
-                    const int64_t want = gt_tiled_chunk(n0 + r, kb * 8 + c, ld) - (int64_t)n0 * ld;
-                    bad += gt_wg_tiled_src(d, kb, ld) != want;
-                    if (r < 64) bad += d != 2 * gt_block_chunk(r, c);
-                }
-    CHECK_EQ_INT(bad, 0); /* the tiled copy */
-    /* the grouped ss kernel's 256-row W stage (gemm_wg.cuh, wg_grouped_ss_kernel): four tiled
-     * blocks copied verbatim are two 128-row slabs, warpgroup 1's starting 16 KB in, each the
-     * layout a descriptor at its start reads; the stage is a permutation of its 32 KB */
-    bad = 0;
+    /* The tiled copy, for the 128-row W stages (dense and grouped register kernels) and the grouped
+     * ss kernel's 256-row one (gemm_wg.cuh): tiled blocks copied verbatim land where
+     * gt_wg_slab_byte puts their rows' chunks; a 64-row block is gt_block_chunk's layout; rows
+     * 128.. are a second slab 16 KB in (warpgroup 1's, read by a descriptor at its start); a
+     * stage is a permutation of its bytes. */
+    const int ld = 320, rows = 512;
     static unsigned char wseen[2048];
-    memset(wseen, 0, sizeof wseen);
-    for (int n0 = 0; n0 + 256 <= 2 * rows; n0 += 256)
-        for (int kb = 0; kb < ld / 64; kb++)
-            for (int r = 0; r < 256; r++)
-                for (int c = 0; c < 8; c++) {
-                    const int d = gt_wg_slab_byte(r, c);
-                    const int64_t want = gt_tiled_chunk(n0 + r, kb * 8 + c, ld) - (int64_t)n0 * ld;
-                    bad += gt_wg_tiled_src(d, kb, ld) != want;
-                    if (r >= 128) bad += d != 16384 + gt_wg_slab_byte(r - 128, c);
-                    if (n0 == 0 && kb == 0) {
-                        if (d % 16 || d < 0 || d >= 32768) bad++;
-                        else wseen[d / 16]++;
+    for (int tile = 128; tile <= 256; tile *= 2) {
+        int bad = 0;
+        memset(wseen, 0, sizeof wseen);
+        for (int n0 = 0; n0 + tile <= rows; n0 += tile)
+            for (int kb = 0; kb < ld / 64; kb++)
+                for (int r = 0; r < tile; r++)
+                    for (int c = 0; c < 8; c++) {
+                        const int d = gt_wg_slab_byte(r, c);
+                        const int64_t want = gt_tiled_chunk(n0 + r, kb * 8 + c, ld) - (int64_t)n0 * ld;
+                        bad += gt_wg_tiled_src(d, kb, ld) != want;
+                        if (r < 64) bad += d != 2 * gt_block_chunk(r, c);
+                        if (r >= 128) bad += d != 16384 + gt_wg_slab_byte(r - 128, c);
+                        if (n0 == 0 && kb == 0) {
+                            if (d % 16 || d < 0 || d >= 128 * tile) bad++;
+                            else wseen[d / 16]++;
+                        }
                     }
-                }
-    bad += not_once(wseen, 2048);
-    CHECK_EQ_INT(bad, 0);
-    bad = 0;
+        bad += not_once(wseen, 8 * tile);
+        CHECK_EQ_INT(bad, 0);
+    }
+    int bad = 0;
     static unsigned char seen[64][128];
     memset(seen, 0, sizeof seen);
     for (int warp = 0; warp < 4; warp++)
