@@ -84,16 +84,21 @@ for lim in "" $([ $SMALL = 1 ] && echo 101376); do
     [ $r = pass ] || tail -30 "$log"
   done
 done
-# The wgmma GEMMs (gemm_wg.cuh) take launches of >= 128 rows, which the model tests' 64-row runners
-# never make: one quick pass with them from 2 rows puts every multi-row dense and MoE launch on
-# them, so the suite's bitwise checks (chunked prefill, decode vs verify, batch invariance) run
-# across the kernels. A device without wgmma runs the suite as it is.
+# The wgmma GEMMs (gemm_wg.cuh) take the runner's launches of >= 64 rows (their ss forms) and
+# others of >= 128 (register forms), which the model tests' 64-row runners reach only at the
+# edge: two quick passes with them from 2 rows (ss forms; register forms, KDT_GEMM_WG_SS=0) put
+# every multi-row dense and MoE launch on each form, so the suite's bitwise checks (chunked
+# prefill, decode vs verify, batch invariance) run across the kernels. A device without wgmma
+# runs the suite as it is.
 WG2=""
 if [ -x "$BUILD/gpu_test_model_gpu" ] && [[ " ${TESTS[*]} " == *"/gpu_test_model_gpu "* ]]; then
-  s=$(date +%s)
-  if KDT_GEMM_WG_MIN=2 KDT_TEST_QUICK=1 timeout "${KDT_TEST_LIMIT:-600}" "$BUILD/gpu_test_model_gpu" \
-    >"$LOG/gpu_test_model_gpu.wg2.log" 2>&1; then WG2=pass; else WG2=FAIL; fail=1; tail -30 "$LOG/gpu_test_model_gpu.wg2.log"; fi
-  echo "--- gpu_test_model_gpu with KDT_GEMM_WG_MIN=2 (quick): $WG2 ($(( $(date +%s) - s )) s): $(tail -1 "$LOG/gpu_test_model_gpu.wg2.log")"
+  for ss in 1 0; do
+    s=$(date +%s); r=pass
+    KDT_GEMM_WG_SS=$ss KDT_GEMM_WG_MIN=2 KDT_TEST_QUICK=1 timeout "${KDT_TEST_LIMIT:-600}" "$BUILD/gpu_test_model_gpu" \
+      >"$LOG/gpu_test_model_gpu.wg2ss$ss.log" 2>&1 || { r=FAIL; fail=1; tail -30 "$LOG/gpu_test_model_gpu.wg2ss$ss.log"; }
+    WG2="$WG2${WG2:+ / }$r"
+    echo "--- gpu_test_model_gpu with KDT_GEMM_WG_SS=$ss KDT_GEMM_WG_MIN=2 (quick): $r ($(( $(date +%s) - s )) s): $(tail -1 "$LOG/gpu_test_model_gpu.wg2ss$ss.log")"
+  done
 fi
 # KDT_EXP_PARTS (default "model,probes,va,layer") picks the experiment parts, so a run that would
 # pass the device's 10-minute call limit can be split into two calls
@@ -103,12 +108,12 @@ if [ $EXPER = 1 ]; then
   # opt-in variants: correctness first (the model test's fixtures, bitwise contracts and greedy
   # runs with all GEMM variants on), then the probes, verify_attn, the layer bench per variant
   # ALL: every opt-in model variant at once (tiled experts forced: the small test models are
-  # row-major by default; the wgmma GEMMs' ss forms from 2 rows); OLD: session 7's defaults (2 CTAs per SM for the grouped GEMM,
+  # row-major by default; the wgmma GEMMs from 2 rows); OLD: session 7's defaults (2 CTAs per SM for the grouped GEMM,
   # row-major experts; dense launches of > 32 rows at 2 per SM and 64-row MoE items, as before
   # session 34); OLD8: session 8's (no programmatic dependent launch, 4 warps per 16-head
   # attention item, tiled experts everywhere, 3-stage grouped passes); OLD9: session 9's; kept
   # reachable for A/B runs
-  ALL="KDT_GPU_TILED_DENSE=1 KDT_GPU_TILED_EXPERTS=1 KDT_GEMM_WG_SS=1 KDT_GEMM_WG_MIN=2 ${KDT_EXP_ALL_EXTRA:-}"
+  ALL="KDT_GPU_TILED_DENSE=1 KDT_GPU_TILED_EXPERTS=1 KDT_GEMM_WG_MIN=2 ${KDT_EXP_ALL_EXTRA:-}"
   OLD="KDT_GEMM_GROUPED_PER_SM=2 KDT_GPU_TILED_EXPERTS=0 KDT_GEMM_WIDE3=0 KDT_GPU_ITEM_ROWS=64"
   OLD8="KDT_GPU_PDL=0 KDT_GPU_ATT_WARPS=4 KDT_GPU_TILED_EXPERTS=1 KDT_GEMM_GROUPED_CAP2=0"
   OLD9="KDT_GPU_PDL_ROWS=0 KDT_GPU_ROUTE_V1=1" # session 9's: GEMM-only PDL, the one-warp router
@@ -285,7 +290,7 @@ for t in "${TESTS[@]}"; do
   for row in "${SAN_ROWS[@]}"; do
     [[ "$row" == "$n:"* ]] && printf '  %-34s %-6s %-9s %-9s %6s\n' "${row#*:}" "" "${MEM[$row]:--}" "${RACE[$row]:--}" ""
   done
-  [ $n = gpu_test_model_gpu ] && [ -n "$WG2" ] && printf '  %-34s %-6s\n' "wgmma from 2 rows (quick)" "$WG2"
+  [ $n = gpu_test_model_gpu ] && [ -n "$WG2" ] && printf '  %-34s %-6s\n' "wgmma from 2 rows, ss / reg (quick)" "$WG2"
 done
 [ -f "$LOG/bench.log" ] && grep -E '^TARGET' "$LOG/bench.log"
 exit $fail

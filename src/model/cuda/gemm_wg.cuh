@@ -24,7 +24,8 @@
  *
  * Only sm_90a device code has wgmma (KDT_HAS_WGMMA); unless switched off, kdt_gemm_init asks the
  * device which code it runs (wg_probe) and the launcher takes this kernel only where it is real.
- * Taken for launches of at least KDT_GEMM_WG_MIN rows (default 128; KDT_GEMM_WG=0 turns it off).
+ * Taken for launches of at least KDT_GEMM_WG_MIN rows (default 128, 64 for the ss forms below;
+ * KDT_GEMM_WG=0 turns them off).
  * First run in session 46 (H100): bitwise v1's on every case of gpu_test_gemm_ab, 120-180 TFLOP/s
  * on Kimi's prefill projections (v2: 53-80); a 2,048-token Kimi layer 37.3 -> 19.7 ms. */
 #ifndef KDT_GEMM_WG_CUH
@@ -347,7 +348,7 @@ __global__ void __launch_bounds__(G_THREADS, 2) wg_grouped_kernel(const kdt_grou
 #endif
 }
 
-/* ---- the A-from-shared-memory forms (opt-in KDT_GEMM_WG_SS=1; session 46, not yet run) ----------
+/* ---- the A-from-shared-memory forms (the default where a workspace is given; KDT_GEMM_WG_SS=0: not)
  * Why: the register-A kernels above wait for each block's wgmma before the next barrier, because
  * their A fragments are registers that ordinary instructions (the hi / lo split) write: ptxas
  * serializes any wgmma pipeline across such writes (C7513). Here X is split once per launch into
@@ -358,7 +359,10 @@ __global__ void __launch_bounds__(G_THREADS, 2) wg_grouped_kernel(const kdt_grou
  * their order are the register kernels' (the same bf16 hi / lo values, the same k16 steps, hi
  * then lo), so are the bits. Every warpgroup issues its products even where its rows or columns
  * are all empty (zeros, never stored): a skip would put the wgmma in a divergent path, and ptxas
- * then serializes the pipeline (C7518). */
+ * then serializes the pipeline (C7518). First run in session 47 (H100): bitwise v1's (574 / 574
+ * of gpu_test_gemm_ab), memcheck clean; Kimi's dense projections with the split pass included
+ * 1.04-1.17x the register kernel at 65..2,048 rows (o_proj at 2,048 rows 1,407 -> 1,249 us), so
+ * they became the default where the runner gives a workspace, from 64 rows. */
 constexpr int SS_STAGES = 4;
 constexpr int A_BYTES = BM * BK * 2;                     /* one plane of 128 rows x 64 bf16: 16 KB */
 constexpr int S_STAGE_BYTES = W_BYTES + 2 * A_BYTES;     /* dense: W slab + A hi + A lo, 49,152 */

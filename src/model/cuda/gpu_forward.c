@@ -239,7 +239,7 @@ kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_op
     STEP(ralloc(r, (void **)&r->heads, (size_t)R * H * dv * f, "heads"));
     STEP(ralloc(r, (void **)&r->part, part * f, "split-K partials"));
     if (kdt_gemm_wg_ss_on()) {
-        /* opt-in: X's hi / lo planes for the wgmma GEMMs (kdt_gemm_launch_ws, kdt_grouped_launch_ws),
+        /* X's hi / lo planes for the wgmma GEMMs' ss forms (kdt_gemm_launch_ws, kdt_grouped_launch_ws),
          * as wide as the widest K they serve: the main stream's dense GEMMs (unbatched ones only, so
          * not W_UK / W_UV) over R rows, its MoE gate/up over R rows and down over the pairs (the
          * shared expert's included); the side stream's shared expert over R rows */
@@ -886,7 +886,7 @@ static kdt_status moe_routed(pass *p, const kdt_gpu_layer *L, int32_t l, int32_t
         a.h = r->h;
         a.ldh = r->ld_h;
     }
-    /* the wgmma kernel's X planes (KDT_GEMM_WG_SS=1): widths over every expert of the launch */
+    /* the wgmma kernel's X planes (kdt_gemm_wg_ss_on): widths over every expert of the launch */
     const int32_t ld_gu = L->experts_gu.ld,
                   ld_dn = in_plan && L->shared_down.ld > L->experts_down.ld ? L->shared_down.ld : L->experts_down.ld;
     PASS_STEP(p, "moe_gate_up", kdt_grouped_launch_ws(&a, p->stages, p->s, p->x_hl, p->x_hl_elems, p->m_dev, p->M,

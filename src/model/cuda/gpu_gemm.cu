@@ -1494,11 +1494,17 @@ bool wg_on() {
     static const bool on = !kdt_g_env_is("KDT_GEMM_WG", '0');
     return on;
 }
-/* the bounds are read per launch (a graph captures the choice), so bench_model's in-process A/B
- * (KDT_BENCH_MODEL_AB) can set them */
-int wg_min_rows() {
+/* the A-from-shared-memory forms (on unless KDT_GEMM_WG_SS=0; a launch takes them where its caller
+ * gives a workspace for X's planes) */
+bool wg_ss_on() { return !kdt_g_env_is("KDT_GEMM_WG_SS", '0'); }
+/* The smallest launch, in rows, for the wgmma kernels: KDT_GEMM_WG_MIN, else 64 for the ss forms
+ * (session 47, H100: Kimi dense projections at M 65 0.96-1.10x of v2, a correlated 65-node verify
+ * layer 1,432 -> 1,236 us) and 128 for the register forms (0.87-0.97x of v2 at M 65). Read per
+ * launch (a graph captures the choice), so bench_model's in-process A/B (KDT_BENCH_MODEL_AB) can
+ * set it. */
+int wg_min_rows(bool ss) {
     const int v = env_int("KDT_GEMM_WG_MIN", 1, 1 << 30);
-    return v ? v : 128;
+    return v ? v : ss ? 64 : 128;
 }
 bool wg_dev_ready() {
     int dev = 0;
@@ -1508,19 +1514,20 @@ bool wg_dev_ready() {
     }
     return g_wg_ready[dev] == 1;
 }
-bool wg_wanted(const kdt_gemm_args *a) {
-    return wg_on() && !use_v1() && a->m_max >= wg_min_rows() && wg_dev_ready();
+bool wg_wanted(const kdt_gemm_args *a, bool ss) {
+    return wg_on() && !use_v1() && a->m_max >= wg_min_rows(ss) && wg_dev_ready();
 }
-/* the grouped form: passes of at least KDT_GEMM_WG_PAIRS (token, expert) pairs (default 8 x
- * KDT_GEMM_WG_MIN: a Kimi pass of 128 rows at top-8) whose items may hold 32 rows or more. The
- * host knows the pass's pairs, not how they spread over the experts (a correlated tree's 65 rows
- * fill ~11 experts' items, a random one's ~284), so this bound is a guess for the A/B to set. */
-int wg_min_pairs() {
+/* the grouped form: passes of at least KDT_GEMM_WG_PAIRS (token, expert) pairs (default 8 x the
+ * row bound: a Kimi pass of 64 rows at top-8 for the ss form) whose items may hold 32 rows or
+ * more. The host knows the pass's pairs, not how they spread over the experts (a correlated
+ * tree's 65 rows fill ~11 experts' items, a random one's ~284): session 47's A/B found 512 neutral
+ * for random trees and decode and a gain for correlated trees, 72 a loss at 9 and 17 rows. */
+int wg_min_pairs(bool ss) {
     const int v = env_int("KDT_GEMM_WG_PAIRS", 1, 1 << 30);
-    return v ? v : 8 * wg_min_rows();
+    return v ? v : 8 * wg_min_rows(ss);
 }
-bool wg_grouped_wanted(int max_item_rows, int n_pairs) {
-    return wg_on() && !use_v1() && max_item_rows >= KDT_G_ITEM_ROWS_MIN && n_pairs >= wg_min_pairs() &&
+bool wg_grouped_wanted(int max_item_rows, int n_pairs, bool ss) {
+    return wg_on() && !use_v1() && max_item_rows >= KDT_G_ITEM_ROWS_MIN && n_pairs >= wg_min_pairs(ss) &&
            wg_dev_ready();
 }
 /* Asks device `dev` (the current one) whether its code for wgg::wg_gemm_kernel has wgmma and
@@ -1859,7 +1866,7 @@ extern "C" kdt_status kdt_gemm_launch_plain(const kdt_gemm_args *a, int32_t stag
         return kdt_fail(KDT_ERR_INTERNAL, "GPU GEMM: ld %d, k_chunk %d, m_max %d, n %d", a->ldw, a->k_chunk,
                         a->m_max, a->n);
     const dim3 grid((unsigned)((a->n + BN - 1) / BN), (unsigned)a->splits, (unsigned)(a->batch > 0 ? a->batch : 1));
-    if (wg_wanted(a)) { /* many rows on wgmma (gemm_wg.cuh): the same bits */
+    if (wg_wanted(a, false)) { /* many rows on wgmma (gemm_wg.cuh): the same bits */
         const unsigned mtiles = (unsigned)((a->m_max + wgg::BM - 1) / wgg::BM);
         const dim3 gw((unsigned)((a->n + wgg::BN - 1) / wgg::BN), (unsigned)a->splits, grid.z * mtiles);
         wgg::wg_gemm_kernel<<<gw, wgg::THREADS, (size_t)wgg::SMEM, s>>>(*a);
@@ -1903,17 +1910,18 @@ extern "C" int kdt_grouped_fuses_swiglu(const kdt_grouped_args *a) {
     return !kdt_g_env_is("KDT_GPU_FUSED_SWIGLU", '0') && a->which == 0 && a->tiled;
 }
 
-/* KDT_GEMM_WG_SS=1 (opt-in, read per launch; session 46, not yet run): dense launches that would
- * take the wgmma kernel take its A-from-shared-memory form instead (gemm_wg.cuh,
- * wg_gemm_ss_kernel) where the caller gives a workspace for X's bf16 hi / lo planes: a split pass,
- * then the GEMM; the same bits. */
-extern "C" int kdt_gemm_wg_ss_on(void) { return kdt_g_env_is("KDT_GEMM_WG_SS", '1'); }
+/* The A-from-shared-memory form (on unless KDT_GEMM_WG_SS=0, read per launch): dense launches of
+ * at least the ss bound take wg_gemm_ss_kernel (gemm_wg.cuh) where the caller gives a workspace
+ * for X's bf16 hi / lo planes: a split pass, then the GEMM; the same bits. Session 47 (H100): Kimi
+ * dense projections 1.04-1.17x the register form's speed, a 2,048-token prefill layer 20.2 -> 18.8
+ * ms. kdt_gemm_wg_ss_on says whether a runner on the current device should allocate the workspace. */
+extern "C" int kdt_gemm_wg_ss_on(void) { return wg_ss_on() && wg_on() && !use_v1() && wg_dev_ready(); }
 extern "C" int64_t kdt_gemm_wg_ss_elems(int32_t rows, int32_t max_ld) { return 2 * (int64_t)rows * max_ld; }
 extern "C" kdt_status kdt_gemm_launch_ws(const kdt_gemm_args *a, int32_t stages, cudaStream_t s, int plain,
                                          uint16_t *ws, int64_t ws_elems) {
     const int64_t plane = (int64_t)a->m_max * a->ldw;
-    if (!ws || !kdt_gemm_wg_ss_on() || a->batch > 1 || 2 * plane > ws_elems || a->ldw % BK || a->k_chunk % BK ||
-        a->m_max < 1 || a->n < 1 || !wg_wanted(a))
+    if (!ws || !wg_ss_on() || a->batch > 1 || 2 * plane > ws_elems || a->ldw % BK || a->k_chunk % BK ||
+        a->m_max < 1 || a->n < 1 || !wg_wanted(a, true))
         return kdt_gemm_launch_plain(a, stages, s, plain);
     const int64_t chunks = (int64_t)a->m_max * (a->ldw / 8);
     wgg::wg_split_kernel<<<(unsigned)((chunks + 255) / 256), 256, 0, s>>>(*a, ws, plane, a->ldw);
@@ -1924,8 +1932,8 @@ extern "C" kdt_status kdt_gemm_launch_ws(const kdt_gemm_args *a, int32_t stages,
     return launch_error("GPU GEMM (wgmma, A from shared memory)");
 }
 
-/* The grouped launch with a workspace (KDT_GEMM_WG_SS=1, opt-in; session 46, not yet run): where
- * the wgmma kernel would run, X is split into ws's planes first (gate/up: xn's m_max rows, of which
+/* The grouped launch with a workspace (unless KDT_GEMM_WG_SS=0): where the ss bounds take the
+ * wgmma kernel, X is split into ws's planes first (gate/up: xn's m_max rows, of which
  * *m_dev exist; down: h's pairs, each zero past its expert's inter, by pair_expert), then the
  * A-from-shared-memory kernel. The same bits. */
 extern "C" kdt_status kdt_grouped_launch_ws(const kdt_grouped_args *a, int32_t stages, cudaStream_t s, uint16_t *ws,
@@ -1933,8 +1941,8 @@ extern "C" kdt_status kdt_grouped_launch_ws(const kdt_grouped_args *a, int32_t s
                                             const int32_t *pair_expert, int32_t ld) {
     const int64_t rows = a->which == 0 ? m_max : a->n_pairs_hint;
     const int64_t plane = rows * ld;
-    if (!ws || !kdt_gemm_wg_ss_on() || rows < 1 || ld % BK || 2 * plane > ws_elems || (a->which == 1 && !pair_expert) ||
-        !wg_grouped_wanted(a->max_item_rows, a->n_pairs_hint))
+    if (!ws || !wg_ss_on() || rows < 1 || ld % BK || 2 * plane > ws_elems || (a->which == 1 && !pair_expert) ||
+        !wg_grouped_wanted(a->max_item_rows, a->n_pairs_hint, true))
         return kdt_grouped_launch(a, stages, s);
     if (a->h && (a->which != 0 || !a->tiled))
         return kdt_fail(KDT_ERR_INTERNAL, "GPU grouped GEMM: a fused SwiGLU needs a gate/up launch over tiled experts");
@@ -1959,14 +1967,14 @@ extern "C" kdt_status kdt_grouped_launch_ws(const kdt_grouped_args *a, int32_t s
 }
 
 extern "C" int32_t kdt_gemm_wg_item_rows(int32_t n_pairs) {
-    return wg_grouped_wanted(KDT_G_BM, n_pairs) ? KDT_G_BM : 0;
+    return wg_grouped_wanted(KDT_G_BM, n_pairs, wg_ss_on()) ? KDT_G_BM : 0;
 }
 
 extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s) {
     const dim3 grid((unsigned)((a->n_max + BN - 1) / BN), (unsigned)(a->grid_items > 0 ? a->grid_items : 1));
     if (a->h && (a->which != 0 || !a->tiled))
         return kdt_fail(KDT_ERR_INTERNAL, "GPU grouped GEMM: a fused SwiGLU needs a gate/up launch over tiled experts");
-    if (wg_grouped_wanted(a->max_item_rows, a->n_pairs_hint)) { /* many rows on wgmma (gemm_wg.cuh): the same bits */
+    if (wg_grouped_wanted(a->max_item_rows, a->n_pairs_hint, false)) { /* many rows on wgmma (gemm_wg.cuh): the same bits */
         const dim3 gw((unsigned)((a->n_max + wgg::BN - 1) / wgg::BN), grid.y);
         wgg::wg_grouped_kernel<<<gw, wgg::G_THREADS, (size_t)wgg::G_SMEM, s>>>(*a);
         return launch_error("GPU grouped GEMM (wgmma)");

@@ -198,7 +198,7 @@ struct kdt_gpu_runner {
     float *heads;                   /* [max_rows][H * d_v] */
     float *part;                    /* split-K partials of the dense GEMMs */
     size_t part_floats;
-    uint16_t *x_hl, *x_hl_side;     /* KDT_GEMM_WG_SS=1 at creation: X's bf16 hi / lo planes for the
+    uint16_t *x_hl, *x_hl_side;     /* kdt_gemm_wg_ss_on at creation: X's bf16 hi / lo planes for the
                                        wgmma GEMMs (kdt_gemm_launch_ws, kdt_grouped_launch_ws): the
                                        main stream's (dense and MoE), the side stream's (dense) */
     int64_t x_hl_elems, x_hl_side_elems;
@@ -282,10 +282,12 @@ kdt_status kdt_gemm_launch(const kdt_gemm_args *a, int32_t stages, cudaStream_t 
 /* the same, launched without programmatic dependence when plain (a full dependency) */
 kdt_status kdt_gemm_launch_plain(const kdt_gemm_args *a, int32_t stages, cudaStream_t s, int plain);
 /* the same, with a workspace of ws_elems bf16 for X's hi / lo planes (kdt_gemm_wg_ss_elems(rows,
- * max ldw)): with KDT_GEMM_WG_SS=1 (kdt_gemm_wg_ss_on, opt-in) a launch that takes the wgmma kernel
- * splits X there first and reads A from shared memory (gemm_wg.cuh); the same bits */
+ * max ldw)): a launch of >= 64 rows (KDT_GEMM_WG_MIN) on a wgmma device splits X there first and
+ * reads A from shared memory (gemm_wg.cuh; KDT_GEMM_WG_SS=0: not); the same bits */
 kdt_status kdt_gemm_launch_ws(const kdt_gemm_args *a, int32_t stages, cudaStream_t s, int plain, uint16_t *ws,
                               int64_t ws_elems);
+/* 1 when a runner on the current device should allocate that workspace (wgmma code, the ss forms
+ * not switched off) */
 int kdt_gemm_wg_ss_on(void);
 int64_t kdt_gemm_wg_ss_elems(int32_t rows, int32_t max_ld);
 
@@ -312,7 +314,7 @@ typedef struct kdt_grouped_args {
                                    bits k_swiglu would write (kdt_grouped_fuses_swiglu) */
 } kdt_grouped_args;
 kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s);
-/* with a workspace for the wgmma kernel's A planes (KDT_GEMM_WG_SS=1, as kdt_gemm_launch_ws): X
+/* with a workspace for the wgmma kernel's A planes (as kdt_gemm_launch_ws; pairs >= 8 x the row bound): X
  * (gate/up: xn, m_max rows of which *m_dev exist; down: h, n_pairs_hint rows, each zero past
  * experts[pair_expert[p]].inter) split into planes of ld (>= every expert's ld_d, resp. ld_i) */
 kdt_status kdt_grouped_launch_ws(const kdt_grouped_args *a, int32_t stages, cudaStream_t s, uint16_t *ws,
