@@ -252,6 +252,47 @@ static void test_plain_prefill_chunks(void) {
     tm_rmdir(d0); tm_rmdir(d1); tm_rmdir(d2);
 }
 
+/* The GPU engine's default prefill chunk (kdt_prefill_chunk_for) at published dimensions: Kimi
+ * K2.6's layer holds ~34x the weights a row uses (384 experts, 8 + 1 used), so its point is
+ * ~34 x the device's FLOPs per byte: 2,048 rows at an H100's ~38, 1,024 at an H200's ~26, and
+ * down to the 256 floor; DeepSeek-V3 (256 experts, 128 heads) ~20x; a dense model 1x (256); the
+ * bundled tiny target 256 at an H100's ridge (its GPU default as before the rule). */
+static void test_prefill_chunk_rule(void) {
+    kdt_model_config k = {0};
+    k.hidden_size = 7168; k.n_heads = 64; k.q_lora_rank = 1536; k.kv_lora_rank = 512;
+    k.qk_nope_head_dim = 128; k.qk_rope_head_dim = 64; k.v_head_dim = 128;
+    k.intermediate_size = 18432; k.moe_intermediate_size = 2048; k.n_routed_experts = 384;
+    k.n_shared_experts = 1; k.n_experts_per_tok = 8; k.first_k_dense_replace = 1; k.n_layers = 61;
+    CHECK_EQ_INT(kdt_prefill_chunk_for(&k, 38.0), 2048);
+    CHECK_EQ_INT(kdt_prefill_chunk_for(&k, 26.0), 1024);
+    CHECK_EQ_INT(kdt_prefill_chunk_for(&k, 14.0), 512);
+    CHECK_EQ_INT(kdt_prefill_chunk_for(&k, 7.0), 256);
+    CHECK_EQ_INT(kdt_prefill_chunk_for(&k, 1e6), KDT_GPU_PREFILL_CHUNK_MAX);
+    CHECK_EQ_INT(kdt_prefill_chunk_for(&k, 0.0), KDT_GPU_PREFILL_CHUNK_MIN);
+    CHECK_EQ_INT(kdt_prefill_chunk_for(&k, -1.0), KDT_GPU_PREFILL_CHUNK_MIN);
+    CHECK_EQ_INT(kdt_prefill_chunk_for(&k, NAN), KDT_GPU_PREFILL_CHUNK_MIN);
+    CHECK_EQ_INT(kdt_prefill_chunk_for(NULL, 38.0), KDT_GPU_PREFILL_CHUNK_MIN);
+    kdt_model_config v3 = k; /* DeepSeek-V3: 128 heads, 256 experts */
+    v3.n_heads = 128; v3.n_routed_experts = 256; v3.first_k_dense_replace = 3;
+    CHECK_EQ_INT(kdt_prefill_chunk_for(&v3, 38.0), 1024);
+    CHECK_EQ_INT(kdt_prefill_chunk_for(&v3, 26.0), 512);
+    kdt_model_config dense = k; /* every layer dense (or no experts at all) */
+    dense.first_k_dense_replace = dense.n_layers;
+    CHECK_EQ_INT(kdt_prefill_chunk_for(&dense, 38.0), 256);
+    dense = k;
+    dense.n_routed_experts = 0;
+    CHECK_EQ_INT(kdt_prefill_chunk_for(&dense, 200.0), 256);
+    kdt_model_config zero = {0}; /* no weights: no rows to amortize */
+    CHECK_EQ_INT(kdt_prefill_chunk_for(&zero, 38.0), KDT_GPU_PREFILL_CHUNK_MIN);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/models/tiny-target", KDT_SOURCE_DIR);
+    kdt_model *m = NULL;
+    kdt_model_options o = {0, 0, 0};
+    CHECK_EQ_INT(kdt_model_load(path, &o, &m), KDT_OK);
+    if (m) CHECK_EQ_INT(kdt_prefill_chunk_for(kdt_model_get_config(m), 38.0), 256);
+    kdt_model_free(m);
+}
+
 /* KDT_PREFILL_AUTO: the FLOP rule at Kimi K2.6's dimensions (a prompt's first chunk always pays;
  * after a long prefix a chunk pays from 171 rows), and the forms it picks on a tiny model: its
  * outputs equal the plain form's bitwise where every chunk pays and the absorbed form's where
@@ -838,6 +879,7 @@ int main(void) {
     T_RUN(test_plain_vs_reference);
     T_RUN(test_plain_prefill_chunks);
     T_RUN(test_prefill_auto);
+    T_RUN(test_prefill_chunk_rule);
     T_RUN(test_latent_shift_same_model);
     T_RUN(test_decode_batch_invariance);
     T_RUN(test_verify_equals_decode);

@@ -29,7 +29,8 @@
  *
  *   bench_model [--quick] [--md FILE] [--only tiny|kimi]
  * KDT_BENCH_MODEL_PAUSE_MS=n: idle time before each Kimi shape (default 3000; see pause_before_shape).
- * KDT_BENCH_MODEL_SHAPE=decode,S[,corr], verify,N[,corr] or prefill,N (corr 0 or 1; default 0) times that
+ * KDT_BENCH_MODEL_SHAPE=decode,S[,corr], verify,N[,corr] or prefill,N (corr 0 or 1; default 0; prefill
+ * also N 128, 256 and 1,024, which the table skips) times that
  * Kimi shape alone, then replays it once more between cudaProfilerStart / Stop (for
  * `ncu --profile-from-start off`: the kernels of one pass); with KDT_BENCH_MODEL_STEPS=1 it
  * also times the pass cut after each of its steps (a per-step breakdown at real clocks).
@@ -368,7 +369,9 @@ static double distinct_experts(kdt_gpu_runner *r, int E, int layers, char *per_l
 }
 
 /* The Kimi table's shapes: decode S streams, tree verify of N nodes (kimi_shapes runs them). */
-static const int kimi_decode_S[3] = {1, 8, 64}, kimi_verify_N[4] = {9, 17, 33, 65}, kimi_prefill_N[2] = {512, 2048};
+static const int kimi_decode_S[3] = {1, 8, 64}, kimi_verify_N[4] = {9, 17, 33, 65}, kimi_prefill_N[5] = {512, 2048, 128, 256, 1024};
+enum { KIMI_PREFILL_TABLE = 2 }; /* the table runs the first two; KDT_BENCH_MODEL_SHAPE any of them (the
+                                    chunk-size curve behind the engine's GPU default) */
 enum { KIMI_PREFILL_MAX = 2048 };
 static int in_list(int v, const int *list, int n) {
     for (int i = 0; i < n; i++)
@@ -394,11 +397,11 @@ static void read_shape(void) {
     /* only the table's shapes run (kimi_shapes); any other would time nothing and exit 0 */
     const int ok = shape_mode == 1   ? in_list(n, kimi_decode_S, 3)
                    : shape_mode == 2 ? in_list(n, kimi_verify_N, 4)
-                                     : in_list(n, kimi_prefill_N, 2) && corr == 0;
+                                     : in_list(n, kimi_prefill_N, 5) && corr == 0;
     if (!ok || (corr != 0 && corr != 1)) {
         fprintf(stderr, "bench_model: KDT_BENCH_MODEL_SHAPE=%s is not one of the Kimi table's shapes "
                         "(decode,S with S 1, 8 or 64; verify,N with N 9, 17, 33 or 65; then corr 0 or 1; "
-                        "prefill,N with N 512 or 2048)\n", e);
+                        "prefill,N with N 128, 256, 512, 1024 or 2048)\n", e);
         exit(2);
     }
 }
@@ -526,9 +529,9 @@ static void kimi_shapes(const kimi_bench *kb, int ab) {
             kdt_gpu_graph_free(gr);
             BENCH_OK(kdt_gpu_kv_stream_set_length(kv, 0, bench_prefix));
         }
-    for (int k = 0; kb->rp && k < 4; k++) {
+    for (int k = 0; kb->rp && k < 10; k++) {
         const int N = kimi_prefill_N[k / 2], plain = k % 2; /* each N in the absorbed, then the plain form */
-        if (!shape_wanted(3, N, 0)) continue;
+        if ((shape_mode == 0 && k / 2 >= KIMI_PREFILL_TABLE) || !shape_wanted(3, N, 0)) continue;
         if (plain && kdt_gpu_runner_set_prefill_attention(kb->rp, KDT_PREFILL_PLAIN) != KDT_OK) {
             printf("  prefill N=%d plain: %s\n", N, kdt_last_error());
             continue;

@@ -57,7 +57,9 @@ typedef struct kdt_engine_options {
                                       FLOPs (kdt_prefill_plain_pays), on the CPU and the GPU. */
     int32_t prefill_chunk;         /* prompt rows per forward pass of a prefill, 1..4096; 0 = the
                                       device's default (CPU: 64 for the absorbed form, 256 for
-                                      plain or auto; GPU 256). Larger chunks read each
+                                      plain or auto; GPU: kdt_prefill_chunk_for the model and the
+                                      device, 256..2,048, halved while its scratch does not fit;
+                                      kdt_engine_prefill_chunk says which). Larger chunks read each
                                       weight once for more rows (a MoE layer's experts stream once
                                       per chunk) and let the plain attention pay more. The GPU's
                                       scratch grows in proportion (each row's activations,
@@ -168,6 +170,9 @@ void kdt_engine_eos_ids(const kdt_engine *e, const int32_t **ids, int32_t *n);
 const char *kdt_finish_reason_name(kdt_finish_reason r);
 /* Where the engine decodes: "cpu", or "cuda (<GPU name>)". Valid while the engine lives. */
 const char *kdt_engine_device_name(const kdt_engine *e);
+/* Prompt rows per prefill pass: kdt_engine_options.prefill_chunk, or the device's default for
+ * this model when that was 0 (0 for a NULL engine). */
+int32_t kdt_engine_prefill_chunk(const kdt_engine *e);
 
 #ifdef __cplusplus
 }

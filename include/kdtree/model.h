@@ -157,6 +157,19 @@ typedef struct kdt_model_options {
  * function of the config's dimensions, n_rows and prefix_len only). */
 int kdt_prefill_plain_pays(const kdt_model_config *c, int32_t n_rows, int32_t prefix_len);
 
+/* The GPU engine's default prefill chunk (kdt_engine_options.prefill_chunk 0): the smallest power
+ * of two in [KDT_GPU_PREFILL_CHUNK_MIN, KDT_GPU_PREFILL_CHUNK_MAX] rows whose matrix FLOPs (2 per
+ * weight a row uses: attention, router, shared and top-k experts) reach the bf16 bytes of the
+ * heaviest layer's weights (all experts: a chunk streams each once) times flop_per_byte, the
+ * device's rate over its bandwidth. Below that a pass costs about its bytes whatever its rows;
+ * past it the time per prompt token hardly falls while a pass, which decode rounds wait behind,
+ * grows (Kimi K2.6 on an H100, bench/RESULTS.md session 47: 45 / 25 / 14 / 9.2 us per token at
+ * 256 / 512 / 1,024 / 2,048 rows). Dense and small models get the minimum; MIN for c NULL or a
+ * flop_per_byte not > 0. A function of the config's dimensions and flop_per_byte only. */
+#define KDT_GPU_PREFILL_CHUNK_MIN 256
+#define KDT_GPU_PREFILL_CHUNK_MAX 2048
+int32_t kdt_prefill_chunk_for(const kdt_model_config *c, double flop_per_byte);
+
 /* Loads the model in directory `dir`. opt may be NULL (defaults: progress 1, chunk 64, absorbed
  * prefill attention). On failure *out is NULL and nothing is left open. */
 kdt_status kdt_model_load(const char *dir, const kdt_model_options *opt, kdt_model **out);

@@ -51,7 +51,8 @@ typedef struct cli_engine_args {
     "prompt tokens prefilled per engine step, 0 = no limit; a long prompt then takes several steps while " \
     "running streams keep decoding [0]"
 #define CLI_PREFILL_CHUNK_HELP \
-    "prompt rows per prefill pass, 1..4096, 0 = the device's default (CPU 64 absorbed, 256 plain / auto; GPU 256) [0]"
+    "prompt rows per prefill pass, 1..4096, 0 = the device's default (CPU 64 absorbed, 256 plain / auto; GPU " \
+    "256..2048 by the model's experts and the device) [0]"
 
 /* The --prefill-attn help line, and its parser: "absorbed", "plain" or "auto" into *form (a
  * kdt_prefill_attention); -1 with "kdtree <cmd>: --prefill-attn ..." on stderr otherwise. */

@@ -80,7 +80,8 @@ kdt_engine *cli_engine_create(const char *cmd, const cli_engine_args *a) {
         fprintf(stderr, "kdtree %s: %s (%s)\n", cmd, kdt_last_error(), kdt_status_name(st));
         return NULL;
     }
-    fprintf(stderr, "kdtree %s: decoding on %s\n", cmd, kdt_engine_device_name(e));
+    fprintf(stderr, "kdtree %s: decoding on %s, prefill in chunks of %d rows\n", cmd, kdt_engine_device_name(e),
+            kdt_engine_prefill_chunk(e));
     return e;
 }
 

@@ -430,6 +430,8 @@ void kdt_engine_eos_ids(const kdt_engine *e, const int32_t **ids, int32_t *n) {
     if (n) *n = e ? e->mc->n_eos : 0;
 }
 
+int32_t kdt_engine_prefill_chunk(const kdt_engine *e) { return e ? e->prefill_quantum : 0; }
+
 const char *kdt_engine_device_name(const kdt_engine *e) {
     if (!e) return "none";
     return e->gpu ? kdt_engine_gpu_device_name(e) : "cpu";

@@ -487,6 +487,25 @@ int kdt_prefill_plain_pays(const kdt_model_config *c, int32_t n_rows, int32_t pr
     return plain < absorbed;
 }
 
+int32_t kdt_prefill_chunk_for(const kdt_model_config *c, double flop_per_byte) {
+    if (!c || !(flop_per_byte > 0)) return KDT_GPU_PREFILL_CHUNK_MIN;
+    const double D = c->hidden_size, H = c->n_heads, dn = c->qk_nope_head_dim, dr = c->qk_rope_head_dim;
+    const double dv = c->v_head_dim, dc = c->kv_lora_rank, ql = c->q_lora_rank;
+    /* weights per layer: q (through q_a / q_b or q_proj), kv_a, kv_b, o_proj; then the MLP */
+    const double attn = (ql > 0 ? D * ql + ql * H * (dn + dr) : D * H * (dn + dr)) + D * (dc + dr) +
+                        dc * H * (dn + dv) + H * dv * D;
+    const double expert = 3.0 * D * c->moe_intermediate_size, E = c->n_routed_experts;
+    const int moe = c->n_routed_experts > 0 && c->n_layers > c->first_k_dense_replace;
+    const double all = moe ? attn + D * E + (c->n_shared_experts + E) * expert : attn + 3.0 * D * c->intermediate_size;
+    const double used = moe ? attn + D * E + (double)(c->n_shared_experts + c->n_experts_per_tok) * expert : all;
+    if (!(all > 0) || !(used > 0)) return KDT_GPU_PREFILL_CHUNK_MIN;
+    /* rows at which 2 * used FLOPs a row reach 2 * all bytes (bf16) times the ridge */
+    const double knee = flop_per_byte * all / used;
+    int32_t rows = KDT_GPU_PREFILL_CHUNK_MIN;
+    while (rows < KDT_GPU_PREFILL_CHUNK_MAX && rows < knee) rows *= 2;
+    return rows;
+}
+
 typedef struct plain_job {
     const kdt_model *m;
     const kdt_kv_cache *kv;

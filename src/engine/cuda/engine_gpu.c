@@ -36,10 +36,27 @@ kdt_status kdt_eng_scatter_rows(float *dst, int64_t dst_stride, int32_t n_dst_ro
 kdt_status kdt_eng_tree_prefix(const kdt_tree *src, const kdt_tree *dst, const int32_t *budget, int32_t *probe_n,
                                float *probe_score, void *stream);
 
-/* prompt rows per prefill pass unless kdt_engine_options.prefill_chunk says otherwise: enough
- * rows that a pass is not launch-bound on a small model, few enough that the runner's per-row
- * scratch (activations, attention partials, logits) stays small on a large one */
-#define PREFILL_CHUNK_DEFAULT 256
+/* The device's matrix rate over its memory bandwidth, in FLOPs per byte, for the default prefill
+ * chunk (kdt_prefill_chunk_for); 0 when the device does not say. A coarse model, anchored on one
+ * measurement: a 2,048-row Kimi K2.6 prefill layer ran its matrices at ~114 TFLOP/s on an H100
+ * (132 SMs at 1,980 MHz; the wgmma GEMMs, bench/RESULTS.md session 47) and the mma.sync ones at
+ * ~55, scaled by SMs x clock; bandwidth 90 % of the memory's peak (the H100 copies 3,015 GB/s of
+ * 3,352). H100: ~38, so Kimi gets 2,048 rows; an H200 (4.8 TB/s): ~26, 1,024 rows. */
+static double device_flop_per_byte(void) {
+    int dev = 0, sms = 0, khz = 0, mem_khz = 0, bus_bits = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    const double rate = (major == 9 ? 114e12 : 55e12) * (sms / 132.0) * (khz / 1.98e6);
+    const double bandwidth = 0.9 * 2.0 * mem_khz * 1e3 * (bus_bits / 8.0); /* DDR: 2 transfers a clock */
+    return rate > 0 && bandwidth > 0 ? rate / bandwidth : 0;
+}
 /* A 64-client server run with auto met ~130 shapes (batch size x plain/drafted x stride); with a
  * 32-graph cache it recaptured 1,557 times in 12 s (4.6 s of capture, auto at 0.81x ar). */
 #define MAX_GRAPHS 256
@@ -249,30 +266,9 @@ static kdt_status create_buffers(kdt_engine *e, eng_gpu *g) {
     return KDT_OK;
 }
 
-kdt_status kdt_engine_gpu_create(kdt_engine *e, int verbose) {
-    eng_gpu *g = calloc(1, sizeof *g);
-    if (!g) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine GPU");
-    e->gpu = g;
-    g->MS = e->max_streams;
-    g->MN = e->max_nodes;
-    e->prefill_quantum = e->prefill_chunk > 0 ? e->prefill_chunk : PREFILL_CHUNK_DEFAULT; /* rows per pass */
-    g->Lmax = e->depth > 0 ? e->depth : KDT_MAX_DEPTH; /* room for a test drafter */
-    g->Kmax = e->top_k_max;
-    g->V = e->mc->vocab_size;
-    g->D = e->mc->hidden_size;
-    const char *pf = getenv("KDT_ENGINE_PROFILE");
-    g->profile = pf && pf[0] == '1';
-    const char *ng = getenv("KDT_NO_GRAPHS");
-    g->graphs_on = !(ng && ng[0] && strcmp(ng, "0") != 0);
-    struct cudaDeviceProp prop;
-    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
-        snprintf(g->device_name, sizeof g->device_name, "cuda (%s)", prop.name);
-    else
-        snprintf(g->device_name, sizeof g->device_name, "cuda");
-    kdt_gpu_options go = {0, verbose ? 1 : 0, 0};
-    KDT_TRY(kdt_model_to_gpu(e->model, &go, &g->model));
-    kdt_kv_cache_options ko = {e->pages_total, e->max_streams, e->pages_per_stream_max};
-    KDT_TRY(kdt_gpu_kv_create(g->model, &ko, &g->kv));
+/* The forward runner for e->prefill_quantum-row prefill passes and MS x MN-row rounds, then the
+ * drafter's GPU side. */
+static kdt_status create_runner(kdt_engine *e, eng_gpu *g) {
     kdt_gpu_runner_options ro;
     memset(&ro, 0, sizeof ro);
     const int32_t C = e->prefill_quantum;
@@ -292,6 +288,53 @@ kdt_status kdt_engine_gpu_create(kdt_engine *e, int verbose) {
                                        g->stream};
         KDT_TRY(kdt_dflash_to_gpu(e->drafter, g->model, &dopt, &g->draft));
         g->append_max = dopt.max_append_rows;
+    }
+    return KDT_OK;
+}
+
+kdt_status kdt_engine_gpu_create(kdt_engine *e, int verbose) {
+    eng_gpu *g = calloc(1, sizeof *g);
+    if (!g) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine GPU");
+    e->gpu = g;
+    g->MS = e->max_streams;
+    g->MN = e->max_nodes;
+    /* rows per prefill pass: the caller's, else the model's and device's default, halved while the
+     * runner or drafter for it does not fit (below) */
+    const int chunk_given = e->prefill_chunk > 0;
+    e->prefill_quantum = chunk_given ? e->prefill_chunk : kdt_prefill_chunk_for(e->mc, device_flop_per_byte());
+    g->Lmax = e->depth > 0 ? e->depth : KDT_MAX_DEPTH; /* room for a test drafter */
+    g->Kmax = e->top_k_max;
+    g->V = e->mc->vocab_size;
+    g->D = e->mc->hidden_size;
+    const char *pf = getenv("KDT_ENGINE_PROFILE");
+    g->profile = pf && pf[0] == '1';
+    const char *ng = getenv("KDT_NO_GRAPHS");
+    g->graphs_on = !(ng && ng[0] && strcmp(ng, "0") != 0);
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+        snprintf(g->device_name, sizeof g->device_name, "cuda (%s)", prop.name);
+    else
+        snprintf(g->device_name, sizeof g->device_name, "cuda");
+    kdt_gpu_options go = {0, verbose ? 1 : 0, 0};
+    KDT_TRY(kdt_model_to_gpu(e->model, &go, &g->model));
+    kdt_kv_cache_options ko = {e->pages_total, e->max_streams, e->pages_per_stream_max};
+    KDT_TRY(kdt_gpu_kv_create(g->model, &ko, &g->kv));
+    for (;;) {
+        const kdt_status st = create_runner(e, g);
+        if (st == KDT_OK) break;
+        /* a default chunk too large for the memory the weights and KV pool left: halve it (a
+         * chunk the caller chose fails, naming the buffer) */
+        if (chunk_given || st != KDT_ERR_OUT_OF_MEMORY || e->prefill_quantum <= KDT_GPU_PREFILL_CHUNK_MIN) return st;
+        kdt_dflash_gpu_free(g->draft);
+        g->draft = NULL;
+        kdt_gpu_runner_free(g->run);
+        g->run = NULL;
+        g->stream = NULL;
+        (void)cudaGetLastError(); /* the failed allocation's error is not sticky */
+        e->prefill_quantum /= 2;
+        if (verbose)
+            fprintf(stderr, "kdtree: the default prefill chunk does not fit on the GPU (%s); trying %d rows\n",
+                    kdt_last_error(), e->prefill_quantum);
     }
     KDT_TRY(create_buffers(e, g));
     CU(cudaStreamSynchronize(g->stream), "create");
