@@ -373,7 +373,9 @@ typedef struct kdt_gpu_runner_options {
                                or auto allocate per-head key / value scratch for up to
                                KDT_GPU_PLAIN_MAX_KEYS keys (4 x H x keys x ~(d_n + d_r + d_v)
                                bytes: bf16 hi / lo pairs; 1.34 GB for Kimi); a chunk that sees
-                               more keys takes the absorbed form. Plain needs d_n + d_r <= 256,
+                               more keys runs in blocks of that many, each row's softmax state
+                               kept between them (max_rows x H x (d_v + 8) floats more; the
+                               same bits). Plain needs d_n + d_r <= 256,
                                d_v <= 256 and the shared memory for them (else
                                KDT_ERR_UNSUPPORTED; auto then stays absorbed). */
 } kdt_gpu_runner_options;

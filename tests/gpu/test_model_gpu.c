@@ -972,18 +972,73 @@ static void plain_stages_same(void) {
     gmodel_close(&m);
 }
 
+/* A chunk that sees more keys than the plain scratch holds runs in key blocks, each row's softmax
+ * state carried between them (gpu_plain.cu): bitwise the one-block result, with blocks of 64 keys
+ * (KDT_GPU_PLAIN_BLOCK_KEYS) in 128-row chunks (the first CTA's rows see no key of a chunk's
+ * last block: their state is written out as it came), in 7-row chunks (up to 29 passes over as
+ * many blocks as 64-key spans of the prefix), and with one K / V stage. */
+static void plain_blocks_same(const char *dir, const char *label, int n) {
+    gmodel m;
+    if (!gmodel_open(&m, dir)) {
+        CHECK_MSG(0, "%s: model did not open", label);
+        gmodel_close(&m);
+        return;
+    }
+    const int V = m.cpu->cfg.vocab_size;
+    int32_t *toks = xmalloc((size_t)n * sizeof *toks);
+    uint64_t rng = 29;
+    for (int i = 0; i < n; i++) toks[i] = t_rand_int(&rng, V);
+    float *ref = xmalloc((size_t)n * V * 4), *got = xmalloc((size_t)n * V * 4);
+    kdt_gpu_runner *r0 = new_runner_form(m.g, 128, KDT_PREFILL_PLAIN);
+    char *sb = env_save("KDT_GPU_PLAIN_BLOCK_KEYS"), *ss = env_save("KDT_GPU_PLAIN_STAGES");
+    setenv("KDT_GPU_PLAIN_BLOCK_KEYS", "64", 1);
+    kdt_gpu_runner *rb[3] = {new_runner_form(m.g, 128, KDT_PREFILL_PLAIN), new_runner_form(m.g, 7, KDT_PREFILL_PLAIN),
+                             NULL};
+    setenv("KDT_GPU_PLAIN_STAGES", "1", 1);
+    rb[2] = new_runner_form(m.g, 128, KDT_PREFILL_PLAIN);
+    env_restore("KDT_GPU_PLAIN_STAGES", ss);
+    env_restore("KDT_GPU_PLAIN_BLOCK_KEYS", sb);
+    const char *what[3] = {"128-row chunks", "7-row chunks", "128-row chunks, one stage"};
+    CHECK_MSG(r0 && r0->plain_cap >= n && !r0->plain_state, "%s: the one-block runner", label);
+    for (int k = 0; k < 3; k++)
+        CHECK_MSG(rb[k] && rb[k]->plain_cap == 64 && rb[k]->plain_state, "%s: blocks runner %d", label, k);
+    if (r0 && rb[0] && rb[1] && rb[2]) {
+        kdt_gpu_kv *kv = new_gkv(m.g, (n + 63) / 64 + 1, 1);
+        kdt_model_outputs o = {ref, NULL, 0, 0, NULL, NULL};
+        CHECK_EQ_INT(kdt_gpu_prefill(r0, kv, 0, toks, n, &o), KDT_OK);
+        CHECK(all_finite(ref, (size_t)n * V));
+        for (int k = 0; k < 3; k++) {
+            kdt_gpu_kv *kb = new_gkv(m.g, (n + 63) / 64 + 1, 1);
+            o.logits = got;
+            memset(got, 0, (size_t)n * V * 4);
+            CHECK_EQ_INT(kdt_gpu_prefill(rb[k], kb, 0, toks, n, &o), KDT_OK);
+            CHECK_MSG(memcmp(ref, got, (size_t)n * V * 4) == 0, "%s: %d keys in 64-key blocks, %s: not the one-block bits",
+                      label, n, what[k]);
+            kdt_gpu_kv_free(kb);
+        }
+        kdt_gpu_kv_free(kv);
+        printf("  %s: %d keys in blocks of 64 (128- and 7-row chunks, 1 and 2 stages) == one block, bitwise\n", label, n);
+    }
+    kdt_gpu_runner_free(r0);
+    for (int k = 0; k < 3; k++) kdt_gpu_runner_free(rb[k]);
+    free(toks), free(ref), free(got);
+    gmodel_close(&m);
+}
+
 static void test_plain_prefill(void) {
     char dir[600];
     snprintf(dir, sizeof dir, "%s/kimi_tiny", FIXTURES);
     plain_case(dir, "kimi_tiny", quick ? 70 : 150, 41);
     plain_graph_and_switch();
     plain_stages_same();
+    plain_blocks_same(dir, "kimi_tiny", quick ? 150 : 250);
     /* Kimi's attention dimensions (d_n + d_r 192, d_v 128: the instance a Kimi prefill runs), then
      * random small specs (odd head dims and d_c: the padding paths) */
     tm_spec k = kimi_dims_spec(4242);
     tm_mkdtemp(dir, sizeof dir);
     tm_write_model(dir, &k);
     plain_case(dir, "Kimi attention dimensions", quick ? 70 : 200, 43);
+    plain_blocks_same(dir, "Kimi attention dimensions", quick ? 150 : 300);
     {   /* every weight that may be tiled, tiled (the opt-in dense layout): the plain form reads
          * W_UK / W_UV itself, row-major, which session 46 found tiled (and wrong) under it */
         char *td = env_save("KDT_GPU_TILED_DENSE"), *te = env_save("KDT_GPU_TILED_EXPERTS");

@@ -111,8 +111,11 @@ void kdt_gpu_runner_free(kdt_gpu_runner *r) {
 
 /* The plain prefill form's scratch and instance (gpu_plain.cu) for a runner asking for plain or
  * auto: per-head K [cap][d_n + d_r, padded to 16] and V [cap][d_v, padded to a power of two] as
- * bf16 hi / lo planes, cap = min(max_keys, KDT_GPU_PLAIN_MAX_KEYS) rounded up to 64. Dimensions
- * without an instance: plain is refused, auto keeps the absorbed form. */
+ * bf16 hi / lo planes, cap = min(max_keys, KDT_GPU_PLAIN_MAX_KEYS) rounded up to 64 (tests may
+ * lower the bound with KDT_GPU_PLAIN_BLOCK_KEYS, a multiple of 64); where max_keys is larger, a
+ * chunk runs in blocks of cap keys with each row's softmax state kept between them, [max_rows][H]
+ * [dv_p + 8] floats (71 MB for Kimi at 2,048 rows). Dimensions without an instance: plain is
+ * refused, auto keeps the absorbed form. */
 static kdt_status plain_setup(kdt_gpu_runner *r) {
     const kdt_gpu_model *g = r->g;
     const kdt_model_config *c = &g->cfg;
@@ -131,7 +134,10 @@ static kdt_status plain_setup(kdt_gpu_runner *r) {
         r->opt.prefill_attention = KDT_PREFILL_ABSORBED;
         return KDT_OK;
     }
-    const int32_t keys = r->opt.max_keys < KDT_GPU_PLAIN_MAX_KEYS ? r->opt.max_keys : KDT_GPU_PLAIN_MAX_KEYS;
+    int32_t bound = KDT_GPU_PLAIN_MAX_KEYS;
+    const char *bk = getenv("KDT_GPU_PLAIN_BLOCK_KEYS"); /* tests: blocks on small models */
+    if (bk && atoi(bk) >= 64 && atoi(bk) % 64 == 0 && atoi(bk) < bound) bound = atoi(bk);
+    const int32_t keys = r->opt.max_keys < bound ? r->opt.max_keys : bound;
     r->plain_cap = (int32_t)kdt_g_round_up(keys, 64);
     r->plain_dqk = dqk_p;
     r->plain_dv = dv_p;
@@ -139,7 +145,10 @@ static kdt_status plain_setup(kdt_gpu_runner *r) {
     KDT_TRY(kdt_plain_init(dqk_p, dv_p, stages));
     const size_t n = (size_t)c->n_heads * r->plain_cap;
     KDT_TRY(ralloc(r, (void **)&r->plain_k, 2 * n * dqk_p * 2, "plain prefill keys"));
-    return ralloc(r, (void **)&r->plain_v, 2 * n * dv_p * 2, "plain prefill values");
+    KDT_TRY(ralloc(r, (void **)&r->plain_v, 2 * n * dv_p * 2, "plain prefill values"));
+    if (r->opt.max_keys <= r->plain_cap) return KDT_OK;
+    return ralloc(r, (void **)&r->plain_state, (size_t)r->opt.max_rows * c->n_heads * (dv_p + 8) * sizeof(float),
+                  "plain prefill softmax states");
 }
 
 kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_options *opt, kdt_gpu_runner **out) {
@@ -465,7 +474,7 @@ kdt_status kdt_gpu_stage_prefill(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t strea
     KDT_TRY(stage_end(r, c, &v, n, 0));
     c->length[stream] = c->written[stream] = len + n;
     /* the attention's form for this chunk (decided here, on the host, so a pass stays kernels only) */
-    r->staged_plain = r->plain_k && len + n <= r->plain_cap &&
+    r->staged_plain = r->plain_k && (len + n <= r->plain_cap || r->plain_state) &&
                       kdt_prefill_takes_plain(&r->g->cfg, r->opt.prefill_attention, n, len);
     r->plain_stream = stream;
     r->plain_first = len;
@@ -957,9 +966,15 @@ static kdt_status plain_attention(pass *p, int32_t l) {
     a.dv_p = r->plain_dv;
     a.stages = r->plain_stages;
     a.scale_log2 = c->softmax_scale * LOG2E;
+    a.state = r->plain_state;
+    a.state_ld = r->plain_dv + 8;
     if (step_cut(p, "plain_attention")) return KDT_OK;
     p->plain_next = 1; /* o_proj follows plain launches: no programmatic dependence to inherit */
-    return kdt_plain_launch(&a, &p->g->layers[l].uk_t, &p->g->layers[l].uv, p->s);
+    for (a.k0 = 0; a.k0 < a.T; a.k0 += a.cap) { /* blocks of cap keys, in key order (gpu_plain.cu) */
+        a.kn = a.T - a.k0 < a.cap ? a.T - a.k0 : a.cap;
+        KDT_TRY(kdt_plain_launch(&a, &p->g->layers[l].uk_t, &p->g->layers[l].uv, p->s));
+    }
+    return KDT_OK;
 }
 
 /* The absorbed form (decode, verify, and prefill by default): W_UK folds q_nope into the latent,

@@ -240,6 +240,8 @@ struct kdt_gpu_runner {
     /* the plain prefill form (gpu_plain.cu): scratch when opt.prefill_attention allows it */
     uint16_t *plain_k, *plain_v;    /* [2][H][plain_cap][plain_dqk], [2][H][plain_cap][plain_dv]: hi, lo */
     int32_t plain_cap, plain_dqk, plain_dv, plain_stages;
+    float *plain_state;             /* [max_rows][H][plain_dv + 8] softmax states between key blocks
+                                       (only when max_keys > plain_cap) */
     int32_t staged_plain;           /* the staged pass is a prefill chunk that takes the plain form */
     int32_t plain_stream, plain_first, plain_rows;
     /* profiling (kdt_gpu_runner_set_step_limit): steps of a pass, the last full pass's names */
@@ -378,16 +380,23 @@ typedef struct kdt_plain_args {
     const uint16_t *kv;             /* one layer of the cache [n_pages][page][row_stride] */
     int32_t row_stride, page_size, max_pages, stream;
     const int32_t *block_table;
-    uint16_t *k_hi, *k_lo;          /* [H][cap][dqk_p] bf16 pairs (hi + lo) */
+    uint16_t *k_hi, *k_lo;          /* [H][cap][dqk_p] bf16 pairs (hi + lo): keys k0 .. k0 + kn - 1 */
     uint16_t *v_hi, *v_lo;          /* [H][cap][dv_p] */
     int32_t cap;                    /* keys the scratch holds */
-    float *heads;                   /* [R][H * d_v] */
+    int32_t k0, kn;                 /* this launch's block of keys (k0 % cap == 0, kn <= cap); the
+                                       chunk's T keys run in blocks k0 = 0, cap, 2 cap, ... */
+    float *state;                   /* [R][H][state_ld] each row's softmax state between blocks
+                                       (needed when T > cap): unnormalized O, the running max, the
+                                       4 lanes' partial sums */
+    int32_t state_ld;               /* >= dv_p + 5 */
+    float *heads;                   /* [R][H * d_v] (written by the block that ends at T) */
     int32_t R, first, T, H, dn, dr, dc, dv, dqk_p, dv_p, stages;
     float scale_log2;
 } kdt_plain_args;
 /* (its instances' sizes: kdt_ap_plain_dv_pad, kdt_ap_plain_smem in attn_plan.h) */
 /* raises the instance's shared-memory limit (once per runner, before any capture) */
 kdt_status kdt_plain_init(int32_t dqk_p, int32_t dv_p, int32_t stages);
+/* one block of keys: up-projection of keys [k0, k0 + kn), then the attention over them */
 kdt_status kdt_plain_launch(const kdt_plain_args *a, const kdt_gmat *uk_t, const kdt_gmat *uv, cudaStream_t s);
 
 /* Fills the staged verify rows from a device tree (kdt_gpu_stage_verify_device); streams [S][3]

@@ -19,7 +19,13 @@
  * walks the keys in 64-key tiles from key 0 by absolute index, and tiles past its slot only add
  * exact zeros (p = exp2(-inf) = 0, the max unchanged), so its result depends on its token,
  * position and keys only: not on the chunk size, the other rows, or which warp holds it. It is
- * not the absorbed form's bits (another order of the same sums). */
+ * not the absorbed form's bits (another order of the same sums).
+ *
+ * Key blocks: the scratch holds cap keys (KDT_GPU_PLAIN_MAX_KEYS at most); a chunk that sees more
+ * runs plain_up, plain_kpe and plain_attn once per block of cap keys, in key order, and
+ * plain_attn carries each row's softmax state (the fp32 O, max and partial sums its threads
+ * hold) from one block to the next through a state buffer: the same tiles in the same order with
+ * the same values, so the same bits as one pass over a scratch of T keys. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -50,7 +56,7 @@ __global__ void __launch_bounds__(THREADS) plain_up(kdt_plain_args a, const uint
                                                     int32_t ld_out) {
     __shared__ __align__(16) uint16_t As[BM][64 + PAD];
     __shared__ __align__(16) uint16_t Bs[64][64 + PAD];
-    const int h = blockIdx.y, t0 = blockIdx.x * BM, n0 = blockIdx.z * BN;
+    const int h = blockIdx.y, t0 = a.k0 + blockIdx.x * BM, n0 = blockIdx.z * BN, t_end = a.k0 + a.kn;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const uint16_t *wh = w + (int64_t)h * w_batch;
     float acc[8][4];
@@ -62,7 +68,7 @@ __global__ void __launch_bounds__(THREADS) plain_up(kdt_plain_args a, const uint
             const int r = i >> 3, ch = i & 7, t = t0 + r, e = e0 + ch * 8;
             const uint16_t *src = a.kv;
             int bytes = 0;
-            if (t < a.T && e < a.dc) {
+            if (t < t_end && e < a.dc) {
                 const int32_t page = a.block_table[(int64_t)a.stream * a.max_pages + t / a.page_size];
                 src = a.kv + ((int64_t)page * a.page_size + t % a.page_size) * a.row_stride + e;
                 bytes = 16;
@@ -105,8 +111,8 @@ __global__ void __launch_bounds__(THREADS) plain_up(kdt_plain_args a, const uint
 #pragma unroll
         for (int half = 0; half < 2; half++) {
             const int t = t0 + warp * 16 + g + half * 8, n = n0 + nb * 8 + 2 * c;
-            if (t >= a.T) continue;
-            const int64_t at = ((int64_t)h * a.cap + t) * ld_out + n;
+            if (t >= t_end) continue;
+            const int64_t at = ((int64_t)h * a.cap + (t - a.k0)) * ld_out + n;
             for (int j = 0; j < 2; j++)
                 if (n + j < n_store) {
                     const float x = acc[nb][2 * half + j];
@@ -117,14 +123,14 @@ __global__ void __launch_bounds__(THREADS) plain_up(kdt_plain_args a, const uint
         }
 }
 
-/* K[h][t][dn .. dqk_p) = [k_pe_t | 0] for every head (the rope part is shared), t < T */
+/* K[h][t - k0][dn .. dqk_p) = [k_pe_t | 0] for every head (the rope part is shared), t in the block */
 __global__ void plain_kpe(kdt_plain_args a) {
-    const int t = blockIdx.x, width = a.dqk_p - a.dn;
+    const int t = a.k0 + blockIdx.x, width = a.dqk_p - a.dn;
     const int32_t page = a.block_table[(int64_t)a.stream * a.max_pages + t / a.page_size];
     const uint16_t *row = a.kv + ((int64_t)page * a.page_size + t % a.page_size) * a.row_stride + a.dc;
     for (int i = threadIdx.x; i < a.H * width; i += blockDim.x) {
         const int h = i / width, j = i % width;
-        const int64_t at = ((int64_t)h * a.cap + t) * a.dqk_p + a.dn + j;
+        const int64_t at = ((int64_t)h * a.cap + (t - a.k0)) * a.dqk_p + a.dn + j;
         a.k_hi[at] = j < a.dr ? row[j] : (uint16_t)0; /* k_pe is bf16 already: lo = 0 */
         a.k_lo[at] = 0;
     }
@@ -132,8 +138,12 @@ __global__ void plain_kpe(kdt_plain_args a) {
 
 /* ---- attention ----------------------------------------------------------------------------- */
 
-/* One CTA: 64 rows of the chunk (later tiles first: they have the most keys), one head. DVP: d_v
- * padded (16..256); dqk_p <= MAXK * 16. ST: K / V stages (2: the next tile loads during this one). */
+/* One CTA: 64 rows of the chunk (later tiles first: they have the most keys), one head, over the
+ * launch's block of keys [k0, k0 + kn): its tiles of the rows' causal range, from the state the
+ * previous block saved (k0 > 0), to the state for the next block or, in the block that ends at T,
+ * O / l into heads. The blocks cut the one walk over the tiles at tile boundaries and the state
+ * is the registers' fp32 values, so the bits do not depend on the block size. DVP: d_v padded
+ * (16..256); dqk_p <= MAXK * 16. ST: K / V stages (2: the next tile loads during this one). */
 constexpr int MAXK = KDT_AP_PLAIN_MAX_DQK / 16;
 template <int DVP, int ST>
 __global__ void __launch_bounds__(THREADS) plain_attn(kdt_plain_args a) {
@@ -149,6 +159,10 @@ __global__ void __launch_bounds__(THREADS) plain_attn(kdt_plain_args a) {
     const int rows = a.R - q0 < BM ? a.R - q0 : BM;
     const int last_slot = a.first + q0 + rows - 1, n_tiles = last_slot / BN + 1;
     const int nks = a.dqk_p / 16;
+    const int tile_lo = a.k0 / BN, block_end = (a.k0 + a.kn + BN - 1) / BN;
+    const int tile_hi = n_tiles < block_end ? n_tiles : block_end;
+    const bool final = a.k0 + a.kn == a.T;
+    if (tile_lo >= tile_hi && !final) return; /* no key of the block is visible to these rows */
 
     /* Q: [q_nope | q_pe | 0] as bf16 (rows past R zero) */
     for (int i = threadIdx.x; i < BM * a.dqk_p; i += THREADS) {
@@ -161,7 +175,7 @@ __global__ void __launch_bounds__(THREADS) plain_attn(kdt_plain_args a) {
         Qs[r * qp + j] = f32_to_bf16(v);
     }
     auto load_tile = [&](int tile, int st) {
-        const int kt0 = tile * BN;
+        const int kt0 = tile * BN, t_end = a.k0 + a.kn;
         const int kch = a.dqk_p / 8, vch = DVP / 8;
         for (int part = 0; part < 2; part++) {
             uint16_t *kd = Ks + (st * 2 + part) * BN * qp, *vd = Vs + (st * 2 + part) * BN * vp;
@@ -169,16 +183,19 @@ __global__ void __launch_bounds__(THREADS) plain_attn(kdt_plain_args a) {
             const uint16_t *vh = (part ? a.v_lo : a.v_hi) + (int64_t)h * a.cap * DVP;
             for (int i = threadIdx.x; i < BN * kch; i += THREADS) {
                 const int r = i / kch, ch = i % kch, t = kt0 + r;
-                cp_async16(kd + r * qp + ch * 8, t < a.T ? kh + (int64_t)t * a.dqk_p + ch * 8 : kh, t < a.T ? 16 : 0);
+                cp_async16(kd + r * qp + ch * 8, t < t_end ? kh + (int64_t)(t - a.k0) * a.dqk_p + ch * 8 : kh,
+                           t < t_end ? 16 : 0);
             }
             for (int i = threadIdx.x; i < BN * vch; i += THREADS) {
                 const int r = i / vch, ch = i % vch, t = kt0 + r;
-                cp_async16(vd + r * vp + ch * 8, t < a.T ? vh + (int64_t)t * DVP + ch * 8 : vh, t < a.T ? 16 : 0);
+                cp_async16(vd + r * vp + ch * 8, t < t_end ? vh + (int64_t)(t - a.k0) * DVP + ch * 8 : vh,
+                           t < t_end ? 16 : 0);
             }
         }
     };
-    if (ST == 2) {
-        load_tile(0, 0);
+    const bool any = tile_lo < tile_hi;
+    if (ST == 2 && any) {
+        load_tile(tile_lo, 0);
         cp_async_commit();
     }
     __syncthreads(); /* Q */
@@ -186,9 +203,9 @@ __global__ void __launch_bounds__(THREADS) plain_attn(kdt_plain_args a) {
 #pragma unroll
     for (int ks = 0; ks < MAXK; ks++)
         if (ks < nks) ldsm_x4(qf[ks], Qs + (warp * 16 + (lane & 15)) * qp + ks * 16 + (lane >> 4) * 8);
-    if (ST == 1) {
+    if (ST == 1 && any) {
         __syncthreads(); /* every warp holds its Q fragments: their shared memory is K's now */
-        load_tile(0, 0);
+        load_tile(tile_lo, 0);
         cp_async_commit();
     }
 
@@ -197,15 +214,30 @@ __global__ void __launch_bounds__(THREADS) plain_attn(kdt_plain_args a) {
     for (int i = 0; i < DVP / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
     const int slot0 = a.first + q0 + warp * 16 + g; /* this thread's rows: slot0, slot0 + 8 */
+    if (a.k0 > 0) { /* the state the previous block left: this thread's columns and partial sum */
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int row = q0 + warp * 16 + g + 8 * half;
+            if (row >= a.R) continue;
+            const float *sv = a.state + ((int64_t)row * a.H + h) * a.state_ld;
+#pragma unroll
+            for (int vb = 0; vb < DVP / 8; vb++) {
+                o[vb][2 * half] = sv[vb * 8 + 2 * c];
+                o[vb][2 * half + 1] = sv[vb * 8 + 2 * c + 1];
+            }
+            m_run[half] = sv[DVP];
+            l_run[half] = sv[DVP + 1 + c];
+        }
+    }
 
-    for (int tile = 0; tile < n_tiles; tile++) {
-        const int st = ST == 2 ? tile & 1 : 0;
-        if (ST == 1 && tile > 0) { /* one stage: this tile loads now (the last one's readers are done) */
+    for (int tile = tile_lo; tile < tile_hi; tile++) {
+        const int st = ST == 2 ? (tile - tile_lo) & 1 : 0;
+        if (ST == 1 && tile > tile_lo) { /* one stage: this tile loads now (the last one's readers are done) */
             load_tile(tile, 0);
             cp_async_commit();
         }
-        if (ST == 2 && tile + 1 < n_tiles) {
-            load_tile(tile + 1, (tile + 1) & 1);
+        if (ST == 2 && tile + 1 < tile_hi) {
+            load_tile(tile + 1, (tile + 1 - tile_lo) & 1);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -248,7 +280,7 @@ __global__ void __launch_bounds__(THREADS) plain_attn(kdt_plain_args a) {
         for (int half = 0; half < 2; half++) {
             mt[half] = fmaxf(mt[half], __shfl_xor_sync(0xffffffffu, mt[half], 1));
             mt[half] = fmaxf(mt[half], __shfl_xor_sync(0xffffffffu, mt[half], 2));
-            const float m_new = fmaxf(m_run[half], mt[half]); /* finite: key 0 is in tile 0 */
+            const float m_new = fmaxf(m_run[half], mt[half]); /* finite: key 0 is in tile 0, the first block's */
             corr[half] = exp2f(m_run[half] - m_new);
             m_run[half] = m_new;
             l_run[half] *= corr[half];
@@ -288,6 +320,22 @@ __global__ void __launch_bounds__(THREADS) plain_attn(kdt_plain_args a) {
             }
         }
         __syncthreads(); /* this stage is loaded again (two tiles on, or next with one stage) */
+    }
+    if (!final) { /* the state for the next block, as held */
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int row = q0 + warp * 16 + g + 8 * half;
+            if (row >= a.R) continue;
+            float *sv = a.state + ((int64_t)row * a.H + h) * a.state_ld;
+#pragma unroll
+            for (int vb = 0; vb < DVP / 8; vb++) {
+                sv[vb * 8 + 2 * c] = o[vb][2 * half];
+                sv[vb * 8 + 2 * c + 1] = o[vb][2 * half + 1];
+            }
+            if (c == 0) sv[DVP] = m_run[half];
+            sv[DVP + 1 + c] = l_run[half];
+        }
+        return;
     }
 #pragma unroll
     for (int half = 0; half < 2; half++) {
@@ -354,16 +402,19 @@ kdt_status kdt_plain_init(int32_t dqk_p, int32_t dv_p, int32_t stages) {
 }
 
 kdt_status kdt_plain_launch(const kdt_plain_args *a, const kdt_gmat *uk_t, const kdt_gmat *uv, cudaStream_t s) {
-    if (a->T < 1 || a->T > a->cap || a->R < 1 || a->first + a->R != a->T)
-        return kdt_fail(KDT_ERR_INTERNAL, "plain attention: T %d, cap %d, rows %d from slot %d", a->T, a->cap, a->R, a->first);
+    if (a->T < 1 || a->R < 1 || a->first + a->R != a->T || a->cap < BN || a->cap % BN || a->k0 < 0 ||
+        a->k0 % a->cap || a->kn < 1 || a->kn > a->cap || a->k0 + a->kn > a->T ||
+        (a->T > a->cap && (!a->state || a->state_ld < a->dv_p + 5)))
+        return kdt_fail(KDT_ERR_INTERNAL, "plain attention: T %d, cap %d, keys %d + %d, rows %d from slot %d%s", a->T,
+                        a->cap, a->k0, a->kn, a->R, a->first, a->T > a->cap && !a->state ? ", no state buffer" : "");
     if (uk_t->tiled || uv->tiled) /* plain_up reads them row-major (gpu_upload.c never tiles them) */
         return kdt_fail(KDT_ERR_INTERNAL, "plain attention: W_UK / W_UV in the tiled layout");
-    const unsigned kt = (unsigned)((a->T + BM - 1) / BM);
+    const unsigned kt = (unsigned)((a->kn + BM - 1) / BM);
     plain_up<true><<<dim3(kt, (unsigned)a->H, (unsigned)((a->dn + BN - 1) / BN)), THREADS, 0, s>>>(
         *a, uk_t->w, uk_t->ld, uk_t->batch_stride, a->dn, a->dn, a->k_hi, a->k_lo, a->dqk_p);
     plain_up<false><<<dim3(kt, (unsigned)a->H, (unsigned)((a->dv_p + BN - 1) / BN)), THREADS, 0, s>>>(
         *a, uv->w, uv->ld, uv->batch_stride, a->dv, a->dv_p, a->v_hi, a->v_lo, a->dv_p);
-    plain_kpe<<<(unsigned)a->T, 128, 0, s>>>(*a);
+    plain_kpe<<<(unsigned)a->kn, 128, 0, s>>>(*a);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return kdt_fail(KDT_ERR_CUDA, "plain up-projection: %s", cudaGetErrorString(e));
     switch (a->dv_p) {
