@@ -305,6 +305,10 @@ enum { CORR_BLOCK = 32 };
 /* the Kimi shapes' committed context: 4096 (the issue's), KDT_BENCH_MODEL_PREFIX=n (1..32768) for
  * probes of the attention's share */
 static int bench_prefix = 4096;
+/* KDT_BENCH_MODEL_PREFILL_PREFIX=P (0..131072, default 0): the prefill chunk follows P committed
+ * keys (random cache rows), as a long prompt's later chunks do; past KDT_GPU_PLAIN_MAX_KEYS keys
+ * the plain form runs in key blocks */
+static int prefill_prefix = 0;
 
 /* token of `variant` for stream s: random -> the independent half of the vocabulary; corr -> the
  * stream's block of correlated rows */
@@ -542,6 +546,7 @@ static void kimi_shapes(const kimi_bench *kb, int ab) {
         int32_t tok[KIMI_PREFILL_MAX];
         for (int i = 0; i < N; i++) tok[i] = pick_token(0, 0, V);
         BENCH_OK(kdt_gpu_kv_stream_set_length(kb->kvp, 0, 0));
+        if (prefill_prefix > 0) BENCH_OK(kdt_gpu_kv_fill_random(kb->rp, kb->kvp, 0, prefill_prefix, 77));
         BENCH_OK(kdt_gpu_stage_prefill(kb->rp, kb->kvp, 0, tok, N, 1));
         const kdt_gpu_run_config rc = {N, 0, 0, 0, NULL};
         kdt_gpu_graph *gr;
@@ -549,23 +554,26 @@ static void kimi_shapes(const kimi_bench *kb, int ab) {
         const double us = time_layers(kb->rp, kb->kvp, &rc, samples, layers, &gr, &one);
         char dl[64];
         const double D = distinct_experts(kb->rp, E, layers, dl, sizeof dl);
-        /* row i sees keys 0..i: N (N + 1) / 2 (row, key) pairs, each a 576-wide score and a 512-wide sum */
-        const double keys = (double)N * (N + 1) / 2;
+        /* row i sees keys 0..P + i: N P + N (N + 1) / 2 (row, key) pairs, each a 576-wide score and
+         * a 512-wide sum */
+        const double P = prefill_prefix;
+        const double keys = (double)N * P + (double)N * (N + 1) / 2;
         const double bytes = (double)D * wb->routed_expert + wb->shared_expert + wb->attention + wb->router +
-                             2.0 * N * row_bytes;
+                             (P + 2.0 * N) * row_bytes;
         /* the attention's FLOPs in the form timed: absorbed 2 (d_c + d_r) + 2 d_c per (row, key,
          * head); plain 2 (d_n + d_r) + 2 d_v, plus kv_b's up-projection of the N keys (its bytes
          * are in wb->attention already, so N x those bytes counts it) */
         const double pair = plain ? 2.0 * (kb->d_nope + kb->d_rope) + 2.0 * kb->d_vh : 2.0 * (kb->d_qk + kb->d_v);
         const double flops = (double)N * ((double)wb->attention + wb->router + wb->shared_expert +
                                           (double)wb->routed_expert * kb->experts_per_token) + /* 2 per bf16 weight */
-                             keys * kb->heads * pair;
+                             keys * kb->heads * pair +
+                             (plain ? P * 2.0 * kb->d_v * kb->heads * (kb->d_nope + kb->d_vh) : 0.0); /* prefix keys' kv_b */
         /* time / decode S 1: 0 when decode S 1 was not timed in this run */
         row *w = kimi_row("prefill", plain ? "random plain" : "random", 1, N, D, us, one, layers, ab,
                           bytes / (copy_gbps * 1e3), decode1[ab][0] > 0 ? us / decode1[ab][0] : 0);
         printf("  prefill N=%-4d %-6s D=%5.1f %9.1f us/layer  floor %8.1f us  %.2fx  (%.1fx decode; %.0f TFLOP/s "
-               "of %.2f TFLOP; 1-layer pass %.1f us; D by layer %s)\n", N, plain ? "plain" : "absorb", D, us, w->floor_us, us / w->floor_us,
-               w->ratio_decode, flops / (us * 1e6), flops / 1e12, one, dl);
+               "of %.2f TFLOP; 1-layer pass %.1f us; D by layer %s; prefix %d)\n", N, plain ? "plain" : "absorb", D, us,
+               w->floor_us, us / w->floor_us, w->ratio_decode, flops / (us * 1e6), flops / 1e12, one, dl, prefill_prefix);
         profile_replay(kb->rp, gr);
         if (shape_mode) step_profile(kb->rp, kb->kvp, &rc, samples, us);
         kdt_gpu_graph_free(gr);
@@ -575,6 +583,8 @@ static void kimi_shapes(const kimi_bench *kb, int ab) {
 static void bench_kimi(double copy_gbps) {
     const char *pe = getenv("KDT_BENCH_MODEL_PREFIX");
     if (pe && atoi(pe) >= 1 && atoi(pe) <= 32768) bench_prefix = atoi(pe);
+    const char *pp = getenv("KDT_BENCH_MODEL_PREFILL_PREFIX");
+    if (pp && atoi(pp) >= 0 && atoi(pp) <= 131072) prefill_prefix = atoi(pp);
     size_t free_b = 0, total_b = 0;
     CUDA_OK(cudaMemGetInfo(&free_b, &total_b));
     if (free_b < ((size_t)40 << 30)) {
@@ -620,8 +630,9 @@ static void bench_kimi(double copy_gbps) {
     kdt_gpu_runner *rp = NULL;
     kdt_gpu_kv *kvp = NULL;
     if (shape_mode == 0 || shape_mode == 3) {
-        kdt_gpu_runner_options po = {KIMI_PREFILL_MAX, KIMI_PREFILL_MAX + 1, 0, 0, 0, 0, NULL, KDT_PREFILL_AUTO};
-        kdt_kv_cache_options pk = {KIMI_PREFILL_MAX / 64 + 2, 1, 0};
+        kdt_gpu_runner_options po = {KIMI_PREFILL_MAX, prefill_prefix + KIMI_PREFILL_MAX + 1, 0, 0, 0, 0, NULL,
+                                     KDT_PREFILL_AUTO};
+        kdt_kv_cache_options pk = {(prefill_prefix + KIMI_PREFILL_MAX) / 64 + 2, 1, 0};
         if (kdt_gpu_runner_create(g, &po, &rp) != KDT_OK || kdt_gpu_kv_create(g, &pk, &kvp) != KDT_OK) {
             printf("  prefill rows skipped: %s\n", kdt_last_error());
             kdt_gpu_runner_free(rp);
