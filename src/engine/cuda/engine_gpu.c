@@ -302,6 +302,10 @@ kdt_status kdt_engine_gpu_create(kdt_engine *e, int verbose) {
      * runner or drafter for it does not fit (below) */
     const int chunk_given = e->prefill_chunk > 0;
     e->prefill_quantum = chunk_given ? e->prefill_chunk : kdt_prefill_chunk_for(e->mc, device_flop_per_byte());
+    /* a step's prefill budget bounds the default chunk too (a step prefills at least one chunk) */
+    while (!chunk_given && e->max_prefill_tokens > 0 && e->prefill_quantum > e->max_prefill_tokens &&
+           e->prefill_quantum > KDT_GPU_PREFILL_CHUNK_MIN)
+        e->prefill_quantum /= 2;
     g->Lmax = e->depth > 0 ? e->depth : KDT_MAX_DEPTH; /* room for a test drafter */
     g->Kmax = e->top_k_max;
     g->V = e->mc->vocab_size;
