@@ -143,6 +143,16 @@ static void test_plain_sizes(void) {
     CHECK_EQ_INT(kdt_ap_plain_smem(192, 512, 1), 0);
     CHECK_EQ_INT(kdt_ap_plain_smem(192, 128, 0), 0);
     CHECK_EQ_INT(kdt_ap_plain_smem(192, 128, 3), 0);
+    /* the wgmma form (2 stages): Q's padded rows, 1,023 bytes of alignment slack, then per stage
+     * K hi / lo and V hi / lo as 8 KB slabs: Kimi 25,600 + 1,023 + 2 x (2 x 3 + 2 x 2) x 8,192 */
+    CHECK_EQ_INT(kdt_ap_plain_wg_smem(192, 128), 25600 + 1023 + 163840);
+    CHECK_EQ_INT(kdt_ap_plain_wg_smem(80, 64), 64 * 88 * 2 + 1023 + 2 * (2 * 2 + 2 * 1) * 8192);
+    CHECK(kdt_ap_plain_wg_smem(192, 128) <= OPT_HOPPER);
+    CHECK(kdt_ap_plain_wg_smem(256, 128) <= OPT_HOPPER); /* the widest: 231,423 */
+    CHECK_EQ_INT(kdt_ap_plain_wg_smem(192, 32), 0);       /* instances for d_v 64 and 128 only */
+    CHECK_EQ_INT(kdt_ap_plain_wg_smem(192, 256), 0);
+    CHECK_EQ_INT(kdt_ap_plain_wg_smem(200, 128), 0);
+    CHECK_EQ_INT(kdt_ap_plain_wg_smem(272, 128), 0);
     CHECK_EQ_INT(kdt_ap_plain_dv_pad(1), 16);
     CHECK_EQ_INT(kdt_ap_plain_dv_pad(128), 128);
     CHECK_EQ_INT(kdt_ap_plain_dv_pad(129), 256);

@@ -39,6 +39,7 @@
 
 #include "kdtree/model.h"
 #include "model/model_internal.h"
+#include "model/cuda/attn_plan.h"
 #include "model/cuda/gpu_internal.h"
 
 #include <jansson.h>
@@ -1025,6 +1026,63 @@ static void plain_blocks_same(const char *dir, const char *label, int n) {
     gmodel_close(&m);
 }
 
+/* The plain attention on wgmma (plain_attn_wg, KDT_GPU_PLAIN_WG=1) against the mma.sync kernel:
+ * bitwise the same logits in 128-row chunks, also with 64-key blocks (the state carried between
+ * them). On a device that runs wgmma code with d_v padded to 64 or 128 the wgmma runner must have
+ * taken it; elsewhere the check says so and compares two mma.sync runs. */
+static void plain_wg_same(const char *dir, const char *label, int n) {
+    gmodel m;
+    if (!gmodel_open(&m, dir)) {
+        CHECK_MSG(0, "%s: model did not open", label);
+        gmodel_close(&m);
+        return;
+    }
+    const kdt_model_config *c = &m.cpu->cfg;
+    const int V = c->vocab_size, dqk_p = (c->qk_nope_head_dim + c->qk_rope_head_dim + 15) / 16 * 16;
+    const int dv_p = kdt_ap_plain_dv_pad(c->v_head_dim);
+    const size_t wsm = kdt_ap_plain_wg_smem(dqk_p, dv_p);
+    const int expect = wsm > 0 && wsm <= m.g->smem_optin && kdt_plain_wg_device();
+    int32_t *toks = xmalloc((size_t)n * sizeof *toks);
+    uint64_t rng = 31;
+    for (int i = 0; i < n; i++) toks[i] = t_rand_int(&rng, V);
+    float *ref = xmalloc((size_t)n * V * 4), *got = xmalloc((size_t)n * V * 4);
+    kdt_gpu_runner *r0 = new_runner_form(m.g, 128, KDT_PREFILL_PLAIN);
+    char *sw = env_save("KDT_GPU_PLAIN_WG"), *sb = env_save("KDT_GPU_PLAIN_BLOCK_KEYS");
+    setenv("KDT_GPU_PLAIN_WG", "1", 1);
+    kdt_gpu_runner *rw[2] = {new_runner_form(m.g, 128, KDT_PREFILL_PLAIN), NULL};
+    setenv("KDT_GPU_PLAIN_BLOCK_KEYS", "64", 1);
+    rw[1] = new_runner_form(m.g, 128, KDT_PREFILL_PLAIN);
+    env_restore("KDT_GPU_PLAIN_BLOCK_KEYS", sb);
+    env_restore("KDT_GPU_PLAIN_WG", sw);
+    CHECK_MSG(r0 && !r0->plain_wg, "%s: the mma.sync runner", label);
+    for (int k = 0; k < 2; k++)
+        CHECK_MSG(rw[k] && rw[k]->plain_wg == expect, "%s: wgmma runner %d took %d, expected %d", label, k,
+                  rw[k] ? rw[k]->plain_wg : -1, expect);
+    if (r0 && rw[0] && rw[1]) {
+        kdt_model_outputs o = {ref, NULL, 0, 0, NULL, NULL};
+        kdt_gpu_kv *kv = new_gkv(m.g, (n + 63) / 64 + 1, 1);
+        CHECK_EQ_INT(kdt_gpu_prefill(r0, kv, 0, toks, n, &o), KDT_OK);
+        CHECK(all_finite(ref, (size_t)n * V));
+        kdt_gpu_kv_free(kv);
+        for (int k = 0; k < 2; k++) {
+            kv = new_gkv(m.g, (n + 63) / 64 + 1, 1);
+            o.logits = got;
+            memset(got, 0, (size_t)n * V * 4);
+            CHECK_EQ_INT(kdt_gpu_prefill(rw[k], kv, 0, toks, n, &o), KDT_OK);
+            CHECK_MSG(memcmp(ref, got, (size_t)n * V * 4) == 0, "%s: the wgmma plain attention%s differs from mma.sync's",
+                      label, k ? " in 64-key blocks" : "");
+            kdt_gpu_kv_free(kv);
+        }
+        printf("  %s: plain attention %s == mma.sync, bitwise (%d keys; one block and 64-key blocks)\n", label,
+               expect ? "on wgmma" : "(no wgmma here: mma.sync twice)", n);
+    }
+    kdt_gpu_runner_free(r0);
+    kdt_gpu_runner_free(rw[0]);
+    kdt_gpu_runner_free(rw[1]);
+    free(toks), free(ref), free(got);
+    gmodel_close(&m);
+}
+
 static void test_plain_prefill(void) {
     char dir[600];
     snprintf(dir, sizeof dir, "%s/kimi_tiny", FIXTURES);
@@ -1039,6 +1097,7 @@ static void test_plain_prefill(void) {
     tm_write_model(dir, &k);
     plain_case(dir, "Kimi attention dimensions", quick ? 70 : 200, 43);
     plain_blocks_same(dir, "Kimi attention dimensions", quick ? 150 : 300);
+    plain_wg_same(dir, "Kimi attention dimensions", quick ? 150 : 300);
     {   /* every weight that may be tiled, tiled (the opt-in dense layout): the plain form reads
          * W_UK / W_UV itself, row-major, which session 46 found tiled (and wrong) under it */
         char *td = env_save("KDT_GPU_TILED_DENSE"), *te = env_save("KDT_GPU_TILED_EXPERTS");
@@ -1049,6 +1108,14 @@ static void test_plain_prefill(void) {
         env_restore("KDT_GPU_TILED_EXPERTS", te);
     }
     tm_rmdir(dir);
+    {   /* d_n + d_r 80 (a K slab only partly filled), d_v 50 (padded to 64: V's zero columns) */
+        tm_spec w = kimi_dims_spec(4343);
+        w.heads = 8; w.nope = 48; w.rope = 32; w.v = 50;
+        tm_mkdtemp(dir, sizeof dir);
+        tm_write_model(dir, &w);
+        plain_wg_same(dir, "d_qk 80, d_v 50", quick ? 150 : 300);
+        tm_rmdir(dir);
+    }
     /* A spec whose prompt has most rows at a routing near-tie checks little but the bits (one
      * of session 45's four had all 70 rows excused): such specs do not count, and more are drawn. */
     uint64_t rng = t_fuzz_seed(0x91a1);

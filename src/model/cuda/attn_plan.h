@@ -132,5 +132,14 @@ KDT_AP_FN size_t kdt_ap_plain_smem(int dqk_p, int dv_p, int stages) {
     return (q_rows + 2 * (size_t)stages * KDT_AP_PLAIN_KEYS) * (size_t)(dqk_p + KDT_AP_PLAIN_PAD) * 2 +
            (size_t)(2 * stages * KDT_AP_PLAIN_KEYS) * (size_t)(dv_p + KDT_AP_PLAIN_PAD) * 2;
 }
+/* plain_attn_wg's (sm_90a wgmma, 2 stages): Q's padded rows, up to 1,023 bytes to align the ring,
+ * then per stage K hi / lo and V hi / lo as 8 KB slabs of 64 keys x 64 bf16 (K: ceil(dqk_p / 64)
+ * per plane, V: dv_p / 64); 0 unless dv_p is 64 or 128 (its instances) */
+KDT_AP_FN size_t kdt_ap_plain_wg_smem(int dqk_p, int dv_p) {
+    if (dqk_p < 16 || dqk_p > KDT_AP_PLAIN_MAX_DQK || dqk_p % 16 || (dv_p != 64 && dv_p != 128)) return 0;
+    const size_t slab = (size_t)KDT_AP_PLAIN_KEYS * 128;
+    return (size_t)KDT_AP_PLAIN_ROWS * (size_t)(dqk_p + KDT_AP_PLAIN_PAD) * 2 + 1023 +
+           2 * (2 * (size_t)((dqk_p + 63) / 64) + 2 * (size_t)(dv_p / 64)) * slab;
+}
 
 #endif

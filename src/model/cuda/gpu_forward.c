@@ -142,7 +142,11 @@ static kdt_status plain_setup(kdt_gpu_runner *r) {
     r->plain_dqk = dqk_p;
     r->plain_dv = dv_p;
     r->plain_stages = stages;
-    KDT_TRY(kdt_plain_init(dqk_p, dv_p, stages));
+    /* the wgmma attention: opt-in (KDT_GPU_PLAIN_WG=1) until it has run on a device */
+    const size_t wg_smem = kdt_ap_plain_wg_smem(dqk_p, dv_p);
+    r->plain_wg = kdt_g_env_is("KDT_GPU_PLAIN_WG", '1') && wg_smem > 0 && wg_smem <= g->smem_optin &&
+                  kdt_plain_wg_device();
+    KDT_TRY(kdt_plain_init(dqk_p, dv_p, stages, r->plain_wg));
     const size_t n = (size_t)c->n_heads * r->plain_cap;
     KDT_TRY(ralloc(r, (void **)&r->plain_k, 2 * n * dqk_p * 2, "plain prefill keys"));
     KDT_TRY(ralloc(r, (void **)&r->plain_v, 2 * n * dv_p * 2, "plain prefill values"));
@@ -968,6 +972,7 @@ static kdt_status plain_attention(pass *p, int32_t l) {
     a.scale_log2 = c->softmax_scale * LOG2E;
     a.state = r->plain_state;
     a.state_ld = r->plain_dv + 8;
+    a.wg = r->plain_wg;
     if (step_cut(p, "plain_attention")) return KDT_OK;
     p->plain_next = 1; /* o_proj follows plain launches: no programmatic dependence to inherit */
     for (a.k0 = 0; a.k0 < a.T; a.k0 += a.cap) { /* blocks of cap keys, in key order (gpu_plain.cu) */

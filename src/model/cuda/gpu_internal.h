@@ -240,6 +240,9 @@ struct kdt_gpu_runner {
     /* the plain prefill form (gpu_plain.cu): scratch when opt.prefill_attention allows it */
     uint16_t *plain_k, *plain_v;    /* [2][H][plain_cap][plain_dqk], [2][H][plain_cap][plain_dv]: hi, lo */
     int32_t plain_cap, plain_dqk, plain_dv, plain_stages;
+    int32_t plain_wg;               /* the attention on wgmma (plain_attn_wg): KDT_GPU_PLAIN_WG=1 on
+                                       a device that runs it, d_v padded to 64 or 128, its shared
+                                       memory allowed (opt-in until run) */
     float *plain_state;             /* [max_rows][H][plain_dv + 8] softmax states between key blocks
                                        (only when max_keys > plain_cap) */
     int32_t staged_plain;           /* the staged pass is a prefill chunk that takes the plain form */
@@ -391,11 +394,16 @@ typedef struct kdt_plain_args {
     int32_t state_ld;               /* >= dv_p + 5 */
     float *heads;                   /* [R][H * d_v] (written by the block that ends at T) */
     int32_t R, first, T, H, dn, dr, dc, dv, dqk_p, dv_p, stages;
+    int32_t wg;                     /* 1: plain_attn_wg (sm_90a wgmma; dv_p 64 or 128, initialized
+                                       with wg by kdt_plain_init); the same bits */
     float scale_log2;
 } kdt_plain_args;
 /* (its instances' sizes: kdt_ap_plain_dv_pad, kdt_ap_plain_smem in attn_plan.h) */
 /* raises the instance's shared-memory limit (once per runner, before any capture) */
-kdt_status kdt_plain_init(int32_t dqk_p, int32_t dv_p, int32_t stages);
+kdt_status kdt_plain_init(int32_t dqk_p, int32_t dv_p, int32_t stages, int32_t wg);
+/* 1 when the current device runs plain_attn_wg's wgmma code (an sm_90a pass on a Hopper): a probe
+ * kernel and a synchronous copy, so never during a capture */
+int kdt_plain_wg_device(void);
 /* one block of keys: up-projection of keys [k0, k0 + kn), then the attention over them */
 kdt_status kdt_plain_launch(const kdt_plain_args *a, const kdt_gmat *uk_t, const kdt_gmat *uv, cudaStream_t s);
 
