@@ -92,12 +92,19 @@ static void test_generate_and_bench(void) {
     CHECK_EQ_INT(run("%s generate -m %s --prompt-ids 5,6,7,100,200 -n 10 --ignore-eos --prefill-attn plain", g_bin,
                      ET_FIXTURE), 0);
     HAS("tau mean");
+    /* the chunk the engine runs with, on stderr: the CPU's defaults (64 rows for the absorbed form,
+     * 256 for plain or auto), or the one given */
+    CHECK_EQ_INT(run("%s generate -m %s --prompt-ids 5 -n 1 --device cpu --prefill-attn absorbed", g_bin, ET_FIXTURE), 0);
+    HAS("decoding on cpu, prefill in chunks of 64 rows");
+    CHECK_EQ_INT(run("%s generate -m %s --prompt-ids 5 -n 1 --device cpu --prefill-attn plain", g_bin, ET_FIXTURE), 0);
+    HAS("decoding on cpu, prefill in chunks of 256 rows");
     CHECK_EQ_INT(run("%s generate -m %s --prompt-ids 5 --prefill-attn fast", g_bin, ET_FIXTURE), 1);
     HAS("--prefill-attn \"fast\": expected absorbed, plain or auto");
     /* the absorbed form's bits do not depend on the prefill chunk; 0..4096 rows */
     CHECK_EQ_INT(run("%s generate -m %s --prompt-ids 5,6,7,100,200 -n 10 --ignore-eos --prefill-attn absorbed "
                      "--prefill-chunk 2", g_bin, ET_FIXTURE), 0);
     HAS(want);
+    HAS("prefill in chunks of 2 rows");
     CHECK_EQ_INT(run("%s generate -m %s --prompt-ids 5 --prefill-chunk 4097", g_bin, ET_FIXTURE), 2);
     HAS("--prefill-chunk");
     CHECK_EQ_INT(run("%s generate -m %s --prompt-ids 5,6,7,100,200 -n 10 --ignore-eos --prefill-attn absorbed "

@@ -140,11 +140,17 @@ static void test_lossless_greedy(void) {
  * the absorbed form's bits do not depend on the chunk, so every mode still equals the reference. */
 static void test_prefill_chunk(void) {
     static const int32_t chunks[3] = {1, 5, KDT_MAX_PREFILL_CHUNK};
+    /* the CPU's default for the absorbed form (these engines' form): the model's 64 rows */
+    kdt_engine *d = make_engine(2, 0);
+    if (d) CHECK_EQ_INT(kdt_engine_prefill_chunk(d), KDT_DEFAULT_PREFILL_CHUNK);
+    kdt_engine_free(d);
+    CHECK_EQ_INT(kdt_engine_prefill_chunk(NULL), 0);
     for (int c = 0; c < 3; c++) {
         g_prefill_chunk = chunks[c];
         kdt_engine *e = make_engine(8, 0);
         g_prefill_chunk = 0;
         if (!e) return;
+        CHECK_EQ_INT(kdt_engine_prefill_chunk(e), chunks[c]); /* a given chunk is used as given */
         run_and_compare(e, 8, KDT_SPEC_AR, 1, NULL, NULL);
         run_and_compare(e, 8, KDT_SPEC_DDTREE, 16, NULL, NULL);
         run_and_compare(e, 3, KDT_SPEC_CHAIN, 1, NULL, NULL);
