@@ -973,6 +973,35 @@ static void plain_stages_same(void) {
     gmodel_close(&m);
 }
 
+/* The same n random prompt tokens prefilled through r[0] and through each of r[1..nr) on fresh
+ * caches: every r[k]'s logits must be r[0]'s, bitwise (what[k] names the runner in a failure).
+ * 1 when all were compared and equal. */
+static int plain_runners_agree(const gmodel *m, kdt_gpu_runner *const *r, const char *const *what, int nr, int n,
+                               const char *label) {
+    for (int k = 0; k < nr; k++)
+        if (!r[k]) return 0; /* their creation CHECKs failed already */
+    const int V = m->cpu->cfg.vocab_size;
+    int32_t *toks = xmalloc((size_t)n * sizeof *toks);
+    uint64_t rng = 29;
+    for (int i = 0; i < n; i++) toks[i] = t_rand_int(&rng, V);
+    float *ref = xmalloc((size_t)n * V * 4), *got = xmalloc((size_t)n * V * 4);
+    int same = 1;
+    for (int k = 0; k < nr; k++) {
+        kdt_gpu_kv *kv = new_gkv(m->g, (n + 63) / 64 + 1, 1);
+        kdt_model_outputs o = {k ? got : ref, NULL, 0, 0, NULL, NULL};
+        memset(o.logits, 0, (size_t)n * V * 4);
+        CHECK_EQ_INT(kdt_gpu_prefill(r[k], kv, 0, toks, n, &o), KDT_OK);
+        if (k == 0) CHECK(all_finite(ref, (size_t)n * V));
+        else if (memcmp(ref, got, (size_t)n * V * 4)) {
+            CHECK_MSG(0, "%s, %d keys: %s differs from %s", label, n, what[k], what[0]);
+            same = 0;
+        }
+        kdt_gpu_kv_free(kv);
+    }
+    free(toks), free(ref), free(got);
+    return same;
+}
+
 /* A chunk that sees more keys than the plain scratch holds runs in key blocks, each row's softmax
  * state carried between them (gpu_plain.cu): bitwise the one-block result, with blocks of 64 keys
  * (KDT_GPU_PLAIN_BLOCK_KEYS) in 128-row chunks (the first CTA's rows see no key of a chunk's
@@ -985,44 +1014,23 @@ static void plain_blocks_same(const char *dir, const char *label, int n) {
         gmodel_close(&m);
         return;
     }
-    const int V = m.cpu->cfg.vocab_size;
-    int32_t *toks = xmalloc((size_t)n * sizeof *toks);
-    uint64_t rng = 29;
-    for (int i = 0; i < n; i++) toks[i] = t_rand_int(&rng, V);
-    float *ref = xmalloc((size_t)n * V * 4), *got = xmalloc((size_t)n * V * 4);
-    kdt_gpu_runner *r0 = new_runner_form(m.g, 128, KDT_PREFILL_PLAIN);
+    kdt_gpu_runner *r[4] = {new_runner_form(m.g, 128, KDT_PREFILL_PLAIN), NULL, NULL, NULL};
     char *sb = env_save("KDT_GPU_PLAIN_BLOCK_KEYS"), *ss = env_save("KDT_GPU_PLAIN_STAGES");
     setenv("KDT_GPU_PLAIN_BLOCK_KEYS", "64", 1);
-    kdt_gpu_runner *rb[3] = {new_runner_form(m.g, 128, KDT_PREFILL_PLAIN), new_runner_form(m.g, 7, KDT_PREFILL_PLAIN),
-                             NULL};
+    r[1] = new_runner_form(m.g, 128, KDT_PREFILL_PLAIN);
+    r[2] = new_runner_form(m.g, 7, KDT_PREFILL_PLAIN);
     setenv("KDT_GPU_PLAIN_STAGES", "1", 1);
-    rb[2] = new_runner_form(m.g, 128, KDT_PREFILL_PLAIN);
+    r[3] = new_runner_form(m.g, 128, KDT_PREFILL_PLAIN);
     env_restore("KDT_GPU_PLAIN_STAGES", ss);
     env_restore("KDT_GPU_PLAIN_BLOCK_KEYS", sb);
-    const char *what[3] = {"128-row chunks", "7-row chunks", "128-row chunks, one stage"};
-    CHECK_MSG(r0 && r0->plain_cap >= n && !r0->plain_state, "%s: the one-block runner", label);
-    for (int k = 0; k < 3; k++)
-        CHECK_MSG(rb[k] && rb[k]->plain_cap == 64 && rb[k]->plain_state, "%s: blocks runner %d", label, k);
-    if (r0 && rb[0] && rb[1] && rb[2]) {
-        kdt_gpu_kv *kv = new_gkv(m.g, (n + 63) / 64 + 1, 1);
-        kdt_model_outputs o = {ref, NULL, 0, 0, NULL, NULL};
-        CHECK_EQ_INT(kdt_gpu_prefill(r0, kv, 0, toks, n, &o), KDT_OK);
-        CHECK(all_finite(ref, (size_t)n * V));
-        for (int k = 0; k < 3; k++) {
-            kdt_gpu_kv *kb = new_gkv(m.g, (n + 63) / 64 + 1, 1);
-            o.logits = got;
-            memset(got, 0, (size_t)n * V * 4);
-            CHECK_EQ_INT(kdt_gpu_prefill(rb[k], kb, 0, toks, n, &o), KDT_OK);
-            CHECK_MSG(memcmp(ref, got, (size_t)n * V * 4) == 0, "%s: %d keys in 64-key blocks, %s: not the one-block bits",
-                      label, n, what[k]);
-            kdt_gpu_kv_free(kb);
-        }
-        kdt_gpu_kv_free(kv);
+    static const char *const what[4] = {"one block", "64-key blocks in 128-row chunks", "64-key blocks in 7-row chunks",
+                                        "64-key blocks in 128-row chunks, one stage"};
+    CHECK_MSG(r[0] && r[0]->plain_cap >= n && !r[0]->plain_state, "%s: the one-block runner", label);
+    for (int k = 1; k < 4; k++)
+        CHECK_MSG(r[k] && r[k]->plain_cap == 64 && r[k]->plain_state, "%s: blocks runner %d", label, k);
+    if (plain_runners_agree(&m, r, what, 4, n, label))
         printf("  %s: %d keys in blocks of 64 (128- and 7-row chunks, 1 and 2 stages) == one block, bitwise\n", label, n);
-    }
-    kdt_gpu_runner_free(r0);
-    for (int k = 0; k < 3; k++) kdt_gpu_runner_free(rb[k]);
-    free(toks), free(ref), free(got);
+    for (int k = 0; k < 4; k++) kdt_gpu_runner_free(r[k]);
     gmodel_close(&m);
 }
 
@@ -1038,48 +1046,26 @@ static void plain_wg_same(const char *dir, const char *label, int n) {
         return;
     }
     const kdt_model_config *c = &m.cpu->cfg;
-    const int V = c->vocab_size, dqk_p = (c->qk_nope_head_dim + c->qk_rope_head_dim + 15) / 16 * 16;
-    const int dv_p = kdt_ap_plain_dv_pad(c->v_head_dim);
-    const size_t wsm = kdt_ap_plain_wg_smem(dqk_p, dv_p);
+    const int dqk_p = (c->qk_nope_head_dim + c->qk_rope_head_dim + 15) / 16 * 16;
+    const size_t wsm = kdt_ap_plain_wg_smem(dqk_p, kdt_ap_plain_dv_pad(c->v_head_dim));
     const int expect = wsm > 0 && wsm <= m.g->smem_optin && kdt_plain_wg_device();
-    int32_t *toks = xmalloc((size_t)n * sizeof *toks);
-    uint64_t rng = 31;
-    for (int i = 0; i < n; i++) toks[i] = t_rand_int(&rng, V);
-    float *ref = xmalloc((size_t)n * V * 4), *got = xmalloc((size_t)n * V * 4);
-    kdt_gpu_runner *r0 = new_runner_form(m.g, 128, KDT_PREFILL_PLAIN);
+    kdt_gpu_runner *r[3] = {new_runner_form(m.g, 128, KDT_PREFILL_PLAIN), NULL, NULL};
     char *sw = env_save("KDT_GPU_PLAIN_WG"), *sb = env_save("KDT_GPU_PLAIN_BLOCK_KEYS");
     setenv("KDT_GPU_PLAIN_WG", "1", 1);
-    kdt_gpu_runner *rw[2] = {new_runner_form(m.g, 128, KDT_PREFILL_PLAIN), NULL};
+    r[1] = new_runner_form(m.g, 128, KDT_PREFILL_PLAIN);
     setenv("KDT_GPU_PLAIN_BLOCK_KEYS", "64", 1);
-    rw[1] = new_runner_form(m.g, 128, KDT_PREFILL_PLAIN);
+    r[2] = new_runner_form(m.g, 128, KDT_PREFILL_PLAIN);
     env_restore("KDT_GPU_PLAIN_BLOCK_KEYS", sb);
     env_restore("KDT_GPU_PLAIN_WG", sw);
-    CHECK_MSG(r0 && !r0->plain_wg, "%s: the mma.sync runner", label);
-    for (int k = 0; k < 2; k++)
-        CHECK_MSG(rw[k] && rw[k]->plain_wg == expect, "%s: wgmma runner %d took %d, expected %d", label, k,
-                  rw[k] ? rw[k]->plain_wg : -1, expect);
-    if (r0 && rw[0] && rw[1]) {
-        kdt_model_outputs o = {ref, NULL, 0, 0, NULL, NULL};
-        kdt_gpu_kv *kv = new_gkv(m.g, (n + 63) / 64 + 1, 1);
-        CHECK_EQ_INT(kdt_gpu_prefill(r0, kv, 0, toks, n, &o), KDT_OK);
-        CHECK(all_finite(ref, (size_t)n * V));
-        kdt_gpu_kv_free(kv);
-        for (int k = 0; k < 2; k++) {
-            kv = new_gkv(m.g, (n + 63) / 64 + 1, 1);
-            o.logits = got;
-            memset(got, 0, (size_t)n * V * 4);
-            CHECK_EQ_INT(kdt_gpu_prefill(rw[k], kv, 0, toks, n, &o), KDT_OK);
-            CHECK_MSG(memcmp(ref, got, (size_t)n * V * 4) == 0, "%s: the wgmma plain attention%s differs from mma.sync's",
-                      label, k ? " in 64-key blocks" : "");
-            kdt_gpu_kv_free(kv);
-        }
+    static const char *const what[3] = {"mma.sync", "wgmma", "wgmma in 64-key blocks"};
+    CHECK_MSG(r[0] && !r[0]->plain_wg, "%s: the mma.sync runner", label);
+    for (int k = 1; k < 3; k++)
+        CHECK_MSG(r[k] && r[k]->plain_wg == expect, "%s: wgmma runner %d took %d, expected %d", label, k,
+                  r[k] ? r[k]->plain_wg : -1, expect);
+    if (plain_runners_agree(&m, r, what, 3, n, label))
         printf("  %s: plain attention %s == mma.sync, bitwise (%d keys; one block and 64-key blocks)\n", label,
                expect ? "on wgmma" : "(no wgmma here: mma.sync twice)", n);
-    }
-    kdt_gpu_runner_free(r0);
-    kdt_gpu_runner_free(rw[0]);
-    kdt_gpu_runner_free(rw[1]);
-    free(toks), free(ref), free(got);
+    for (int k = 0; k < 3; k++) kdt_gpu_runner_free(r[k]);
     gmodel_close(&m);
 }
 

@@ -183,6 +183,27 @@ __device__ __forceinline__ void load_q(const kdt_plain_args &a, const AttnTile &
     }
 }
 
+/* One tile's K and V rows (keys tile * BN .., zeros past the block) of both planes by cp.async:
+ * 16-byte chunk ch of key r of plane part to kdst(part, r, ch), resp. vdst(part, r, ch). */
+template <int DVP, class KDst, class VDst>
+__device__ __forceinline__ void load_kv(const kdt_plain_args &a, int h, int tile, KDst kdst, VDst vdst) {
+    const int kt0 = tile * BN, t_end = a.k0 + a.kn, kch = a.dqk_p / 8;
+    constexpr int VCH = DVP / 8;
+    for (int part = 0; part < 2; part++) {
+        const uint16_t *kh = (part ? a.k_lo : a.k_hi) + (int64_t)h * a.cap * a.dqk_p;
+        const uint16_t *vh = (part ? a.v_lo : a.v_hi) + (int64_t)h * a.cap * DVP;
+        for (int i = threadIdx.x; i < BN * kch; i += THREADS) {
+            const int r = i / kch, ch = i % kch, k = kt0 + r;
+            cp_async16(kdst(part, r, ch), k < t_end ? kh + (int64_t)(k - a.k0) * a.dqk_p + ch * 8 : kh,
+                       k < t_end ? 16 : 0);
+        }
+        for (int i = threadIdx.x; i < BN * VCH; i += THREADS) {
+            const int r = i / VCH, ch = i % VCH, k = kt0 + r;
+            cp_async16(vdst(part, r, ch), k < t_end ? vh + (int64_t)(k - a.k0) * DVP + ch * 8 : vh, k < t_end ? 16 : 0);
+        }
+    }
+}
+
 /* The state the previous block left (k0 > 0): this thread's O columns, the rows' max, its partial
  * sums; otherwise O 0, max -inf, sums 0. */
 template <int DVP>
@@ -315,24 +336,10 @@ __global__ void __launch_bounds__(THREADS) plain_attn(kdt_plain_args a) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     if (t.tile_lo >= t.tile_hi && !t.final) return; /* no key of the block is visible to these rows */
     load_q(a, t, Qs, qp);
-    auto load_tile = [&](int tile, int st) {
-        const int kt0 = tile * BN, t_end = a.k0 + a.kn;
-        const int kch = a.dqk_p / 8, vch = DVP / 8;
-        for (int part = 0; part < 2; part++) {
-            uint16_t *kd = Ks + (st * 2 + part) * BN * qp, *vd = Vs + (st * 2 + part) * BN * vp;
-            const uint16_t *kh = (part ? a.k_lo : a.k_hi) + (int64_t)t.h * a.cap * a.dqk_p;
-            const uint16_t *vh = (part ? a.v_lo : a.v_hi) + (int64_t)t.h * a.cap * DVP;
-            for (int i = threadIdx.x; i < BN * kch; i += THREADS) {
-                const int r = i / kch, ch = i % kch, k = kt0 + r;
-                cp_async16(kd + r * qp + ch * 8, k < t_end ? kh + (int64_t)(k - a.k0) * a.dqk_p + ch * 8 : kh,
-                           k < t_end ? 16 : 0);
-            }
-            for (int i = threadIdx.x; i < BN * vch; i += THREADS) {
-                const int r = i / vch, ch = i % vch, k = kt0 + r;
-                cp_async16(vd + r * vp + ch * 8, k < t_end ? vh + (int64_t)(k - a.k0) * DVP + ch * 8 : vh,
-                           k < t_end ? 16 : 0);
-            }
-        }
+    auto load_tile = [&](int tile, int st) { /* padded rows */
+        load_kv<DVP>(
+            a, t.h, tile, [&](int part, int r, int ch) { return Ks + (st * 2 + part) * BN * qp + r * qp + ch * 8; },
+            [&](int part, int r, int ch) { return Vs + (st * 2 + part) * BN * vp + r * vp + ch * 8; });
     };
     const bool any = t.tile_lo < t.tile_hi;
     if (ST == 2 && any) {
@@ -435,16 +442,10 @@ constexpr int WG_SLAB = BN * 128; /* bytes of one slab: 64 keys x 128 bytes */
 template <bool TB>
 __device__ __forceinline__ void wg_n64(float (&d)[8][4], const uint32_t (&a)[4], uint64_t db) {
 #if KDT_HAS_WGMMA
-    if (TB)
-        asm volatile("{\nwgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " KDT_PW_R32
-                     "{%32,%33,%34,%35}, %36, 1, 1, 1, 1;\n}\n"
-                     : KDT_PW_D32
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-    else
-        asm volatile("{\nwgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " KDT_PW_R32
-                     "{%32,%33,%34,%35}, %36, 1, 1, 1, 0;\n}\n"
-                     : KDT_PW_D32
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " KDT_PW_R32
+                 "{%32,%33,%34,%35}, %36, 1, 1, 1, %37;\n}\n"
+                 : KDT_PW_D32
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB ? 1 : 0));
 #else
     (void)d, (void)a, (void)db;
 #endif
@@ -496,26 +497,14 @@ __global__ void __launch_bounds__(THREADS) plain_attn_wg(kdt_plain_args a) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     if (t.tile_lo >= t.tile_hi && !t.final) return; /* no key of the block is visible to these rows */
     load_q(a, t, Qs, qp);
-    auto load_tile = [&](int tile, int st) {
-        const int kt0 = tile * BN, t_end = a.k0 + a.kn;
-        const int kch = a.dqk_p / 8;
-        constexpr int VCH = DVP / 8;
+    auto load_tile = [&](int tile, int st) { /* swizzled slabs */
         unsigned char *sb = ring_p + st * stage_bytes;
-        for (int part = 0; part < 2; part++) {
-            unsigned char *kd = sb + part * plane_k, *vd = sb + 2 * plane_k + part * PLANE_V;
-            const uint16_t *kh = (part ? a.k_lo : a.k_hi) + (int64_t)t.h * a.cap * a.dqk_p;
-            const uint16_t *vh = (part ? a.v_lo : a.v_hi) + (int64_t)t.h * a.cap * DVP;
-            for (int i = threadIdx.x; i < BN * kch; i += THREADS) {
-                const int r = i / kch, ch = i % kch, k = kt0 + r;
-                cp_async16(kd + (ch >> 3) * WG_SLAB + wg::sw128_offset(r, (ch & 7) * 8),
-                           k < t_end ? kh + (int64_t)(k - a.k0) * a.dqk_p + ch * 8 : kh, k < t_end ? 16 : 0);
-            }
-            for (int i = threadIdx.x; i < BN * VCH; i += THREADS) {
-                const int r = i / VCH, ch = i % VCH, k = kt0 + r;
-                cp_async16(vd + (ch >> 3) * WG_SLAB + wg::sw128_offset(r, (ch & 7) * 8),
-                           k < t_end ? vh + (int64_t)(k - a.k0) * DVP + ch * 8 : vh, k < t_end ? 16 : 0);
-            }
-        }
+        load_kv<DVP>(
+            a, t.h, tile,
+            [&](int part, int r, int ch) { return sb + part * plane_k + (ch >> 3) * WG_SLAB + wg::sw128_offset(r, (ch & 7) * 8); },
+            [&](int part, int r, int ch) {
+                return sb + 2 * plane_k + part * PLANE_V + (ch >> 3) * WG_SLAB + wg::sw128_offset(r, (ch & 7) * 8);
+            });
     };
     const bool any = t.tile_lo < t.tile_hi;
     if (any) {
