@@ -973,6 +973,14 @@ static void plain_stages_same(void) {
     gmodel_close(&m);
 }
 
+/* gmodel_open, a CHECK failure naming `label` (and the model closed) when it fails */
+static int gmodel_open_checked(gmodel *m, const char *dir, const char *label) {
+    if (gmodel_open(m, dir)) return 1;
+    CHECK_MSG(0, "%s: model did not open", label);
+    gmodel_close(m);
+    return 0;
+}
+
 /* The same n random prompt tokens prefilled through r[0] and through each of r[1..nr) on fresh
  * caches: every r[k]'s logits must be r[0]'s, bitwise (what[k] names the runner in a failure).
  * 1 when all were compared and equal. */
@@ -1009,11 +1017,7 @@ static int plain_runners_agree(const gmodel *m, kdt_gpu_runner *const *r, const 
  * many blocks as 64-key spans of the prefix), and with one K / V stage. */
 static void plain_blocks_same(const char *dir, const char *label, int n) {
     gmodel m;
-    if (!gmodel_open(&m, dir)) {
-        CHECK_MSG(0, "%s: model did not open", label);
-        gmodel_close(&m);
-        return;
-    }
+    if (!gmodel_open_checked(&m, dir, label)) return;
     kdt_gpu_runner *r[4] = {new_runner_form(m.g, 128, KDT_PREFILL_PLAIN), NULL, NULL, NULL};
     char *sb = env_save("KDT_GPU_PLAIN_BLOCK_KEYS"), *ss = env_save("KDT_GPU_PLAIN_STAGES");
     setenv("KDT_GPU_PLAIN_BLOCK_KEYS", "64", 1);
@@ -1040,11 +1044,7 @@ static void plain_blocks_same(const char *dir, const char *label, int n) {
  * taken it; elsewhere the check says so and compares two mma.sync runs. */
 static void plain_wg_same(const char *dir, const char *label, int n) {
     gmodel m;
-    if (!gmodel_open(&m, dir)) {
-        CHECK_MSG(0, "%s: model did not open", label);
-        gmodel_close(&m);
-        return;
-    }
+    if (!gmodel_open_checked(&m, dir, label)) return;
     const kdt_model_config *c = &m.cpu->cfg;
     const int dqk_p = (c->qk_nope_head_dim + c->qk_rope_head_dim + 15) / 16 * 16;
     const size_t wsm = kdt_ap_plain_wg_smem(dqk_p, kdt_ap_plain_dv_pad(c->v_head_dim));
