@@ -108,12 +108,12 @@ if [ $EXPER = 1 ]; then
   # opt-in variants: correctness first (the model test's fixtures, bitwise contracts and greedy
   # runs with all GEMM variants on), then the probes, verify_attn, the layer bench per variant
   # ALL: every opt-in model variant at once (tiled experts forced: the small test models are
-  # row-major by default; the wgmma GEMMs from 2 rows); OLD: session 7's defaults (2 CTAs per SM for the grouped GEMM,
+  # row-major by default; the wgmma GEMMs from 2 rows; the plain attention on wgmma); OLD: session 7's defaults (2 CTAs per SM for the grouped GEMM,
   # row-major experts; dense launches of > 32 rows at 2 per SM and 64-row MoE items, as before
   # session 34); OLD8: session 8's (no programmatic dependent launch, 4 warps per 16-head
   # attention item, tiled experts everywhere, 3-stage grouped passes); OLD9: session 9's; kept
   # reachable for A/B runs
-  ALL="KDT_GPU_TILED_DENSE=1 KDT_GPU_TILED_EXPERTS=1 KDT_GEMM_WG_MIN=2 ${KDT_EXP_ALL_EXTRA:-}"
+  ALL="KDT_GPU_TILED_DENSE=1 KDT_GPU_TILED_EXPERTS=1 KDT_GEMM_WG_MIN=2 KDT_GPU_PLAIN_WG=1 ${KDT_EXP_ALL_EXTRA:-}"
   OLD="KDT_GEMM_GROUPED_PER_SM=2 KDT_GPU_TILED_EXPERTS=0 KDT_GEMM_WIDE3=0 KDT_GPU_ITEM_ROWS=64"
   OLD8="KDT_GPU_PDL=0 KDT_GPU_ATT_WARPS=4 KDT_GPU_TILED_EXPERTS=1 KDT_GEMM_GROUPED_CAP2=0"
   OLD9="KDT_GPU_PDL_ROWS=0 KDT_GPU_ROUTE_V1=1" # session 9's: GEMM-only PDL, the one-warp router
