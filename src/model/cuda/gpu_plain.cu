@@ -424,7 +424,7 @@ __global__ void __launch_bounds__(THREADS) plain_attn(kdt_plain_args a) {
  * O += P V: m64n{DVP}k16 per 16 keys, A = P's fragments, B = the V slabs read N-major (trans-b;
  * LBO the slab stride, SBO 8 rows), hi then lo. The accumulators s[8][4] and o[DVP / 8][4] are
  * the wgmma fragments d[4 j + e] (row g / g + 8, columns 8 j + 2 c + {0, 1}): mma.sync's. */
-constexpr int WG_SLAB = BN * 128; /* bytes of one slab: 64 keys x 128 bytes */
+[[maybe_unused]] constexpr int WG_SLAB = BN * 128; /* bytes of one slab: 64 keys x 128 bytes */
 
 /* the operand list of an m64nN f32 accumulator held as float[N / 8][4] */
 #define KDT_PW_D4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
@@ -450,7 +450,7 @@ __device__ __forceinline__ void wg_n64(float (&d)[8][4], const uint32_t (&a)[4],
     (void)d, (void)a, (void)db;
 #endif
 }
-__device__ __forceinline__ void wg_n128_tb(float (&d)[16][4], const uint32_t (&a)[4], uint64_t db) {
+[[maybe_unused]] __device__ __forceinline__ void wg_n128_tb(float (&d)[16][4], const uint32_t (&a)[4], uint64_t db) {
 #if KDT_HAS_WGMMA
     asm volatile("{\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " KDT_PW_R64
                  "{%64,%65,%66,%67}, %68, 1, 1, 1, 1;\n}\n"
