@@ -1094,12 +1094,18 @@ static void test_plain_prefill(void) {
         env_restore("KDT_GPU_TILED_EXPERTS", te);
     }
     tm_rmdir(dir);
-    {   /* d_n + d_r 80 (a K slab only partly filled), d_v 50 (padded to 64: V's zero columns) */
-        tm_spec w = kimi_dims_spec(4343);
-        w.heads = 8; w.nope = 48; w.rope = 32; w.v = 50;
+    /* the other wgmma instances (Kimi's dimensions above take d_v 128 with S's 12 k steps fixed):
+     * d_n + d_r 80 (a K slab only partly filled; k steps at run time) with d_v 50 (padded to 64:
+     * V's zero columns) and 100 (128), and d_n + d_r 192 with d_v 64 */
+    static const int wg_dims[3][3] = {{48, 32, 50}, {48, 32, 100}, {128, 64, 64}};
+    for (int i = 0; i < 3; i++) {
+        tm_spec w = kimi_dims_spec(4343 + i);
+        w.heads = 8; w.nope = wg_dims[i][0]; w.rope = wg_dims[i][1]; w.v = wg_dims[i][2];
+        char label[64];
+        snprintf(label, sizeof label, "d_qk %d, d_v %d", w.nope + w.rope, w.v);
         tm_mkdtemp(dir, sizeof dir);
         tm_write_model(dir, &w);
-        plain_wg_same(dir, "d_qk 80, d_v 50", quick ? 150 : 300);
+        plain_wg_same(dir, label, quick ? 150 : 300);
         tm_rmdir(dir);
     }
     /* A spec whose prompt has most rows at a routing near-tie checks little but the bits (one

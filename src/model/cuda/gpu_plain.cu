@@ -480,9 +480,13 @@ __device__ __forceinline__ void wg_pv(float (&o)[DVP / 8][4], const uint32_t (&p
 /* 1 in a device pass that has wgmma (read back once per runner: plain_setup) */
 __global__ void plain_wg_probe(int *out) { *out = KDT_HAS_WGMMA; }
 
-template <int DVP>
+/* NKS: the k steps of S when fixed at compile time (12: d_n + d_r = 192, DeepSeek-V3 and Kimi),
+ * 0 for dqk_p / 16 at run time. With a runtime bound ptxas injects a warpgroup.arrive before
+ * every product (C7519: 17 per instance); a fixed one needs none. */
+template <int DVP, int NKS>
 __global__ void __launch_bounds__(THREADS) plain_attn_wg(kdt_plain_args a) {
     static_assert(DVP == 64 || DVP == 128, "plain_attn_wg: d_v padded to 64 or 128");
+    static_assert(NKS >= 0 && NKS <= MAXK, "plain_attn_wg: k steps");
 #if KDT_HAS_WGMMA
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int qp = a.dqk_p + PAD;
@@ -539,8 +543,8 @@ __global__ void __launch_bounds__(THREADS) plain_attn_wg(kdt_plain_args a) {
         pin<8>(s);
         wg::fence();
 #pragma unroll
-        for (int ks = 0; ks < MAXK; ks++) {
-            if (ks >= t.nks) break;
+        for (int ks = 0; ks < (NKS ? NKS : MAXK); ks++) {
+            if (!NKS && ks >= t.nks) break;
             wg_n64<false>(s, qf[ks], wg::desc_kmajor(kb, BN, ks));
             wg_n64<false>(s, qf[ks], wg::desc_kmajor(kb + (uint32_t)plane_k, BN, ks));
         }
@@ -581,7 +585,9 @@ kdt_status launch_attn(const kdt_plain_args *a, cudaStream_t s) {
     const dim3 grid((unsigned)((a->R + BM - 1) / BM), (unsigned)a->H);
     if constexpr (DVP == 64 || DVP == 128) {
         if (a->wg) {
-            plain_attn_wg<DVP><<<grid, THREADS, kdt_ap_plain_wg_smem(a->dqk_p, DVP), s>>>(*a);
+            const size_t smem = kdt_ap_plain_wg_smem(a->dqk_p, DVP);
+            if (a->dqk_p == 12 * 16) plain_attn_wg<DVP, 12><<<grid, THREADS, smem, s>>>(*a);
+            else plain_attn_wg<DVP, 0><<<grid, THREADS, smem, s>>>(*a);
             const cudaError_t e = cudaGetLastError();
             return e == cudaSuccess ? KDT_OK : kdt_fail(KDT_ERR_CUDA, "plain attention (wgmma): %s", cudaGetErrorString(e));
         }
@@ -608,7 +614,9 @@ kdt_status init_attn(int32_t dqk_p, int32_t stages, int32_t wg) {
     if constexpr (DVP == 64 || DVP == 128) {
         if (wg) {
             const size_t wsm = kdt_ap_plain_wg_smem(dqk_p, DVP);
-            e = cudaFuncSetAttribute(plain_attn_wg<DVP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wsm);
+            e = dqk_p == 12 * 16
+                    ? cudaFuncSetAttribute(plain_attn_wg<DVP, 12>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wsm)
+                    : cudaFuncSetAttribute(plain_attn_wg<DVP, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wsm);
             if (e != cudaSuccess)
                 return kdt_fail(KDT_ERR_CUDA, "plain attention (wgmma): shared memory %zu B: %s", wsm, cudaGetErrorString(e));
         }
