@@ -282,6 +282,19 @@ static void test_prefill_chunk_rule(void) {
     dense = k;
     dense.n_routed_experts = 0;
     CHECK_EQ_INT(kdt_prefill_chunk_for(&dense, 200.0), 256);
+    /* the device side: an H100 SXM reports 132 SMs, 1,980 MHz, memory 2,619 MHz x 5,120 bits
+     * (session 47's probe): 114.0 TFLOP/s over 3,017 GB/s = 37.8, so Kimi 2,048 rows; an H200's
+     * ~3.1 GHz x 6,144 bits gives ~26 and 1,024 rows; without wgmma (major 8) the rate halves */
+    const double h100 = kdt_gpu_flop_per_byte(132, 1980000, 2619000, 5120, 9);
+    CHECK_MSG(fabs(h100 - 37.78) < 0.05, "H100: %.3f FLOP/byte", h100);
+    CHECK_EQ_INT(kdt_prefill_chunk_for(&k, h100), 2048);
+    const double h200 = kdt_gpu_flop_per_byte(132, 1980000, 3125000, 6144, 9);
+    CHECK(h200 > 25 && h200 < 27);
+    CHECK_EQ_INT(kdt_prefill_chunk_for(&k, h200), 1024);
+    CHECK(fabs(kdt_gpu_flop_per_byte(132, 1980000, 2619000, 5120, 8) - h100 * 55 / 114) < 1e-9);
+    CHECK(kdt_gpu_flop_per_byte(0, 1980000, 2619000, 5120, 9) == 0);
+    CHECK(kdt_gpu_flop_per_byte(132, 1980000, -1, 5120, 9) == 0);
+    CHECK_EQ_INT(kdt_prefill_chunk_for(&k, kdt_gpu_flop_per_byte(132, 0, 0, 0, 0)), KDT_GPU_PREFILL_CHUNK_MIN);
     kdt_model_config zero = {0}; /* no weights: no rows to amortize */
     CHECK_EQ_INT(kdt_prefill_chunk_for(&zero, 38.0), KDT_GPU_PREFILL_CHUNK_MIN);
     char path[1024];

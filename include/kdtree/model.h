@@ -169,6 +169,13 @@ int kdt_prefill_plain_pays(const kdt_model_config *c, int32_t n_rows, int32_t pr
 #define KDT_GPU_PREFILL_CHUNK_MIN 256
 #define KDT_GPU_PREFILL_CHUNK_MAX 2048
 int32_t kdt_prefill_chunk_for(const kdt_model_config *c, double flop_per_byte);
+/* A GPU's FLOPs per byte for kdt_prefill_chunk_for, from what the device reports (SMs, SM clock
+ * and memory clock in kHz, memory bus width in bits, compute capability major): a coarse model
+ * anchored on one measurement, a 2,048-row Kimi K2.6 prefill layer's matrices at ~114 TFLOP/s on
+ * an H100 (132 SMs at 1,980 MHz, the wgmma GEMMs; ~55 for the mma.sync ones, major != 9), scaled
+ * by SMs x clock, over 90 % of the memory's peak bandwidth (the H100 copies 3,015 GB/s of 3,352).
+ * 0 when any input is not positive. */
+double kdt_gpu_flop_per_byte(int sms, int clock_khz, int mem_clock_khz, int bus_bits, int cc_major);
 
 /* Loads the model in directory `dir`. opt may be NULL (defaults: progress 1, chunk 64, absorbed
  * prefill attention). On failure *out is NULL and nothing is left open. */

@@ -506,6 +506,13 @@ int32_t kdt_prefill_chunk_for(const kdt_model_config *c, double flop_per_byte) {
     return rows;
 }
 
+double kdt_gpu_flop_per_byte(int sms, int clock_khz, int mem_clock_khz, int bus_bits, int cc_major) {
+    if (sms <= 0 || clock_khz <= 0 || mem_clock_khz <= 0 || bus_bits <= 0 || cc_major <= 0) return 0;
+    const double rate = (cc_major == 9 ? 114e12 : 55e12) * (sms / 132.0) * (clock_khz / 1.98e6);
+    const double bandwidth = 0.9 * 2.0 * mem_clock_khz * 1e3 * (bus_bits / 8.0); /* DDR: 2 transfers a clock */
+    return rate / bandwidth;
+}
+
 typedef struct plain_job {
     const kdt_model *m;
     const kdt_kv_cache *kv;

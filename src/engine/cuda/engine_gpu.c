@@ -36,12 +36,8 @@ kdt_status kdt_eng_scatter_rows(float *dst, int64_t dst_stride, int32_t n_dst_ro
 kdt_status kdt_eng_tree_prefix(const kdt_tree *src, const kdt_tree *dst, const int32_t *budget, int32_t *probe_n,
                                float *probe_score, void *stream);
 
-/* The device's matrix rate over its memory bandwidth, in FLOPs per byte, for the default prefill
- * chunk (kdt_prefill_chunk_for); 0 when the device does not say. A coarse model, anchored on one
- * measurement: a 2,048-row Kimi K2.6 prefill layer ran its matrices at ~114 TFLOP/s on an H100
- * (132 SMs at 1,980 MHz; the wgmma GEMMs, bench/RESULTS.md session 47) and the mma.sync ones at
- * ~55, scaled by SMs x clock; bandwidth 90 % of the memory's peak (the H100 copies 3,015 GB/s of
- * 3,352). H100: ~38, so Kimi gets 2,048 rows; an H200 (4.8 TB/s): ~26, 1,024 rows. */
+/* The device's FLOPs per byte for the default prefill chunk (kdt_gpu_flop_per_byte of what it
+ * reports); 0 when it does not say. */
 static double device_flop_per_byte(void) {
     int dev = 0, sms = 0, khz = 0, mem_khz = 0, bus_bits = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -53,9 +49,7 @@ static double device_flop_per_byte(void) {
         (void)cudaGetLastError();
         return 0;
     }
-    const double rate = (major == 9 ? 114e12 : 55e12) * (sms / 132.0) * (khz / 1.98e6);
-    const double bandwidth = 0.9 * 2.0 * mem_khz * 1e3 * (bus_bits / 8.0); /* DDR: 2 transfers a clock */
-    return rate > 0 && bandwidth > 0 ? rate / bandwidth : 0;
+    return kdt_gpu_flop_per_byte(sms, khz, mem_khz, bus_bits, major);
 }
 /* A 64-client server run with auto met ~130 shapes (batch size x plain/drafted x stride); with a
  * 32-graph cache it recaptured 1,557 times in 12 s (4.6 s of capture, auto at 0.81x ar). */
