@@ -457,6 +457,20 @@ __device__ __forceinline__ void ss_k_loop(unsigned char *ring, int nk, Load load
 }
 #endif
 
+/* One stage's A chunks: chunk i of this thread (q = tid + THREADS i) is plane q / (8 ROWS) (hi, lo;
+ * a_bytes apart from sa), tile row (q >> 3) % ROWS, 16-byte chunk q & 7, read from src[i] + k
+ * (NULL: zeros, from the valid address zero) into the 128-byte-swizzled slab row. */
+template <int NA, int ROWS>
+__device__ __forceinline__ void load_a(unsigned char *sa, int a_bytes, const uint16_t *const (&src)[NA], int64_t k,
+                                       const uint16_t *zero) {
+#pragma unroll
+    for (int i = 0; i < NA; i++) {
+        const int q = threadIdx.x + THREADS * i, r = (q >> 3) & (ROWS - 1), ch = q & 7;
+        cp_async16(sa + (q / (8 * ROWS)) * a_bytes + gt_wg_slab_byte(r, ch), src[i] ? src[i] + k + ch * 8 : zero,
+                   src[i] ? 16 : 0);
+    }
+}
+
 /* Dense: 128 x 128 tiles as wg_gemm_kernel's; stage = W slab + A hi + A lo (128 rows each). */
 __global__ void __launch_bounds__(THREADS, 1) wg_gemm_ss_kernel(const kdt_gemm_args a, const uint16_t *hl,
                                                                  int64_t plane, int ld) {
@@ -467,18 +481,18 @@ __global__ void __launch_bounds__(THREADS, 1) wg_gemm_ss_kernel(const kdt_gemm_a
     if (!t.valid) return;
     const int m0 = t.m0, n0 = t.n0, n_valid = t.n_valid, m_valid = t.m_valid, k_begin = t.k_begin;
     const int tid = threadIdx.x;
-    const uint16_t *w = a.w + (int64_t)n0 * a.ldw, *arow = hl + (int64_t)m0 * ld;
+    const uint16_t *w = a.w + (int64_t)n0 * a.ldw;
+    const uint16_t *arow[S_A_PER_THREAD]; /* this thread's A chunks: plane q >> 10, row (q >> 3) & 127 */
+#pragma unroll
+    for (int i = 0; i < S_A_PER_THREAD; i++) {
+        const int q = tid + THREADS * i, r = (q >> 3) & (BM - 1);
+        arow[i] = r < m_valid ? hl + (q >> 10) * plane + (int64_t)(m0 + r) * ld : nullptr;
+    }
     auto load_stage = [&](int s, int kb) {
         unsigned char *st = ring + s * S_STAGE_BYTES;
         const int kc = k_begin + kb * BK;
         load_w<W_PER_THREAD, THREADS>(st, w, a.ldw, kc / BK, n_valid, a.tiled);
-#pragma unroll
-        for (int i = 0; i < S_A_PER_THREAD; i++) { /* plane q >> 10 (hi, lo), tile row r, chunk ch */
-            const int q = tid + THREADS * i, r = (q >> 3) & (BM - 1), ch = q & 7;
-            const bool ok = r < m_valid;
-            cp_async16(st + W_BYTES + (q >> 10) * A_BYTES + gt_wg_slab_byte(r, ch),
-                       ok ? arow + (q >> 10) * plane + (int64_t)r * ld + kc + ch * 8 : hl, ok ? 16 : 0);
-        }
+        load_a<S_A_PER_THREAD, BM>(st + W_BYTES, A_BYTES, arow, kc, hl);
     };
     float acc[64];
     ss_k_loop<S_STAGE_BYTES>(ring, t.nk, load_stage, acc, 0u, (uint32_t)(W_BYTES + (tid >> 7) * 8192), A_BYTES);
@@ -514,12 +528,7 @@ __global__ void __launch_bounds__(THREADS, 1) wg_grouped_ss_kernel(const kdt_gro
         auto load_stage = [&](int s, int kb) {
             unsigned char *st = ring + s * GS_STAGE_BYTES;
             load_w<GS_W_PER_THREAD, THREADS>(st, g.w, g.ldw, kb, g.n_valid, a.tiled);
-#pragma unroll
-            for (int i = 0; i < GS_A_PER_THREAD; i++) {
-                const int q = tid + THREADS * i, r = (q >> 3) & (G_BM - 1), ch = q & 7;
-                cp_async16(st + GS_W_BYTES + (q >> 9) * GS_A_BYTES + gt_wg_slab_byte(r, ch),
-                           arow[i] ? arow[i] + kb * BK + ch * 8 : hl, arow[i] ? 16 : 0);
-            }
+            load_a<GS_A_PER_THREAD, G_BM>(st + GS_W_BYTES, GS_A_BYTES, arow, (int64_t)kb * BK, hl);
         };
         float acc[64];
         ss_k_loop<GS_STAGE_BYTES>(ring, g.nk, load_stage, acc, (uint32_t)wgi * 16384u, GS_W_BYTES, GS_A_BYTES);
