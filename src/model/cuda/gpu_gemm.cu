@@ -1932,6 +1932,14 @@ extern "C" kdt_status kdt_gemm_launch_ws(const kdt_gemm_args *a, int32_t stages,
     return launch_error("GPU GEMM (wgmma, A from shared memory)");
 }
 
+/* A fused SwiGLU (a->h) is only for gate/up launches over tiled experts (the kernels that have the
+ * epilogue); the grouped launchers refuse anything else. */
+static kdt_status swiglu_args_ok(const kdt_grouped_args *a) {
+    if (a->h && (a->which != 0 || !a->tiled))
+        return kdt_fail(KDT_ERR_INTERNAL, "GPU grouped GEMM: a fused SwiGLU needs a gate/up launch over tiled experts");
+    return KDT_OK;
+}
+
 /* The grouped launch with a workspace (unless KDT_GEMM_WG_SS=0): where the ss bounds take the
  * wgmma kernel, X is split into ws's planes first (gate/up: xn's m_max rows, of which
  * *m_dev exist; down: h's pairs, each zero past its expert's inter, by pair_expert), then the
@@ -1944,8 +1952,7 @@ extern "C" kdt_status kdt_grouped_launch_ws(const kdt_grouped_args *a, int32_t s
     if (!ws || !wg_ss_on() || rows < 1 || ld % BK || 2 * plane > ws_elems || (a->which == 1 && !pair_expert) ||
         !wg_grouped_wanted(a->max_item_rows, a->n_pairs_hint, true))
         return kdt_grouped_launch(a, stages, s);
-    if (a->h && (a->which != 0 || !a->tiled))
-        return kdt_fail(KDT_ERR_INTERNAL, "GPU grouped GEMM: a fused SwiGLU needs a gate/up launch over tiled experts");
+    KDT_TRY(swiglu_args_ok(a));
     const int64_t chunks = rows * (ld / 8);
     const unsigned sg = (unsigned)((chunks + 255) / 256);
     if (a->which == 0) {
@@ -1972,8 +1979,7 @@ extern "C" int32_t kdt_gemm_wg_item_rows(int32_t n_pairs) {
 
 extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s) {
     const dim3 grid((unsigned)((a->n_max + BN - 1) / BN), (unsigned)(a->grid_items > 0 ? a->grid_items : 1));
-    if (a->h && (a->which != 0 || !a->tiled))
-        return kdt_fail(KDT_ERR_INTERNAL, "GPU grouped GEMM: a fused SwiGLU needs a gate/up launch over tiled experts");
+    KDT_TRY(swiglu_args_ok(a));
     if (wg_grouped_wanted(a->max_item_rows, a->n_pairs_hint, false)) { /* many rows on wgmma (gemm_wg.cuh): the same bits */
         const dim3 gw((unsigned)((a->n_max + wgg::BN - 1) / wgg::BN), grid.y);
         wgg::wg_grouped_kernel<<<gw, wgg::G_THREADS, (size_t)wgg::G_SMEM, s>>>(*a);
