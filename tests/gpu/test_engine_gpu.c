@@ -4,8 +4,10 @@
  * 1. Oracle drafter (TEST-ONLY hook, engine_test_util.h) on tests/fixtures/models/kimi_tiny:
  *    chain, ddtree at budgets {1, 4, 16, 64} and auto, batches {1, 3, 8}: every stream's output
  *    equals the GPU reference, which is the model's GPU API alone (kdt_gpu_prefill +
- *    kdt_gpu_decode), independent of the engine. Also with prompts prefilled 1 and 5 rows a pass. (The GPU's bits differ from the CPU's, so the
- *    reference is the GPU's own greedy decoding.)
+ *    kdt_gpu_decode), independent of the engine. Also with prompts prefilled 1 and 5 rows a pass,
+ *    and with the default chunk as the device's ridge, a step's budget and a device it does not fit
+ *    (a test-only fault) set it; a chunk that cannot fit is a clear error. (The GPU's bits differ
+ *    from the CPU's, so the reference is the GPU's own greedy decoding.)
  * 2. The bundled tiny target + DFlash drafter, drafting on the GPU: ddtree B 32 and chain equal ar
  *    token for token, with tau well above 1 (the GPU drafter agrees with the target); graph
  *    replays equal eager rounds (KDT_NO_GRAPHS=1), mixed batches with streams joining; auto with
@@ -186,6 +188,48 @@ static void test_prefill_chunk_gpu(void) {
         run_and_compare(e, 8, KDT_SPEC_AR, 1);
         run_and_compare(e, 8, KDT_SPEC_DDTREE, 16);
         kdt_engine_free(e);
+    }
+    /* The default chunk (no prefill_chunk given): the device's ridge picks it (here overridden so
+     * the tiny model gets the largest, 2,048 rows), a step's prefill budget halves it, and so does
+     * a device on which it does not fit (KDT_GPU_TEST_CHUNK_FITS, a test-only fault), down to
+     * KDT_GPU_PREFILL_CHUNK_MIN. A chunk the caller chose is not halved: it fails, naming it. */
+    setenv("KDT_GPU_FLOP_PER_BYTE", "100000", 1);
+    static const struct { int32_t budget; const char *fits; int32_t chunk; } cases[4] = {
+        {0, NULL, KDT_GPU_PREFILL_CHUNK_MAX}, {600, NULL, 512}, {0, "300", 256}, {600, "257", 256}};
+    for (int c = 0; c < 4; c++) {
+        g_max_prefill_tokens = cases[c].budget;
+        if (cases[c].fits) setenv("KDT_GPU_TEST_CHUNK_FITS", cases[c].fits, 1);
+        kdt_engine *e = make_engine(ET_FIXTURE, NULL, 8, 1);
+        unsetenv("KDT_GPU_TEST_CHUNK_FITS");
+        g_max_prefill_tokens = 0;
+        if (!e) continue;
+        CHECK_MSG(kdt_engine_prefill_chunk(e) == cases[c].chunk, "default chunk, budget %d, fits %s: %d rows, expected %d",
+                  cases[c].budget, cases[c].fits ? cases[c].fits : "-", kdt_engine_prefill_chunk(e), cases[c].chunk);
+        printf("  default chunk, budget %d, fits %s: %d rows\n", cases[c].budget, cases[c].fits ? cases[c].fits : "any",
+               kdt_engine_prefill_chunk(e));
+        if (c >= 2 || !g_quick) run_and_compare(e, 8, KDT_SPEC_DDTREE, 16);
+        kdt_engine_free(e);
+    }
+    unsetenv("KDT_GPU_FLOP_PER_BYTE");
+    /* no room for the smallest default chunk, or for the chunk the caller chose: a clear error */
+    static const struct { int32_t chunk; const char *fits; } bad[2] = {{0, "100"}, {512, "300"}};
+    for (int c = 0; c < 2; c++) {
+        kdt_engine_options o;
+        memset(&o, 0, sizeof o);
+        o.model_dir = ET_FIXTURE;
+        o.device = KDT_DEVICE_CUDA;
+        o.max_streams = 8;
+        o.max_budget = 64;
+        o.max_context = 512;
+        o.prefill_chunk = bad[c].chunk;
+        setenv("KDT_GPU_TEST_CHUNK_FITS", bad[c].fits, 1);
+        kdt_engine *e = NULL;
+        const kdt_status st = kdt_engine_create(&o, &e);
+        unsetenv("KDT_GPU_TEST_CHUNK_FITS");
+        CHECK_MSG(st == KDT_ERR_OUT_OF_MEMORY && !e && strstr(kdt_last_error(), "prefill chunk"),
+                  "chunk %d on a device fitting %s rows: status %d, %s", bad[c].chunk, bad[c].fits, (int)st,
+                  kdt_last_error());
+        if (e) kdt_engine_free(e);
     }
 }
 

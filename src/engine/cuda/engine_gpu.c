@@ -37,8 +37,16 @@ kdt_status kdt_eng_tree_prefix(const kdt_tree *src, const kdt_tree *dst, const i
                                float *probe_score, void *stream);
 
 /* The device's FLOPs per byte for the default prefill chunk (kdt_gpu_flop_per_byte of what it
- * reports); 0 when it does not say. */
+ * reports); 0 when it does not say. KDT_GPU_FLOP_PER_BYTE=x overrides it, for a card the formula
+ * misjudges (and for the tests' larger default chunks). */
 static double device_flop_per_byte(void) {
+    const char *fb = getenv("KDT_GPU_FLOP_PER_BYTE");
+    if (fb && fb[0]) {
+        char *end = NULL;
+        const double v = strtod(fb, &end);
+        if (end != fb && *end == '\0' && v > 0 && v < 1e6) return v;
+        fprintf(stderr, "kdtree: KDT_GPU_FLOP_PER_BYTE=%s is not a positive number; using the device's\n", fb);
+    }
     int dev = 0, sms = 0, khz = 0, mem_khz = 0, bus_bits = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
@@ -263,6 +271,11 @@ static kdt_status create_buffers(kdt_engine *e, eng_gpu *g) {
 /* The forward runner for e->prefill_quantum-row prefill passes and MS x MN-row rounds, then the
  * drafter's GPU side. */
 static kdt_status create_runner(kdt_engine *e, eng_gpu *g) {
+    /* test only: a device on which chunks above this many rows do not fit (the halving below) */
+    const char *fit = getenv("KDT_GPU_TEST_CHUNK_FITS");
+    if (fit && fit[0] && e->prefill_quantum > atoi(fit))
+        return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "GPU runner: a %d-row prefill chunk (KDT_GPU_TEST_CHUNK_FITS=%s)",
+                        e->prefill_quantum, fit);
     kdt_gpu_runner_options ro;
     memset(&ro, 0, sizeof ro);
     const int32_t C = e->prefill_quantum;
