@@ -123,6 +123,8 @@ typedef struct kdt_engine_stats {
     int32_t last_budget;         /* budget chosen by auto in the last round */
     uint64_t plain_rounds;       /* rounds auto ran without the drafter (plain decoding measured
                                     faster at that batch size; see docs/engine.md) */
+    uint64_t prefill_passes;     /* prefill forward calls (GPU: passes, each holding up to one
+                                    chunk of every waiting stream; CPU: model calls per stream) */
 } kdt_engine_stats;
 
 kdt_status kdt_engine_create(const kdt_engine_options *opt, kdt_engine **out);

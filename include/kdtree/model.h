@@ -429,6 +429,20 @@ kdt_status kdt_gpu_kv_fill_random(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t stre
  * token i; decode: stream s; verify: stream-major over each tree's nodes). */
 kdt_status kdt_gpu_stage_prefill(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t stream,
                                  const int32_t *tokens, int32_t n, int32_t last_only);
+/* One stream's rows of a multi-stream prefill pass: its next n prompt tokens. */
+typedef struct kdt_prefill_segment {
+    int32_t stream;
+    const int32_t *tokens; /* [n] */
+    int32_t n;             /* >= 1 */
+} kdt_prefill_segment;
+/* Several streams' prefill rows in one pass (a MoE layer streams its experts once for all of
+ * them): segment k's rows follow segment k - 1's, each row causal over its own stream's slots. A
+ * stream appears at most once; the rows together fit max_rows. Each segment takes the attention
+ * form a pass of its rows alone would take, so every row's outputs are bitwise those of its own
+ * kdt_gpu_stage_prefill pass. last_only: output row k is segment k's last row; else output row i
+ * is the pass's row i. kdt_gpu_stage_prefill is this with one segment. */
+kdt_status kdt_gpu_stage_prefill_many(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t n_segments,
+                                      const kdt_prefill_segment *segs, int32_t last_only);
 kdt_status kdt_gpu_stage_decode(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t n_streams,
                                 const int32_t *stream_ids, const int32_t *tokens);
 kdt_status kdt_gpu_stage_verify(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_tree *tree,

@@ -121,8 +121,8 @@ kdt_status kdt_engine_create(const kdt_engine_options *opt, kdt_engine **out) {
                   "kdt_engine_create: model_dir is empty (the target checkpoint directory)");
     const int32_t max_streams = opt->max_streams ? opt->max_streams : 8;
     const int32_t max_budget = opt->max_budget ? opt->max_budget : 64;
-    KDT_CHECK_ARG(max_streams >= 1 && max_streams <= 64,
-                  "kdt_engine_create: max_streams = %d, expected 1..64", opt->max_streams);
+    KDT_CHECK_ARG(max_streams >= 1 && max_streams <= KDT_ENGINE_MAX_STREAMS,
+                  "kdt_engine_create: max_streams = %d, expected 1..%d", opt->max_streams, KDT_ENGINE_MAX_STREAMS);
     KDT_CHECK_ARG(max_budget >= 1 && max_budget <= KDT_MAX_BUDGET,
                   "kdt_engine_create: max_budget = %d, expected 1..%d", opt->max_budget, KDT_MAX_BUDGET);
     KDT_CHECK_ARG(opt->max_context >= 0, "kdt_engine_create: max_context = %d", opt->max_context);

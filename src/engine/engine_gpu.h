@@ -24,9 +24,13 @@ int kdt_engine_gpu_available(void);
 kdt_status kdt_engine_gpu_create(kdt_engine *e, int verbose);
 void kdt_engine_gpu_free(kdt_engine *e);
 
-/* prompt rows [from, from + n_rows) (from: a multiple of the pass size, e->prefill_quantum); the
- * first token into *first_token when they end the prompt */
-kdt_status kdt_engine_gpu_prefill(kdt_engine *e, int32_t slot, int32_t from, int32_t n_rows, int32_t *first_token);
+/* One prefill pass over n streams' chunks (kdt_gpu_stage_prefill_many): slot k's prompt rows
+ * [from[k], from[k] + n_rows[k]), from[k] its prefix_len and a multiple of the pass size
+ * e->prefill_quantum, the rows together at most that size. Advances each prefix_len; first_token[k]
+ * is the stream's first token where its rows end the prompt, else -1. Each row gets the bits of a
+ * pass of its stream's chunk alone. */
+kdt_status kdt_engine_gpu_prefill_pass(kdt_engine *e, int32_t n, const int32_t *slots, const int32_t *from,
+                                       const int32_t *n_rows, int32_t *first_token);
 kdt_status kdt_engine_gpu_round(kdt_engine *e, const int32_t *slots, int32_t n_slots,
                                 kdt_stream_event *events, int32_t *n_ev);
 /* Frees slot's KV pages on the GPU. */

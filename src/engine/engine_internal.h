@@ -44,6 +44,7 @@ kdt_status kdt_engine_set_test_drafter(kdt_engine *e, int32_t n_positions, kdt_e
 const kdt_model *kdt_engine_model(const kdt_engine *e);
 
 /* ---- streams ------------------------------------------------------------------------------------ */
+#define KDT_ENGINE_MAX_STREAMS 64 /* kdt_engine_options.max_streams' bound */
 typedef enum slot_state {
     SLOT_FREE = 0,
     SLOT_WAITING,   /* added, prefill in the next step */

@@ -78,13 +78,12 @@ void kdt_round_event(kdt_stream_event *events, int32_t *n_ev, const eng_stream *
 
 /* ---- prefill ------------------------------------------------------------------------------- */
 
-/* Prefills prompt rows [s->prefix_len, s->prefix_len + n_rows) of the stream in `slot` (while it
- * waits, prefix_len counts the prompt tokens already in the KV cache); when they end the prompt,
+/* CPU: prefills prompt rows [s->prefix_len, s->prefix_len + n_rows) of the stream in `slot` (while
+ * it waits, prefix_len counts the prompt tokens already in the KV cache); when they end the prompt,
  * its first token goes to *first_token. */
 static kdt_status prefill_rows(kdt_engine *e, int32_t slot, int32_t n_rows, int32_t *first_token) {
     eng_stream *s = &e->streams[slot];
     const int32_t from = s->prefix_len, end = from + n_rows;
-    if (e->gpu) return kdt_engine_gpu_prefill(e, slot, from, n_rows, first_token);
     const int32_t V = e->mc->vocab_size, D = e->mc->hidden_size;
     const int want_taps = s->drafts && e->drafter && e->n_taps > 0;
     const int greedy = !(s->params.temperature > 0.0f);
@@ -115,6 +114,7 @@ static kdt_status prefill_rows(kdt_engine *e, int32_t slot, int32_t n_rows, int3
         }
         st = kdt_model_prefill(e->model, e->kv, slot, s->tokens + off, n, &out);
         if (st != KDT_OK) return st;
+        e->stats.prefill_passes++;
         if (want_taps) {
             st = kdt_dflash_ctx_append(e->drafter, s->dctx, e->taps, n);
             if (st != KDT_OK) return st;
@@ -129,6 +129,140 @@ static kdt_status prefill_rows(kdt_engine *e, int32_t slot, int32_t n_rows, int3
         *first_token = kdt_sample_token(e->logits, V, &sp, kdt_rng_uniform(&s->rng), &e->sampler);
     }
     return KDT_OK;
+}
+
+/* GPU: the step's chunks in shared passes. A pass holds at most prefill_quantum rows, at most one
+ * chunk per stream; chunks are placed first-fit in arrival order, each after its stream's previous
+ * chunk's pass. A MoE pass streams every expert whatever its rows, so eight 64-token prompts cost
+ * one 512-row pass instead of eight; each row still gets the bits of its own chunk's pass
+ * (kdt_gpu_stage_prefill_many), so outputs do not depend on which prompts arrived together.
+ * err[i] is set for the streams of a pass that failed (their later chunks are skipped). */
+static void prefill_passes_gpu(kdt_engine *e, int32_t n, const int32_t *slot, const int32_t *take, int32_t *first,
+                               kdt_status *err) {
+    const int32_t q = e->prefill_quantum;
+    int64_t n_chunks = 0;
+    for (int32_t i = 0; i < n; i++) n_chunks += (take[i] + q - 1) / q;
+    /* per chunk: stream index, first row, rows, pass; per pass: rows */
+    int32_t *ck = malloc((size_t)n_chunks * 5 * sizeof(int32_t));
+    if (!ck) {
+        const kdt_status st = kdt_fail(KDT_ERR_OUT_OF_MEMORY, "engine: prefill plan of %lld chunks", (long long)n_chunks);
+        for (int32_t i = 0; i < n; i++) err[i] = st;
+        return;
+    }
+    int32_t *c_idx = ck, *c_from = ck + n_chunks, *c_rows = ck + 2 * n_chunks, *c_pass = ck + 3 * n_chunks,
+            *p_rows = ck + 4 * n_chunks, n_pass = 0;
+    int64_t c = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t prev = -1;
+        for (int32_t off = 0; off < take[i]; off += q, c++) {
+            const int32_t rows = take[i] - off < q ? take[i] - off : q;
+            int32_t p = prev + 1;
+            while (p < n_pass && p_rows[p] + rows > q) p++;
+            if (p == n_pass) p_rows[n_pass++] = 0;
+            p_rows[p] += rows;
+            c_idx[c] = i;
+            c_from[c] = e->streams[slot[i]].prefix_len + off;
+            c_rows[c] = rows;
+            c_pass[c] = prev = p;
+        }
+    }
+    int32_t s_slot[KDT_ENGINE_MAX_STREAMS], s_from[KDT_ENGINE_MAX_STREAMS], s_rows[KDT_ENGINE_MAX_STREAMS],
+        s_idx[KDT_ENGINE_MAX_STREAMS], s_first[KDT_ENGINE_MAX_STREAMS];
+    for (int32_t p = 0; p < n_pass; p++) {
+        int32_t m = 0, rows = 0;
+        for (int64_t j = 0; j < n_chunks; j++) {
+            if (c_pass[j] != p || err[c_idx[j]] != KDT_OK) continue;
+            s_idx[m] = c_idx[j];
+            s_slot[m] = slot[c_idx[j]];
+            s_from[m] = c_from[j];
+            s_rows[m] = c_rows[j];
+            rows += c_rows[j];
+            m++;
+        }
+        if (m == 0) continue;
+        const double t0 = kdt_engine_now();
+        const kdt_status st = kdt_engine_gpu_prefill_pass(e, m, s_slot, s_from, s_rows, s_first);
+        e->stats.t_prefill += kdt_engine_now() - t0;
+        if (st == KDT_OK) {
+            e->stats.prompt_tokens += (uint64_t)rows;
+            e->stats.prefill_passes++;
+        }
+        for (int32_t k = 0; k < m; k++) {
+            if (st != KDT_OK) err[s_idx[k]] = st;
+            else if (s_first[k] >= 0) first[s_idx[k]] = s_first[k];
+        }
+    }
+    free(ck);
+}
+
+/* The step's prefill: the waiting streams' prompts in arrival order, in whole chunks of the
+ * device's pass size, within the step's token budget (a chunk is taken while it fits what is left,
+ * and the step's first chunk always); a stream the budget stops keeps its place for the next step.
+ * Streams whose prompt is in emit their first token and join the next step's round. */
+static kdt_status prefill_step(kdt_engine *e, kdt_stream_event *events, int32_t *n_events) {
+    int32_t slot[KDT_ENGINE_MAX_STREAMS], take[KDT_ENGINE_MAX_STREAMS], first[KDT_ENGINE_MAX_STREAMS], n = 0;
+    kdt_status err[KDT_ENGINE_MAX_STREAMS];
+    for (int32_t i = 0; i < e->max_streams; i++) {
+        if (e->streams[i].state != SLOT_WAITING) continue;
+        int32_t j = n++;
+        for (; j > 0 && e->arrival[slot[j - 1]] > e->arrival[i]; j--) slot[j] = slot[j - 1];
+        slot[j] = i;
+    }
+    const int32_t q = e->prefill_quantum;
+    int64_t budget_left = e->max_prefill_tokens > 0 ? e->max_prefill_tokens : INT64_MAX, taken = 0;
+    int32_t n_take = 0;
+    for (; n_take < n; n_take++) {
+        const eng_stream *s = &e->streams[slot[n_take]];
+        const int32_t left = s->n_prompt - s->prefix_len;
+        int32_t t = 0;
+        while (t < left) {
+            const int32_t rows = left - t < q ? left - t : q;
+            if (taken > 0 && rows > budget_left) break;
+            t += rows;
+            taken += rows;
+            budget_left -= rows;
+        }
+        take[n_take] = t;
+        first[n_take] = -1;
+        err[n_take] = KDT_OK;
+        if (t < left) { /* the budget is spent: this stream goes on next step, later ones wait */
+            if (t > 0) n_take++;
+            break;
+        }
+    }
+    if (n_take == 0) return KDT_OK;
+    if (e->gpu) {
+        prefill_passes_gpu(e, n_take, slot, take, first, err);
+    } else {
+        for (int32_t i = 0; i < n_take; i++) {
+            const double t0 = kdt_engine_now();
+            err[i] = prefill_rows(e, slot[i], take[i], &first[i]);
+            e->stats.t_prefill += kdt_engine_now() - t0;
+            if (err[i] == KDT_OK) e->stats.prompt_tokens += (uint64_t)take[i];
+        }
+    }
+    kdt_status first_err = KDT_OK;
+    for (int32_t i = 0; i < n_take; i++) {
+        eng_stream *s = &e->streams[slot[i]];
+        if (err[i] == KDT_OK && s->prefix_len < s->n_prompt) continue; /* more next step */
+        int32_t *evt = e->ev_tokens + (int64_t)slot[i] * KDT_MAX_PATH;
+        int32_t emitted = 0;
+        if (err[i] == KDT_OK) {
+            emitted = kdt_round_emit(s, &first[i], 1, evt);
+            e->stats.tokens_emitted += (uint64_t)emitted;
+        } else {
+            if (first_err == KDT_OK) first_err = err[i];
+            s->finish = KDT_FINISH_ERROR;
+        }
+        kdt_round_event(events, n_events, s, evt, emitted, 0);
+        if (s->finish != KDT_FINISH_NONE) {
+            kdt_engine_release_stream(e, slot[i]);
+            s->state = SLOT_FREE;
+        } else {
+            s->state = SLOT_ACTIVE;
+        }
+    }
+    return first_err;
 }
 
 /* ---- the round ----------------------------------------------------------------------------- */
@@ -584,47 +718,12 @@ kdt_status kdt_engine_step(kdt_engine *e, kdt_stream_event *events, int32_t max_
     }
 
     /* the streams already decoding run this step's round; new ones prefill now, join next step */
-    int32_t round_slots[64], n_round = 0;
+    int32_t round_slots[KDT_ENGINE_MAX_STREAMS], n_round = 0;
     for (int32_t i = 0; i < e->max_streams; i++)
         if (e->streams[i].state == SLOT_ACTIVE) round_slots[n_round++] = i;
 
-    /* prefill in arrival order, within the step's token budget (whole chunks, at least one) */
-    int64_t budget_left = e->max_prefill_tokens > 0 ? e->max_prefill_tokens : INT64_MAX;
-    while (budget_left > 0) {
-        int32_t slot = -1;
-        for (int32_t i = 0; i < e->max_streams; i++)
-            if (e->streams[i].state == SLOT_WAITING && (slot < 0 || e->arrival[i] < e->arrival[slot]))
-                slot = i;
-        if (slot < 0) break;
-        eng_stream *s = &e->streams[slot];
-        const int32_t q = e->prefill_quantum, left = s->n_prompt - s->prefix_len;
-        int64_t rows = budget_left / q * q;
-        if (rows < q) rows = q;
-        if (rows > left) rows = left;
-        budget_left -= rows;
-        const double t0 = kdt_engine_now();
-        int32_t first = -1;
-        kdt_status st = prefill_rows(e, slot, (int32_t)rows, &first);
-        e->stats.t_prefill += kdt_engine_now() - t0;
-        if (st == KDT_OK) e->stats.prompt_tokens += (uint64_t)rows;
-        if (st == KDT_OK && s->prefix_len < s->n_prompt) break; /* the budget is spent: more next step */
-        int32_t *evt = e->ev_tokens + (int64_t)slot * KDT_MAX_PATH;
-        int32_t n = 0;
-        if (st == KDT_OK) {
-            n = kdt_round_emit(s, &first, 1, evt);
-            e->stats.tokens_emitted += (uint64_t)n;
-        } else {
-            if (first_err == KDT_OK) first_err = st;
-            s->finish = KDT_FINISH_ERROR;
-        }
-        kdt_round_event(events, n_events, s, evt, n, 0);
-        if (s->finish != KDT_FINISH_NONE) {
-            kdt_engine_release_stream(e, slot);
-            s->state = SLOT_FREE;
-        } else {
-            s->state = SLOT_ACTIVE;
-        }
-    }
+    const kdt_status pst = prefill_step(e, events, n_events);
+    if (pst != KDT_OK && first_err == KDT_OK) first_err = pst;
 
     if (n_round > 0) {
         const int32_t before = *n_events;

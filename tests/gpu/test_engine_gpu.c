@@ -207,7 +207,13 @@ static void test_prefill_chunk_gpu(void) {
                   cases[c].budget, cases[c].fits ? cases[c].fits : "-", kdt_engine_prefill_chunk(e), cases[c].chunk);
         printf("  default chunk, budget %d, fits %s: %d rows\n", cases[c].budget, cases[c].fits ? cases[c].fits : "any",
                kdt_engine_prefill_chunk(e));
+        kdt_engine_stats s0, s1;
+        kdt_engine_get_stats(e, &s0);
         if (c >= 2 || !g_quick) run_and_compare(e, 8, KDT_SPEC_DDTREE, 16);
+        kdt_engine_get_stats(e, &s1);
+        if (c == 0 && !g_quick) /* the 8 prompts (131 tokens) arrive together: one shared pass */
+            CHECK_MSG(s1.prefill_passes - s0.prefill_passes == 1, "8 prompts in %llu prefill passes, expected 1",
+                      (unsigned long long)(s1.prefill_passes - s0.prefill_passes));
         kdt_engine_free(e);
     }
     unsetenv("KDT_GPU_FLOP_PER_BYTE");
@@ -478,6 +484,22 @@ static void test_pair_plain_prefill(void) {
         CHECK_MSG(same_outputs(&ar, &dd), "%s prefill: ddtree B32 output differs from ar", names[f]);
         CHECK_MSG(same_outputs(&ar, &ch), "%s prefill: chain output differs from ar", names[f]);
         CHECK_MSG(tau >= 2.0, "%s prefill: ddtree tau %.2f", names[f], tau);
+        /* each prompt alone gives what it gave beside the others (its chunks shared passes
+         * there): a stream's bits do not depend on which prompts arrived with it */
+        for (int i = 0; i < PAIR_N; i++) {
+            kdt_gen_params p;
+            kdt_gen_params_default(&p);
+            p.spec = KDT_SPEC_AR;
+            p.budget = 1;
+            p.max_new_tokens = PAIR_NEW - 5 * i;
+            et_run solo;
+            const kdt_status st = et_run_batch(e, 1, &g_pp[i], &g_pn[i], &p, &solo);
+            CHECK_MSG(st == KDT_OK, "%s prefill, prompt %d alone: %s", names[f], i, kdt_last_error());
+            if (st != KDT_OK) continue;
+            CHECK_MSG(solo.n_out[0] == ar.n_out[i] && !memcmp(solo.out[0], ar.out[i], sizeof(int32_t) * (size_t)solo.n_out[0]),
+                      "%s prefill: prompt %d alone differs from the batch of %d", names[f], i, PAIR_N);
+            et_run_free(&solo);
+        }
         et_run_free(&ar);
         et_run_free(&dd);
         et_run_free(&ch);

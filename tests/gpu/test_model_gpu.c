@@ -18,6 +18,8 @@
  *   decode of a stream alone == within S = 1, 3, 8 streams (scrambled cache ids, mixed lengths);
  *   tree verify at every node == decode along the node's path (S = 1, 3, 8 trees);
  *   prefill in chunks of 7 == in one chunk == token-by-token decode;
+ *   several streams' prefill chunks in one pass (kdt_gpu_stage_prefill_many, each form; auto
+ *   mixing plain and absorbed segments) == each in its own pass, and the decode after them;
  *   verify -> accept -> kdt_gpu_kv_commit -> decode == decoding the accepted path;
  *   CUDA-graph replay == eager run, for decode and verify, on the captured batch and on new ones;
  *   64 vs 16 heads per attention item, and 4 vs 8 warps per 16-head item (Kimi dimensions), give
@@ -1251,6 +1253,119 @@ static void read_outputs(kdt_gpu_runner *r, int n, float *logits, int32_t *argma
     if (argmax) cudaMemcpy(argmax, o.argmax, (size_t)n * 4, cudaMemcpyDeviceToHost);
 }
 
+/* Several streams' prefill chunks in one pass (kdt_gpu_stage_prefill_many) give every row the
+ * bits of its own pass: every row's logits, the fused argmax of each segment's last row
+ * (last_only), and a decode step after it on every stream (the cache rows). In each form; under
+ * auto the pass mixes plain segments (prompts' first chunks) with an absorbed one (3 rows after a
+ * 70-token prefix). Bad segment lists are refused with every stream's length unchanged. */
+static void test_prefill_many(void) {
+    gmodel m;
+    if (!gmodel_open_fixture(&m, "kimi_tiny")) return;
+    const kdt_model_config *c = &m.cpu->cfg;
+    const int V = c->vocab_size;
+    enum { NS = 3, PRE = 70, MAXR = 96 };
+    static const int n_seg[NS] = {40, 3, 17}, prefix[NS] = {0, PRE, 0};
+    static int32_t toks[NS][PRE + 40];
+    uint64_t rng = 31;
+    for (int k = 0; k < NS; k++)
+        for (int i = 0; i < PRE + 40; i++) toks[k][i] = t_rand_int(&rng, V);
+    int rows = 0;
+    for (int k = 0; k < NS; k++) rows += n_seg[k];
+    CHECK_MSG(kdt_prefill_takes_plain(c, KDT_PREFILL_AUTO, n_seg[0], 0) &&
+                  !kdt_prefill_takes_plain(c, KDT_PREFILL_AUTO, n_seg[1], PRE),
+              "kimi_tiny: auto no longer mixes the forms in this test's pass");
+    static const int forms[3] = {KDT_PREFILL_AUTO, KDT_PREFILL_ABSORBED, KDT_PREFILL_PLAIN};
+    float *ref = xmalloc((size_t)rows * V * 4), *got = xmalloc((size_t)rows * V * 4);
+    float *dref = xmalloc((size_t)NS * V * 4), *dgot = xmalloc((size_t)NS * V * 4);
+    for (int f = 0; f < 3; f++) {
+        /* r1: each segment in its own pass; rn: one pass (logits of every row); rl: one pass,
+         * last_only with the fused argmax */
+        kdt_gpu_runner *r1 = new_runner_form(m.g, MAXR, forms[f]), *rn = new_runner_form(m.g, MAXR, forms[f]),
+                       *rl = new_runner_form(m.g, MAXR, forms[f]);
+        kdt_gpu_kv *k1 = new_gkv(m.g, 16, NS), *kn = new_gkv(m.g, 16, NS), *kl = new_gkv(m.g, 16, NS);
+        CHECK(r1 && rn && rl && k1 && kn && kl);
+        if (!(r1 && rn && rl && k1 && kn && kl)) goto next;
+        CHECK_EQ_INT(kdt_gpu_prefill(r1, k1, 1, toks[1], PRE, NULL), KDT_OK);
+        CHECK_EQ_INT(kdt_gpu_prefill(rn, kn, 1, toks[1], PRE, NULL), KDT_OK);
+        CHECK_EQ_INT(kdt_gpu_prefill(rl, kl, 1, toks[1], PRE, NULL), KDT_OK);
+        int row = 0;
+        int32_t last_ref[NS], last_got[NS];
+        for (int k = 0; k < NS; k++) {
+            CHECK_EQ_INT(kdt_gpu_stage_prefill(r1, k1, k, toks[k] + prefix[k], n_seg[k], 0), KDT_OK);
+            const kdt_gpu_run_config rc = {n_seg[k], 1, 1, 0, NULL};
+            CHECK_EQ_INT(kdt_gpu_run(r1, k1, &rc), KDT_OK);
+            int32_t am[64];
+            read_outputs(r1, n_seg[k], ref + (size_t)row * V, am);
+            last_ref[k] = am[n_seg[k] - 1];
+            row += n_seg[k];
+        }
+        kdt_prefill_segment sg[NS];
+        for (int k = 0; k < NS; k++) sg[k] = (kdt_prefill_segment){k, toks[k] + prefix[k], n_seg[k]};
+        CHECK_EQ_INT(kdt_gpu_stage_prefill_many(rn, kn, NS, sg, 0), KDT_OK);
+        const kdt_gpu_run_config rc = {rows, 1, 0, 0, NULL};
+        CHECK_EQ_INT(kdt_gpu_run(rn, kn, &rc), KDT_OK);
+        read_outputs(rn, rows, got, NULL);
+        int bad_row = -1;
+        for (int i = 0; i < rows && bad_row < 0; i++)
+            if (memcmp(got + (size_t)i * V, ref + (size_t)i * V, (size_t)V * 4)) bad_row = i;
+        CHECK_MSG(bad_row < 0, "form %d: the multi-stream pass's row %d differs from its own pass's", forms[f], bad_row);
+        CHECK_EQ_INT(kdt_gpu_stage_prefill_many(rl, kl, NS, sg, 1), KDT_OK);
+        const kdt_gpu_run_config rl_c = {rows, 0, 1, 0, NULL};
+        CHECK_EQ_INT(kdt_gpu_run(rl, kl, &rl_c), KDT_OK);
+        read_outputs(rl, NS, NULL, last_got);
+        CHECK_MSG(!memcmp(last_got, last_ref, sizeof last_ref), "form %d: last_only argmax %d %d %d, own passes %d %d %d",
+                  forms[f], last_got[0], last_got[1], last_got[2], last_ref[0], last_ref[1], last_ref[2]);
+        /* the caches: a decode step on every stream */
+        int32_t next[NS];
+        for (int k = 0; k < NS; k++) next[k] = toks[(k + 1) % NS][k];
+        kdt_model_outputs o;
+        memset(&o, 0, sizeof o);
+        o.logits = dref;
+        CHECK_EQ_INT(kdt_gpu_decode(r1, k1, NS, NULL, next, &o), KDT_OK);
+        o.logits = dgot;
+        CHECK_EQ_INT(kdt_gpu_decode(rn, kn, NS, NULL, next, &o), KDT_OK);
+        CHECK_MSG(!memcmp(dgot, dref, (size_t)NS * V * 4), "form %d: decode after the multi-stream pass differs", forms[f]);
+        o.logits = dgot;
+        CHECK_EQ_INT(kdt_gpu_decode(rl, kl, NS, NULL, next, &o), KDT_OK);
+        CHECK_MSG(!memcmp(dgot, dref, (size_t)NS * V * 4), "form %d: decode after the last_only pass differs", forms[f]);
+        printf("  prefill_many, form %d: %d rows of %d streams in one pass == their own passes\n", forms[f], rows, NS);
+        if (f == 0) {
+            /* refused, nothing changed: a stream twice, too many rows, a bad token in the last
+             * segment, no segments, a stream out of range */
+            int32_t len0[NS];
+            for (int k = 0; k < NS; k++) len0[k] = kdt_gpu_kv_stream_length(kn, k);
+            kdt_prefill_segment twice[2] = {{0, toks[0], 4}, {0, toks[0], 4}};
+            CHECK_EQ_INT(kdt_gpu_stage_prefill_many(rn, kn, 2, twice, 0), KDT_ERR_INVALID_ARG);
+            CHECK(strstr(kdt_last_error(), "stream 0 in segments 0 and 1") != NULL);
+            kdt_prefill_segment big[2] = {{0, toks[0], 60}, {2, toks[2], 60}};
+            CHECK_EQ_INT(kdt_gpu_stage_prefill_many(rn, kn, 2, big, 0), KDT_ERR_INVALID_ARG);
+            CHECK(strstr(kdt_last_error(), "max_rows") != NULL);
+            int32_t bad_tok[4] = {1, 2, V, 3};
+            kdt_prefill_segment badt[2] = {{0, toks[0], 4}, {2, bad_tok, 4}};
+            CHECK_EQ_INT(kdt_gpu_stage_prefill_many(rn, kn, 2, badt, 0), KDT_ERR_INVALID_ARG);
+            CHECK_EQ_INT(kdt_gpu_stage_prefill_many(rn, kn, 0, sg, 0), KDT_ERR_INVALID_ARG);
+            kdt_prefill_segment far[1] = {{NS, toks[0], 4}};
+            CHECK_EQ_INT(kdt_gpu_stage_prefill_many(rn, kn, 1, far, 0), KDT_ERR_INVALID_ARG);
+            for (int k = 0; k < NS; k++) CHECK_EQ_INT(kdt_gpu_kv_stream_length(kn, k), len0[k]);
+            /* a graph of the mixed pass replays that pass only */
+            CHECK_EQ_INT(kdt_gpu_stage_prefill_many(rn, kn, NS, sg, 0), KDT_OK);
+            kdt_gpu_graph *gr = NULL;
+            CHECK_EQ_INT(kdt_gpu_graph_capture(rn, kn, &rc, &gr), KDT_OK);
+            CHECK_EQ_INT(kdt_gpu_graph_launch(gr), KDT_OK);
+            kdt_prefill_segment two[2] = {sg[0], sg[2]};
+            CHECK_EQ_INT(kdt_gpu_stage_prefill_many(rn, kn, 2, two, 0), KDT_OK);
+            CHECK_EQ_INT(kdt_gpu_graph_launch(gr), KDT_ERR_INVALID_ARG);
+            CHECK_EQ_INT(kdt_gpu_runner_sync(rn), KDT_OK);
+            kdt_gpu_graph_free(gr);
+        }
+    next:
+        kdt_gpu_kv_free(k1); kdt_gpu_kv_free(kn); kdt_gpu_kv_free(kl);
+        kdt_gpu_runner_free(r1); kdt_gpu_runner_free(rn); kdt_gpu_runner_free(rl);
+    }
+    free(ref), free(got), free(dref), free(dgot);
+    gmodel_close(&m);
+}
+
 /* graph replay == eager run: decode (S = 3) and verify, on the captured batch and on new batches */
 static void test_graph_replay(void) {
     gmodel m;
@@ -1882,6 +1997,7 @@ int main(void) {
     T_RUN(test_latent_scale);
     T_RUN(test_random_specs_gpu);
     T_RUN(test_plain_prefill);
+    T_RUN(test_prefill_many);
     return t_summary();
 }
 #else

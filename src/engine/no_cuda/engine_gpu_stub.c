@@ -16,9 +16,11 @@ const char *kdt_engine_gpu_fault(kdt_engine *e) {
     return NULL;
 }
 
-kdt_status kdt_engine_gpu_prefill(kdt_engine *e, int32_t slot, int32_t from, int32_t n_rows, int32_t *first_token) {
+kdt_status kdt_engine_gpu_prefill_pass(kdt_engine *e, int32_t n, const int32_t *slots, const int32_t *from,
+                                       const int32_t *n_rows, int32_t *first_token) {
     (void)e;
-    (void)slot;
+    (void)n;
+    (void)slots;
     (void)from;
     (void)n_rows;
     (void)first_token;

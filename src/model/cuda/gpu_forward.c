@@ -93,6 +93,7 @@ void kdt_gpu_runner_free(kdt_gpu_runner *r) {
     if (r->stream) cudaStreamSynchronize(r->stream);
     for (int32_t i = 0; i < r->n_allocs; i++) cudaFree(r->allocs[i]);
     free(r->allocs);
+    free(r->plain_segs);
     for (int i = 0; i < 2; i++) {
         if (r->h_stage[i]) cudaFreeHost(r->h_stage[i]);
         if (r->stage_done[i]) cudaEventDestroy(r->stage_done[i]);
@@ -377,7 +378,8 @@ static kdt_status stage_begin(kdt_gpu_runner *r, stage_view *v) {
     v->updates = (int32_t *)(b + r->off_updates);
     v->masks = (uint64_t *)(b + r->off_masks);
     memset(v->hdr, 0, sizeof *v->hdr);
-    r->staged_plain = 0;
+    r->staged_absorbed = 1;
+    r->n_plain = 0;
     return KDT_OK;
 }
 
@@ -446,44 +448,96 @@ static kdt_status check_reach(const char *fn, const kdt_gpu_runner *r, int32_t s
     return KDT_OK;
 }
 
-kdt_status kdt_gpu_stage_prefill(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t stream, const int32_t *tokens, int32_t n,
-                                 int32_t last_only) {
-    static const char fn[] = "kdt_gpu_stage_prefill";
+kdt_status kdt_gpu_stage_prefill_many(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t n_segments,
+                                      const kdt_prefill_segment *segs, int32_t last_only) {
+    static const char fn[] = "kdt_gpu_stage_prefill_many";
     KDT_TRY(check_kv(fn, r, c));
-    KDT_CHECK_ARG(tokens, "%s: tokens is NULL", fn);
-    KDT_CHECK_ARG(n >= 1 && n <= r->opt.max_rows, "%s: n = %d (1..%d, the runner's max_rows)", fn, n, r->opt.max_rows);
-    KDT_CHECK_ARG(stream >= 0 && stream < c->max_streams, "%s: stream %d (0..%d)", fn, stream, c->max_streams - 1);
-    for (int32_t i = 0; i < n; i++) KDT_TRY(check_token(fn, r, tokens[i], "tokens", i));
-    const int32_t len = c->length[stream];
-    if ((int64_t)len + n > r->g->cfg.max_position_embeddings)
-        return kdt_fail(KDT_ERR_CAPACITY, "%s: stream %d: %d + %d tokens exceed max_position_embeddings %d", fn, stream,
-                        len, n, r->g->cfg.max_position_embeddings);
-    KDT_TRY(check_reach(fn, r, stream, (int64_t)len + n - 1, (int64_t)len + n));
-    const int32_t need = len + n;
-    KDT_TRY(kdt_gkv_reserve_many(c, 1, &stream, &need));
+    KDT_CHECK_ARG(segs, "%s: segments is NULL", fn);
+    KDT_CHECK_ARG(n_segments >= 1 && n_segments <= c->max_streams, "%s: n_segments = %d (1..%d, the cache's streams)",
+                  fn, n_segments, c->max_streams);
+    /* every check before any state changes: a refused call leaves the cache as it was */
+    int64_t total = 0;
+    for (int32_t k = 0; k < n_segments; k++) {
+        const kdt_prefill_segment *sg = &segs[k];
+        const int32_t stream = sg->stream, n = sg->n;
+        KDT_CHECK_ARG(stream >= 0 && stream < c->max_streams, "%s: segment %d: stream %d (0..%d)", fn, k, stream,
+                      c->max_streams - 1);
+        for (int32_t j = 0; j < k; j++)
+            KDT_CHECK_ARG(segs[j].stream != stream, "%s: stream %d in segments %d and %d", fn, stream, j, k);
+        KDT_CHECK_ARG(sg->tokens, "%s: segment %d: tokens is NULL", fn, k);
+        KDT_CHECK_ARG(n >= 1 && n <= r->opt.max_rows, "%s: segment %d: n = %d (1..%d, the runner's max_rows)", fn, k, n,
+                      r->opt.max_rows);
+        total += n;
+        KDT_CHECK_ARG(total <= r->opt.max_rows, "%s: %lld rows in %d segments exceed the runner's max_rows %d", fn,
+                      (long long)total, k + 1, r->opt.max_rows);
+        for (int32_t i = 0; i < n; i++) KDT_TRY(check_token(fn, r, sg->tokens[i], "tokens", i));
+        const int32_t len = c->length[stream];
+        if ((int64_t)len + n > r->g->cfg.max_position_embeddings)
+            return kdt_fail(KDT_ERR_CAPACITY, "%s: stream %d: %d + %d tokens exceed max_position_embeddings %d", fn,
+                            stream, len, n, r->g->cfg.max_position_embeddings);
+        KDT_TRY(check_reach(fn, r, stream, (int64_t)len + n - 1, (int64_t)len + n));
+    }
+    if (n_segments > r->cap_plain) {
+        kdt_plain_seg *ps = realloc(r->plain_segs, (size_t)n_segments * sizeof *ps);
+        if (!ps) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "%s: segment list", fn);
+        r->plain_segs = ps;
+        r->cap_plain = n_segments;
+    }
+    int32_t *ids = malloc(2 * (size_t)n_segments * sizeof(int32_t));
+    if (!ids) return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "%s", fn);
+    int32_t *need = ids + n_segments;
+    for (int32_t k = 0; k < n_segments; k++) {
+        ids[k] = segs[k].stream;
+        need[k] = c->length[segs[k].stream] + segs[k].n;
+    }
+    kdt_status st = kdt_gkv_reserve_many(c, n_segments, ids, need);
+    free(ids);
+    KDT_TRY(st);
     stage_view v;
     memset(&v, 0, sizeof v);
     KDT_TRY(stage_begin(r, &v));
-    for (int32_t i = 0; i < n; i++) {
-        kdt_grow *w = &v.rows[i];
-        memset(w, 0, sizeof *w);
-        w->stream = stream;
-        w->token = tokens[i];
-        w->pos = w->slot = len + i;
-        w->n_prefix = w->n_keys = len + i + 1; /* causal: itself and everything before */
-        w->mask_off = -1;
-        w->out_index = last_only ? (i == n - 1 ? 0 : -1) : i;
-        w->tap_index = i;
+    int32_t row = 0, n_absorbed = 0;
+    r->n_plain = 0;
+    for (int32_t k = 0; k < n_segments; k++) {
+        const int32_t stream = segs[k].stream, n = segs[k].n, len = c->length[stream];
+        for (int32_t i = 0; i < n; i++, row++) {
+            kdt_grow *w = &v.rows[row];
+            memset(w, 0, sizeof *w);
+            w->stream = stream;
+            w->token = segs[k].tokens[i];
+            w->pos = w->slot = len + i;
+            w->n_prefix = w->n_keys = len + i + 1; /* causal: itself and everything before */
+            w->mask_off = -1;
+            w->out_index = last_only ? (i == n - 1 ? k : -1) : row;
+            w->tap_index = row;
+        }
+        /* the segment's attention form, as a pass of its rows alone would take it (decided here,
+         * on the host, so a pass stays kernels only) */
+        if (r->plain_k && (len + n <= r->plain_cap || r->plain_state) &&
+            kdt_prefill_takes_plain(&r->g->cfg, r->opt.prefill_attention, n, len)) {
+            kdt_plain_seg *ps = &r->plain_segs[r->n_plain++];
+            ps->stream = stream;
+            ps->first = len;
+            ps->rows = n;
+            ps->row0 = row - n;
+        } else {
+            n_absorbed++;
+        }
     }
-    KDT_TRY(stage_end(r, c, &v, n, 0));
-    c->length[stream] = c->written[stream] = len + n;
-    /* the attention's form for this chunk (decided here, on the host, so a pass stays kernels only) */
-    r->staged_plain = r->plain_k && (len + n <= r->plain_cap || r->plain_state) &&
-                      kdt_prefill_takes_plain(&r->g->cfg, r->opt.prefill_attention, n, len);
-    r->plain_stream = stream;
-    r->plain_first = len;
-    r->plain_rows = n;
+    KDT_TRY(stage_end(r, c, &v, row, 0));
+    for (int32_t k = 0; k < n_segments; k++)
+        c->length[segs[k].stream] = c->written[segs[k].stream] = c->length[segs[k].stream] + segs[k].n;
+    r->staged_absorbed = n_absorbed > 0;
     return KDT_OK;
+}
+
+kdt_status kdt_gpu_stage_prefill(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t stream, const int32_t *tokens, int32_t n,
+                                 int32_t last_only) {
+    KDT_CHECK_ARG(r && c, "kdt_gpu_stage_prefill: runner or cache is NULL");
+    KDT_CHECK_ARG(stream >= 0 && stream < c->max_streams, "kdt_gpu_stage_prefill: stream %d (0..%d)", stream,
+                  c->max_streams - 1);
+    const kdt_prefill_segment sg = {stream, tokens, n};
+    return kdt_gpu_stage_prefill_many(r, c, 1, &sg, last_only);
 }
 
 kdt_status kdt_gpu_stage_decode(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t n_streams, const int32_t *stream_ids,
@@ -936,32 +990,28 @@ static kdt_status dense_mlp(pass *p, const kdt_gpu_layer *L) {
     return KDT_OK;
 }
 
-/* The plain form of a prefill chunk's attention (gpu_plain.cu) straight into the heads o_proj reads:
- * it replaces W_UK, the absorbed attention and W_UV. */
+/* The plain form of a prefill segment's attention (gpu_plain.cu) straight into the heads o_proj
+ * reads: it replaces W_UK, the absorbed attention and W_UV for the segment's rows. A segment's rows
+ * are addressed by moving the row pointers, so the kernels see what a pass of that segment alone
+ * would give them (the same bits). */
 static kdt_status plain_attention(pass *p, int32_t l) {
     const kdt_model_config *c = &p->g->cfg;
     kdt_gpu_runner *r = p->r;
+    const int32_t H = c->n_heads;
     kdt_plain_args a;
     memset(&a, 0, sizeof a);
-    a.q_nope = r->q_nope;
-    a.q_abs = r->q_abs;
     a.kv = p->c->cache + (int64_t)l * p->c->layer_stride;
     a.row_stride = p->c->row_stride;
     a.page_size = p->c->page_size;
     a.max_pages = p->c->max_pages;
-    a.stream = r->plain_stream;
     a.block_table = p->c->d_block_table;
-    const size_t planes = (size_t)c->n_heads * r->plain_cap;
+    const size_t planes = (size_t)H * r->plain_cap;
     a.k_hi = r->plain_k;
     a.k_lo = r->plain_k + planes * r->plain_dqk;
     a.v_hi = r->plain_v;
     a.v_lo = r->plain_v + planes * r->plain_dv;
     a.cap = r->plain_cap;
-    a.heads = r->heads;
-    a.R = r->plain_rows;
-    a.first = r->plain_first;
-    a.T = r->plain_first + r->plain_rows;
-    a.H = c->n_heads;
+    a.H = H;
     a.dn = c->qk_nope_head_dim;
     a.dr = c->qk_rope_head_dim;
     a.dc = c->kv_lora_rank;
@@ -970,14 +1020,25 @@ static kdt_status plain_attention(pass *p, int32_t l) {
     a.dv_p = r->plain_dv;
     a.stages = r->plain_stages;
     a.scale_log2 = c->softmax_scale * LOG2E;
-    a.state = r->plain_state;
     a.state_ld = r->plain_dv + 8;
     a.wg = r->plain_wg;
     if (step_cut(p, "plain_attention")) return KDT_OK;
     p->plain_next = 1; /* o_proj follows plain launches: no programmatic dependence to inherit */
-    for (a.k0 = 0; a.k0 < a.T; a.k0 += a.cap) { /* blocks of cap keys, in key order (gpu_plain.cu) */
-        a.kn = a.T - a.k0 < a.cap ? a.T - a.k0 : a.cap;
-        KDT_TRY(kdt_plain_launch(&a, &p->g->layers[l].uk_t, &p->g->layers[l].uv, p->s));
+    for (int32_t sg = 0; sg < r->n_plain; sg++) {
+        const kdt_plain_seg *ps = &r->plain_segs[sg];
+        const int64_t row0 = ps->row0;
+        a.q_nope = r->q_nope + row0 * H * a.dn;
+        a.q_abs = r->q_abs + row0 * H * (a.dc + a.dr);
+        a.heads = r->heads + row0 * H * a.dv;
+        a.state = r->plain_state ? r->plain_state + row0 * H * a.state_ld : NULL;
+        a.stream = ps->stream;
+        a.R = ps->rows;
+        a.first = ps->first;
+        a.T = ps->first + ps->rows;
+        for (a.k0 = 0; a.k0 < a.T; a.k0 += a.cap) { /* blocks of cap keys, in key order (gpu_plain.cu) */
+            a.kn = a.T - a.k0 < a.cap ? a.T - a.k0 : a.cap;
+            KDT_TRY(kdt_plain_launch(&a, &p->g->layers[l].uk_t, &p->g->layers[l].uv, p->s));
+        }
     }
     return KDT_OK;
 }
@@ -1030,8 +1091,10 @@ static kdt_status layer(pass *p, int32_t l, const kdt_gpu_run_config *rc) {
     else KDT_TRY(gemm(p, "q_proj", r->xn, D, 0, D, &L->q_b, (int64_t)H * dqk, 0, &splits, &ss));
     PASS_STEP(p, "post_q", kdt_op_post_q(r->part, splits, ss, H * dqk, H, dn, dr, dc, g->rope_cs, c->rope_interleave, p->hdr, p->rows,
                       r->q_nope, r->q_abs, p->M, p->s));
-    if (r->staged_plain) KDT_TRY(plain_attention(p, l));
-    else KDT_TRY(absorbed_attention(p, L, l));
+    /* a pass mixing the forms runs the absorbed one over every row first (rows are independent),
+     * then the plain segments overwrite their rows' heads */
+    if (r->staged_absorbed) KDT_TRY(absorbed_attention(p, L, l));
+    if (r->n_plain > 0) KDT_TRY(plain_attention(p, l));
     KDT_TRY(gemm(p, "o_proj", r->heads, (int64_t)H * dv, 0, H * dv, &L->o_proj, D, 0, &splits, &ss));
     PASS_STEP(p, "post_o", kdt_op_post_o(r->x, r->part, splits, ss, L->post_norm, c->rms_norm_eps, D, r->xn, p->m_dev, p->M, p->s));
     if (L->is_moe) KDT_TRY(moe(p, L, l));
@@ -1163,10 +1226,16 @@ kdt_status kdt_gpu_graph_capture(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_gpu
     gr->r = r;
     gr->graph = graph;
     gr->max_rows = rc->max_rows;
-    gr->plain = r->staged_plain;
-    gr->plain_stream = r->plain_stream;
-    gr->plain_first = r->plain_first;
-    gr->plain_rows = r->plain_rows;
+    gr->absorbed = r->staged_absorbed;
+    gr->n_plain = r->n_plain;
+    if (r->n_plain > 0) {
+        gr->plain = malloc((size_t)r->n_plain * sizeof *gr->plain);
+        if (!gr->plain) {
+            kdt_gpu_graph_free(gr);
+            return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "kdt_gpu_graph_capture");
+        }
+        memcpy(gr->plain, r->plain_segs, (size_t)r->n_plain * sizeof *gr->plain);
+    }
     *out = gr;
     return KDT_OK;
 }
@@ -1175,14 +1244,14 @@ kdt_status kdt_gpu_graph_launch(kdt_gpu_graph *g) {
     KDT_CHECK_ARG(g, "kdt_gpu_graph_launch: graph is NULL");
     KDT_CHECK_ARG(g->r->staged_rows <= g->max_rows, "kdt_gpu_graph_launch: %d staged rows, the graph holds %d",
                   g->r->staged_rows, g->max_rows);
-    /* a plain prefill chunk's launches carry its stream, slots and rows: it replays only that chunk */
+    /* plain prefill segments' launches carry their streams, slots and rows: such a graph replays
+     * only a pass staged with the same segments */
     const kdt_gpu_runner *r = g->r;
-    KDT_CHECK_ARG(g->plain == r->staged_plain &&
-                      (!g->plain || (g->plain_stream == r->plain_stream && g->plain_first == r->plain_first &&
-                                     g->plain_rows == r->plain_rows)),
+    KDT_CHECK_ARG(g->absorbed == r->staged_absorbed && g->n_plain == r->n_plain &&
+                      (g->n_plain == 0 || !memcmp(g->plain, r->plain_segs, (size_t)g->n_plain * sizeof *g->plain)),
                   "kdt_gpu_graph_launch: the graph was captured for %s, the staged pass is %s",
-                  g->plain ? "a plain-form prefill chunk" : "an absorbed-form pass",
-                  r->staged_plain ? "another plain-form prefill chunk" : "an absorbed-form pass");
+                  g->n_plain ? "a plain-form prefill chunk" : "an absorbed-form pass",
+                  r->n_plain ? "another plain-form prefill chunk" : "an absorbed-form pass");
     const cudaError_t e = cudaGraphLaunch(g->exec, g->r->stream);
     return e == cudaSuccess ? KDT_OK : cuda_fail(e, "kdt_gpu_graph_launch");
 }
@@ -1191,6 +1260,7 @@ void kdt_gpu_graph_free(kdt_gpu_graph *g) {
     if (!g) return;
     if (g->exec) cudaGraphExecDestroy(g->exec);
     if (g->graph) cudaGraphDestroy(g->graph);
+    free(g->plain);
     free(g);
 }
 

@@ -172,6 +172,12 @@ typedef struct kdt_gstage_hdr {
 
 enum { KDT_GPU_STEP_NAMES = 256 };
 
+/* One prefill segment that takes the plain attention form: `rows` rows of the pass from row0 on,
+ * the stream's slots first .. first + rows - 1. */
+typedef struct kdt_plain_seg {
+    int32_t stream, first, rows, row0;
+} kdt_plain_seg;
+
 struct kdt_gpu_runner {
     const kdt_gpu_model *g;
     kdt_gpu_runner_options opt;
@@ -245,8 +251,12 @@ struct kdt_gpu_runner {
                                        memory allowed (opt-in until run) */
     float *plain_state;             /* [max_rows][H][plain_dv + 8] softmax states between key blocks
                                        (only when max_keys > plain_cap) */
-    int32_t staged_plain;           /* the staged pass is a prefill chunk that takes the plain form */
-    int32_t plain_stream, plain_first, plain_rows;
+    /* the staged pass's attention forms: the absorbed one over every row (decode, verify, and
+     * prefill segments that take it), then the plain one per prefill segment that takes it (its
+     * rows' heads overwritten; kdt_gpu_stage_prefill_many) */
+    int32_t staged_absorbed;
+    kdt_plain_seg *plain_segs;
+    int32_t n_plain, cap_plain;
     /* profiling (kdt_gpu_runner_set_step_limit): steps of a pass, the last full pass's names */
     int32_t step_limit, n_steps;
     const char *step_names[KDT_GPU_STEP_NAMES];
@@ -257,7 +267,8 @@ struct kdt_gpu_graph {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     int32_t max_rows;               /* the captured launch bound */
-    int32_t plain, plain_stream, plain_first, plain_rows; /* captured for this plain prefill chunk */
+    int32_t absorbed, n_plain;      /* captured for these attention forms and plain segments */
+    kdt_plain_seg *plain;
 };
 
 /* 1 when the forward's row kernels, attention, router and gate/up GEMM go out with programmatic

@@ -175,6 +175,16 @@ kdt_status kdt_gpu_stage_prefill(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t strea
     return NO_CUDA("kdt_gpu_stage_prefill");
 }
 
+kdt_status kdt_gpu_stage_prefill_many(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t n_segments,
+                                      const kdt_prefill_segment *segs, int32_t last_only) {
+    (void)r;
+    (void)c;
+    (void)n_segments;
+    (void)segs;
+    (void)last_only;
+    return NO_CUDA("kdt_gpu_stage_prefill_many");
+}
+
 kdt_status kdt_gpu_stage_decode(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t n_streams, const int32_t *stream_ids,
                                 const int32_t *tokens) {
     (void)r;
