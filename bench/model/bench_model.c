@@ -309,6 +309,10 @@ static int bench_prefix = 4096;
  * keys (random cache rows), as a long prompt's later chunks do; past KDT_GPU_PLAIN_MAX_KEYS keys
  * the plain form runs in key blocks */
 static int prefill_prefix = 0;
+/* KDT_BENCH_MODEL_PREFILL_STREAMS=k (1..8, default 1): the N prefill rows are k streams' first N / k
+ * prompt tokens in one pass (kdt_gpu_stage_prefill_many; the engine's shared prefill passes); the
+ * prefix is then 0 */
+static int prefill_streams = 1;
 
 /* token of `variant` for stream s: random -> the independent half of the vocabulary; corr -> the
  * stream's block of correlated rows */
@@ -545,9 +549,18 @@ static void kimi_shapes(const kimi_bench *kb, int ab) {
         pause_before_shape();
         int32_t tok[KIMI_PREFILL_MAX];
         for (int i = 0; i < N; i++) tok[i] = pick_token(0, 0, V);
-        BENCH_OK(kdt_gpu_kv_stream_set_length(kb->kvp, 0, 0));
-        if (prefill_prefix > 0) BENCH_OK(kdt_gpu_kv_fill_random(kb->rp, kb->kvp, 0, prefill_prefix, 77));
-        BENCH_OK(kdt_gpu_stage_prefill(kb->rp, kb->kvp, 0, tok, N, 1));
+        if (prefill_streams > 1) {
+            kdt_prefill_segment sg[8];
+            for (int k2 = 0; k2 < prefill_streams; k2++) {
+                BENCH_OK(kdt_gpu_kv_stream_set_length(kb->kvp, k2, 0));
+                sg[k2] = (kdt_prefill_segment){k2, tok + k2 * (N / prefill_streams), N / prefill_streams};
+            }
+            BENCH_OK(kdt_gpu_stage_prefill_many(kb->rp, kb->kvp, prefill_streams, sg, 1));
+        } else {
+            BENCH_OK(kdt_gpu_kv_stream_set_length(kb->kvp, 0, 0));
+            if (prefill_prefix > 0) BENCH_OK(kdt_gpu_kv_fill_random(kb->rp, kb->kvp, 0, prefill_prefix, 77));
+            BENCH_OK(kdt_gpu_stage_prefill(kb->rp, kb->kvp, 0, tok, N, 1));
+        }
         const kdt_gpu_run_config rc = {N, 0, 0, 0, NULL};
         kdt_gpu_graph *gr;
         double one;
@@ -557,7 +570,7 @@ static void kimi_shapes(const kimi_bench *kb, int ab) {
         /* row i sees keys 0..P + i: N P + N (N + 1) / 2 (row, key) pairs, each a 576-wide score and
          * a 512-wide sum */
         const double P = prefill_prefix;
-        const double keys = (double)N * P + (double)N * (N + 1) / 2;
+        const double n1 = (double)N / prefill_streams, keys = (double)N * P + prefill_streams * n1 * (n1 + 1) / 2;
         const double bytes = (double)D * wb->routed_expert + wb->shared_expert + wb->attention + wb->router +
                              (P + 2.0 * N) * row_bytes;
         /* the attention's FLOPs in the form timed: absorbed 2 (d_c + d_r) + 2 d_c per (row, key,
@@ -574,6 +587,8 @@ static void kimi_shapes(const kimi_bench *kb, int ab) {
         printf("  prefill N=%-4d %-6s D=%5.1f %9.1f us/layer  floor %8.1f us  %.2fx  (%.1fx decode; %.0f TFLOP/s "
                "of %.2f TFLOP; 1-layer pass %.1f us; D by layer %s; prefix %d)\n", N, plain ? "plain" : "absorb", D, us,
                w->floor_us, us / w->floor_us, w->ratio_decode, flops / (us * 1e6), flops / 1e12, one, dl, prefill_prefix);
+        if (prefill_streams > 1) printf("    (the %d rows are %d streams' first %d prompt tokens, one pass)\n", N,
+                                        prefill_streams, N / prefill_streams);
         profile_replay(kb->rp, gr);
         if (shape_mode) step_profile(kb->rp, kb->kvp, &rc, samples, us);
         kdt_gpu_graph_free(gr);
@@ -585,6 +600,11 @@ static void bench_kimi(double copy_gbps) {
     if (pe && atoi(pe) >= 1 && atoi(pe) <= 32768) bench_prefix = atoi(pe);
     const char *pp = getenv("KDT_BENCH_MODEL_PREFILL_PREFIX");
     if (pp && atoi(pp) >= 0 && atoi(pp) <= 131072) prefill_prefix = atoi(pp);
+    const char *ps = getenv("KDT_BENCH_MODEL_PREFILL_STREAMS");
+    if (ps && atoi(ps) >= 2 && atoi(ps) <= 8) {
+        prefill_streams = atoi(ps);
+        prefill_prefix = 0;
+    }
     size_t free_b = 0, total_b = 0;
     CUDA_OK(cudaMemGetInfo(&free_b, &total_b));
     if (free_b < ((size_t)40 << 30)) {
@@ -632,7 +652,7 @@ static void bench_kimi(double copy_gbps) {
     if (shape_mode == 0 || shape_mode == 3) {
         kdt_gpu_runner_options po = {KIMI_PREFILL_MAX, prefill_prefix + KIMI_PREFILL_MAX + 1, 0, 0, 0, 0, NULL,
                                      KDT_PREFILL_AUTO};
-        kdt_kv_cache_options pk = {(prefill_prefix + KIMI_PREFILL_MAX) / 64 + 2, 1, 0};
+        kdt_kv_cache_options pk = {prefill_streams * ((prefill_prefix + KIMI_PREFILL_MAX) / 64 + 2), prefill_streams, 0};
         if (kdt_gpu_runner_create(g, &po, &rp) != KDT_OK || kdt_gpu_kv_create(g, &pk, &kvp) != KDT_OK) {
             printf("  prefill rows skipped: %s\n", kdt_last_error());
             kdt_gpu_runner_free(rp);

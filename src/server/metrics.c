@@ -177,6 +177,9 @@ int srv_metrics_render(srv_metrics *m, const srv_sched_snapshot *snap, double no
     rc |= scalar(o, "kdtree_engine_auto_plain_rounds_total", "counter",
                  "Rounds the auto mode ran without the drafter (plain decoding measured faster).",
                  (double)es->plain_rounds);
+    rc |= scalar(o, "kdtree_engine_prefill_passes_total", "counter",
+                 "Prefill forward passes (on the GPU one pass holds a chunk of each waiting prompt).",
+                 (double)es->prefill_passes);
     rc |= scalar(o, "kdtree_draining", "gauge", "1 while the server shuts down.", snap->draining);
     rc |= scalar(o, "kdtree_engine_failed", "gauge",
                  "1 once the engine failed for good (its device; /health says why): restart the server.",
