@@ -222,6 +222,57 @@ static void test_prefill_budget(void) {
     kdt_engine_free(e);
 }
 
+/* The GPU's shared prefill passes (kdt_prefill_place): first-fit in arrival order, a stream's
+ * chunks in later and later passes, no pass over its rows; then random plans against those rules
+ * and against a brute-force first fit. */
+static void test_prefill_place(void) {
+    {   /* eight 64-row first chunks at 512 rows a pass: one pass */
+        int32_t st[8], rows[8], pass[8], pr[8];
+        for (int i = 0; i < 8; i++) st[i] = i, rows[i] = 64;
+        CHECK_EQ_INT(kdt_prefill_place(512, 8, st, rows, pass, pr), 1);
+        CHECK_EQ_INT(pr[0], 512);
+    }
+    {   /* A: 3 chunks (256, 256, 40), B: 100, C: 200, D: 256 at 256 rows a pass:
+         * A0 -> 0; A1 -> 1; A2 -> 2; B -> 2 (140); C -> 3 (0: 256, 1: 256, 2: 140 + 200 > 256);
+         * D -> 4 */
+        const int32_t st[6] = {0, 0, 0, 1, 2, 3}, rows[6] = {256, 256, 40, 100, 200, 256};
+        const int32_t want[6] = {0, 1, 2, 2, 3, 4};
+        int32_t pass[6], pr[6];
+        CHECK_EQ_INT(kdt_prefill_place(256, 6, st, rows, pass, pr), 5);
+        CHECK(!memcmp(pass, want, sizeof want));
+    }
+    uint64_t rng = 4242;
+    for (int t = 0; t < 500; t++) {
+        const int32_t cap = 1 + t_rand_int(&rng, 64);
+        int32_t st[200], rows[200], pass[200], pr[200], n = 0;
+        const int32_t streams = 1 + t_rand_int(&rng, 12);
+        for (int32_t s = 0; s < streams; s++) {
+            const int32_t chunks = 1 + t_rand_int(&rng, 4);
+            for (int32_t c = 0; c < chunks && n < 200; c++, n++) {
+                st[n] = s;
+                rows[n] = c + 1 < chunks ? cap : 1 + t_rand_int(&rng, cap); /* only a last chunk is short */
+            }
+        }
+        const int32_t np = kdt_prefill_place(cap, n, st, rows, pass, pr);
+        int32_t used[200] = {0};
+        int bad = 0;
+        for (int32_t c = 0; c < n; c++) {
+            bad |= pass[c] < 0 || pass[c] >= np;
+            if (bad) break;
+            used[pass[c]] += rows[c];
+            if (c > 0 && st[c - 1] == st[c]) bad |= pass[c] <= pass[c - 1];
+            /* first fit: every earlier allowed pass was too full when this chunk came */
+            int32_t fill[200] = {0};
+            for (int32_t d = 0; d < c; d++) fill[pass[d]] += rows[d];
+            const int32_t lo = c > 0 && st[c - 1] == st[c] ? pass[c - 1] + 1 : 0;
+            for (int32_t p = lo; p < pass[c]; p++) bad |= fill[p] + rows[c] <= cap;
+        }
+        for (int32_t p = 0; p < np && !bad; p++) bad |= used[p] != pr[p] || used[p] > cap || used[p] == 0;
+        CHECK_MSG(!bad, "plan %d (cap %d, %d chunks): a rule broken", t, cap, n);
+        if (bad) break;
+    }
+}
+
 /* 8 streams, each with its own mode / budget, half of them joining while others run. */
 static void test_mixed_batch_and_joins(void) {
     kdt_engine *e = make_engine(8, 0);
@@ -503,6 +554,7 @@ int main(void) {
     T_RUN(test_lossless_greedy);
     T_RUN(test_prefill_chunk);
     T_RUN(test_prefill_budget);
+    T_RUN(test_prefill_place);
     T_RUN(test_mixed_batch_and_joins);
     T_RUN(test_stop_and_length);
     T_RUN(test_cancel);

@@ -73,8 +73,11 @@ typedef struct kdt_engine_options {
                                       whole in the step after its add). A long prompt then takes
                                       several steps while the decoding streams keep running a
                                       round each step. Prefill goes in whole chunks counted from
-                                      the prompt's start (so the bits do not depend on it), at
-                                      least one per step: a step may run up to one chunk past it. */
+                                      the prompt's start (so the bits do not depend on it), in
+                                      arrival order, a chunk while it fits what is left: a step
+                                      runs at most this many, or its one first chunk if that is
+                                      larger. On the GPU the step's chunks share passes of up to
+                                      prefill_chunk rows (one chunk per stream per pass). */
 } kdt_engine_options;
 
 typedef struct kdt_gen_params {

@@ -204,6 +204,13 @@ int32_t kdt_round_emit(eng_stream *s, const int32_t *toks, int32_t n, int32_t *e
 void kdt_round_event(kdt_stream_event *events, int32_t *n_ev, const eng_stream *s, const int32_t *toks,
                      int32_t n, int32_t tau);
 
+/* Places a step's prefill chunks into shared passes of at most `cap` rows: chunks listed in arrival
+ * order, each stream's consecutive and in prompt order (stream[c] its stream, rows[c] <= cap its
+ * rows); each goes first-fit into the first pass after its stream's previous chunk's. pass[c] gets
+ * its pass; pass_rows [n_chunks] the passes' rows. Returns the number of passes. */
+int32_t kdt_prefill_place(int32_t cap, int32_t n_chunks, const int32_t *stream, const int32_t *rows, int32_t *pass,
+                          int32_t *pass_rows);
+
 /* engine.c: releases a stream's KV pages, drafter context and admission pages (state unchanged) */
 void kdt_engine_release_stream(kdt_engine *e, int32_t slot);
 

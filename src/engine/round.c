@@ -131,6 +131,20 @@ static kdt_status prefill_rows(kdt_engine *e, int32_t slot, int32_t n_rows, int3
     return KDT_OK;
 }
 
+int32_t kdt_prefill_place(int32_t cap, int32_t n_chunks, const int32_t *stream, const int32_t *rows, int32_t *pass,
+                          int32_t *pass_rows) {
+    int32_t n_pass = 0;
+    for (int32_t c = 0; c < n_chunks; c++) {
+        /* after the pass of the stream's previous chunk (listed just before it) */
+        int32_t p = c > 0 && stream[c - 1] == stream[c] ? pass[c - 1] + 1 : 0;
+        while (p < n_pass && pass_rows[p] + rows[c] > cap) p++;
+        if (p == n_pass) pass_rows[n_pass++] = 0;
+        pass_rows[p] += rows[c];
+        pass[c] = p;
+    }
+    return n_pass;
+}
+
 /* GPU: the step's chunks in shared passes. A pass holds at most prefill_quantum rows, at most one
  * chunk per stream; chunks are placed first-fit in arrival order, each after its stream's previous
  * chunk's pass. A MoE pass streams every expert whatever its rows, so eight 64-token prompts cost
@@ -150,22 +164,15 @@ static void prefill_passes_gpu(kdt_engine *e, int32_t n, const int32_t *slot, co
         return;
     }
     int32_t *c_idx = ck, *c_from = ck + n_chunks, *c_rows = ck + 2 * n_chunks, *c_pass = ck + 3 * n_chunks,
-            *p_rows = ck + 4 * n_chunks, n_pass = 0;
+            *p_rows = ck + 4 * n_chunks;
     int64_t c = 0;
-    for (int32_t i = 0; i < n; i++) {
-        int32_t prev = -1;
+    for (int32_t i = 0; i < n; i++)
         for (int32_t off = 0; off < take[i]; off += q, c++) {
-            const int32_t rows = take[i] - off < q ? take[i] - off : q;
-            int32_t p = prev + 1;
-            while (p < n_pass && p_rows[p] + rows > q) p++;
-            if (p == n_pass) p_rows[n_pass++] = 0;
-            p_rows[p] += rows;
             c_idx[c] = i;
             c_from[c] = e->streams[slot[i]].prefix_len + off;
-            c_rows[c] = rows;
-            c_pass[c] = prev = p;
+            c_rows[c] = take[i] - off < q ? take[i] - off : q;
         }
-    }
+    const int32_t n_pass = kdt_prefill_place(q, (int32_t)n_chunks, c_idx, c_rows, c_pass, p_rows);
     int32_t s_slot[KDT_ENGINE_MAX_STREAMS], s_from[KDT_ENGINE_MAX_STREAMS], s_rows[KDT_ENGINE_MAX_STREAMS],
         s_idx[KDT_ENGINE_MAX_STREAMS], s_first[KDT_ENGINE_MAX_STREAMS];
     for (int32_t p = 0; p < n_pass; p++) {
