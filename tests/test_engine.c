@@ -151,7 +151,14 @@ static void test_prefill_chunk(void) {
         g_prefill_chunk = 0;
         if (!e) return;
         CHECK_EQ_INT(kdt_engine_prefill_chunk(e), chunks[c]); /* a given chunk is used as given */
+        kdt_engine_stats s0, s1;
+        kdt_engine_get_stats(e, &s0);
         run_and_compare(e, 8, KDT_SPEC_AR, 1, NULL, NULL);
+        kdt_engine_get_stats(e, &s1);
+        /* the 8 prompts (131 tokens) arrive together: passes of 1 row hold one token each; passes
+         * of 4,096 rows hold them all */
+        if (c != 1) CHECK_EQ_INT((int)(s1.prefill_passes - s0.prefill_passes), c == 0 ? 131 : 1);
+        CHECK_EQ_INT((int)(s1.prompt_tokens - s0.prompt_tokens), 131);
         run_and_compare(e, 8, KDT_SPEC_DDTREE, 16, NULL, NULL);
         run_and_compare(e, 3, KDT_SPEC_CHAIN, 1, NULL, NULL);
         kdt_engine_free(e);

@@ -114,7 +114,6 @@ static kdt_status prefill_rows(kdt_engine *e, int32_t slot, int32_t n_rows, int3
         }
         st = kdt_model_prefill(e->model, e->kv, slot, s->tokens + off, n, &out);
         if (st != KDT_OK) return st;
-        e->stats.prefill_passes++;
         if (want_taps) {
             st = kdt_dflash_ctx_append(e->drafter, s->dctx, e->taps, n);
             if (st != KDT_OK) return st;
@@ -145,14 +144,30 @@ int32_t kdt_prefill_place(int32_t cap, int32_t n_chunks, const int32_t *stream, 
     return n_pass;
 }
 
-/* GPU: the step's chunks in shared passes. A pass holds at most prefill_quantum rows, at most one
- * chunk per stream; chunks are placed first-fit in arrival order, each after its stream's previous
- * chunk's pass. A MoE pass streams every expert whatever its rows, so eight 64-token prompts cost
- * one 512-row pass instead of eight; each row still gets the bits of its own chunk's pass
- * (kdt_gpu_stage_prefill_many), so outputs do not depend on which prompts arrived together.
- * err[i] is set for the streams of a pass that failed (their later chunks are skipped). */
-static void prefill_passes_gpu(kdt_engine *e, int32_t n, const int32_t *slot, const int32_t *take, int32_t *first,
-                               kdt_status *err) {
+/* CPU: a pass's chunks, one model call each (the CPU forward computes only the experts its rows
+ * route to, so sharing a call would save little). */
+static kdt_status prefill_pass_cpu(kdt_engine *e, int32_t n, const int32_t *slots, const int32_t *from,
+                                   const int32_t *n_rows, int32_t *first_token) {
+    for (int32_t k = 0; k < n; k++) {
+        const eng_stream *s = &e->streams[slots[k]];
+        if (from[k] != s->prefix_len)
+            return kdt_fail(KDT_ERR_INTERNAL, "engine prefill: slot %d rows from %d, %d done", slots[k], from[k],
+                            s->prefix_len);
+        first_token[k] = -1;
+        KDT_TRY(prefill_rows(e, slots[k], n_rows[k], &first_token[k]));
+    }
+    return KDT_OK;
+}
+
+/* The step's chunks in shared passes. A pass holds at most prefill_quantum rows, at most one chunk
+ * per stream; chunks are placed first-fit in arrival order, each after its stream's previous
+ * chunk's pass (kdt_prefill_place). On the GPU a MoE pass streams every expert whatever its rows,
+ * so eight 64-token prompts cost one 512-row pass instead of eight; each row still gets the bits of
+ * its own chunk's pass (kdt_gpu_stage_prefill_many), so outputs do not depend on which prompts
+ * arrived together. err[i] is set for the streams of a pass that failed (their later chunks are
+ * skipped). */
+static void prefill_passes(kdt_engine *e, int32_t n, const int32_t *slot, const int32_t *take, int32_t *first,
+                           kdt_status *err) {
     const int32_t q = e->prefill_quantum;
     int64_t n_chunks = 0;
     for (int32_t i = 0; i < n; i++) n_chunks += (take[i] + q - 1) / q;
@@ -188,7 +203,8 @@ static void prefill_passes_gpu(kdt_engine *e, int32_t n, const int32_t *slot, co
         }
         if (m == 0) continue;
         const double t0 = kdt_engine_now();
-        const kdt_status st = kdt_engine_gpu_prefill_pass(e, m, s_slot, s_from, s_rows, s_first);
+        const kdt_status st = e->gpu ? kdt_engine_gpu_prefill_pass(e, m, s_slot, s_from, s_rows, s_first)
+                                     : prefill_pass_cpu(e, m, s_slot, s_from, s_rows, s_first);
         e->stats.t_prefill += kdt_engine_now() - t0;
         if (st == KDT_OK) {
             e->stats.prompt_tokens += (uint64_t)rows;
@@ -238,16 +254,7 @@ static kdt_status prefill_step(kdt_engine *e, kdt_stream_event *events, int32_t 
         }
     }
     if (n_take == 0) return KDT_OK;
-    if (e->gpu) {
-        prefill_passes_gpu(e, n_take, slot, take, first, err);
-    } else {
-        for (int32_t i = 0; i < n_take; i++) {
-            const double t0 = kdt_engine_now();
-            err[i] = prefill_rows(e, slot[i], take[i], &first[i]);
-            e->stats.t_prefill += kdt_engine_now() - t0;
-            if (err[i] == KDT_OK) e->stats.prompt_tokens += (uint64_t)take[i];
-        }
-    }
+    prefill_passes(e, n_take, slot, take, first, err);
     kdt_status first_err = KDT_OK;
     for (int32_t i = 0; i < n_take; i++) {
         eng_stream *s = &e->streams[slot[i]];
