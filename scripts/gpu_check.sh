@@ -252,8 +252,11 @@ fi
 # test did not finish in 540 s, so racecheck takes the pair's kernels from test_pair_brief (a few
 # rounds of each mode; racecheck 0 hazards in 291 s, session 23) and memcheck keeps the whole
 # tiny-pair test. SAN_PART_LIMIT: parts that need more than KDT_SAN_LIMIT seconds.
-declare -A SAN_PARTS=([gpu_test_engine_gpu]="test_lossless_oracle test_tiny_pair:memcheck test_pair_brief test_random_ops_gpu")
-declare -A SAN_PART_LIMIT=([test_pair_brief]=360 [test_random_ops_gpu]=300)
+# The model test's wgmma plain attention also gets a racecheck of its own (session 48: the quick
+# test_plain_prefill with it did not finish racecheck in 280 s on an H100).
+declare -A SAN_PARTS=([gpu_test_engine_gpu]="test_lossless_oracle test_tiny_pair:memcheck test_pair_brief test_random_ops_gpu"
+                      [gpu_test_model_gpu]="- test_plain_wg:racecheck")
+declare -A SAN_PART_LIMIT=([test_pair_brief]=360 [test_random_ops_gpu]=300 [test_plain_wg]=300)
 SAN_ROWS=()
 if [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
   for t in "${TESTS[@]}"; do

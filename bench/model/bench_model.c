@@ -612,7 +612,9 @@ static void bench_kimi(double copy_gbps) {
         return;
     }
     kdt_gpu_random_init init = {2026, 0, 0, CORR_BLOCK, 0};
-    kdt_gpu_options go = {0, 0, 8192};
+    /* RoPE rows for the decode / verify context and for a prefill after its prefix */
+    const int rope_rows = prefill_prefix + KIMI_PREFILL_MAX + 1 > 8192 ? prefill_prefix + KIMI_PREFILL_MAX + 1 : 8192;
+    kdt_gpu_options go = {0, 0, rope_rows};
     kdt_gpu_model *g = NULL;
     /* as many layers as fit (a layer is ~34.3 GB), at most 4, keeping ~10 GB for the cache and the
      * runner; KDT_BENCH_MODEL_LAYERS=n asks for n (1..4); a failed allocation retries with fewer */

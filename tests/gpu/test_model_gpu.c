@@ -1071,6 +1071,30 @@ static void plain_wg_same(const char *dir, const char *label, int n) {
     gmodel_close(&m);
 }
 
+/* The plain attention on wgmma (plain_attn_wg) == mma.sync, bitwise, in all four instances: Kimi's
+ * dimensions (d_v 128 with S's 12 k steps fixed), d_n + d_r 80 (a K slab only partly filled; k steps
+ * at run time) with d_v 50 (padded to 64: V's zero columns) and 100 (128), and d_n + d_r 192 with
+ * d_v 64. Its own test so that compute-sanitizer can run it alone (KDT_TEST_ONLY=test_plain_wg). */
+static void test_plain_wg(void) {
+    char dir[600];
+    tm_spec k = kimi_dims_spec(4242);
+    tm_mkdtemp(dir, sizeof dir);
+    tm_write_model(dir, &k);
+    plain_wg_same(dir, "Kimi attention dimensions", quick ? 150 : 300);
+    tm_rmdir(dir);
+    static const int wg_dims[3][3] = {{48, 32, 50}, {48, 32, 100}, {128, 64, 64}};
+    for (int i = 0; i < 3; i++) {
+        tm_spec w = kimi_dims_spec(4343 + i);
+        w.heads = 8; w.nope = wg_dims[i][0]; w.rope = wg_dims[i][1]; w.v = wg_dims[i][2];
+        char label[64];
+        snprintf(label, sizeof label, "d_qk %d, d_v %d", w.nope + w.rope, w.v);
+        tm_mkdtemp(dir, sizeof dir);
+        tm_write_model(dir, &w);
+        plain_wg_same(dir, label, quick ? 150 : 300);
+        tm_rmdir(dir);
+    }
+}
+
 static void test_plain_prefill(void) {
     char dir[600];
     snprintf(dir, sizeof dir, "%s/kimi_tiny", FIXTURES);
@@ -1085,7 +1109,6 @@ static void test_plain_prefill(void) {
     tm_write_model(dir, &k);
     plain_case(dir, "Kimi attention dimensions", quick ? 70 : 200, 43);
     plain_blocks_same(dir, "Kimi attention dimensions", quick ? 150 : 300);
-    plain_wg_same(dir, "Kimi attention dimensions", quick ? 150 : 300);
     {   /* every weight that may be tiled, tiled (the opt-in dense layout): the plain form reads
          * W_UK / W_UV itself, row-major, which session 46 found tiled (and wrong) under it */
         char *td = env_save("KDT_GPU_TILED_DENSE"), *te = env_save("KDT_GPU_TILED_EXPERTS");
@@ -1096,20 +1119,6 @@ static void test_plain_prefill(void) {
         env_restore("KDT_GPU_TILED_EXPERTS", te);
     }
     tm_rmdir(dir);
-    /* the other wgmma instances (Kimi's dimensions above take d_v 128 with S's 12 k steps fixed):
-     * d_n + d_r 80 (a K slab only partly filled; k steps at run time) with d_v 50 (padded to 64:
-     * V's zero columns) and 100 (128), and d_n + d_r 192 with d_v 64 */
-    static const int wg_dims[3][3] = {{48, 32, 50}, {48, 32, 100}, {128, 64, 64}};
-    for (int i = 0; i < 3; i++) {
-        tm_spec w = kimi_dims_spec(4343 + i);
-        w.heads = 8; w.nope = wg_dims[i][0]; w.rope = wg_dims[i][1]; w.v = wg_dims[i][2];
-        char label[64];
-        snprintf(label, sizeof label, "d_qk %d, d_v %d", w.nope + w.rope, w.v);
-        tm_mkdtemp(dir, sizeof dir);
-        tm_write_model(dir, &w);
-        plain_wg_same(dir, label, quick ? 150 : 300);
-        tm_rmdir(dir);
-    }
     /* A spec whose prompt has most rows at a routing near-tie checks little but the bits (one
      * of session 45's four had all 70 rows excused): such specs do not count, and more are drawn. */
     uint64_t rng = t_fuzz_seed(0x91a1);
@@ -1997,6 +2006,7 @@ int main(void) {
     T_RUN(test_latent_scale);
     T_RUN(test_random_specs_gpu);
     T_RUN(test_plain_prefill);
+    T_RUN(test_plain_wg);
     T_RUN(test_prefill_many);
     return t_summary();
 }
