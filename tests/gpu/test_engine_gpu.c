@@ -100,7 +100,8 @@ static int32_t g_prefill_attention = KDT_PREFILL_ABSORBED; /* the engines' prefi
 static int32_t g_prefill_chunk;                              /* and rows per prefill pass (0: 256) */
 static int32_t g_max_prefill_tokens;                         /* and prompt tokens per step (0: all) */
 
-static kdt_engine *make_engine(const char *model, const char *draft, int32_t max_streams, int oracle) {
+/* the tests' engine options (the g_ settings above) */
+static kdt_engine_options engine_options(const char *model, const char *draft, int32_t max_streams) {
     kdt_engine_options o;
     memset(&o, 0, sizeof o);
     o.prefill_attention = g_prefill_attention;
@@ -112,6 +113,11 @@ static kdt_engine *make_engine(const char *model, const char *draft, int32_t max
     o.max_streams = max_streams;
     o.max_budget = 64;
     o.max_context = 512;
+    return o;
+}
+
+static kdt_engine *make_engine(const char *model, const char *draft, int32_t max_streams, int oracle) {
+    const kdt_engine_options o = engine_options(model, draft, max_streams);
     kdt_engine *e = NULL;
     kdt_status st = kdt_engine_create(&o, &e);
     CHECK_MSG(st == KDT_OK, "engine create: %s", kdt_last_error());
@@ -220,13 +226,7 @@ static void test_prefill_chunk_gpu(void) {
     /* no room for the smallest default chunk, or for the chunk the caller chose: a clear error */
     static const struct { int32_t chunk; const char *fits; } bad[2] = {{0, "100"}, {512, "300"}};
     for (int c = 0; c < 2; c++) {
-        kdt_engine_options o;
-        memset(&o, 0, sizeof o);
-        o.model_dir = ET_FIXTURE;
-        o.device = KDT_DEVICE_CUDA;
-        o.max_streams = 8;
-        o.max_budget = 64;
-        o.max_context = 512;
+        kdt_engine_options o = engine_options(ET_FIXTURE, NULL, 8);
         o.prefill_chunk = bad[c].chunk;
         setenv("KDT_GPU_TEST_CHUNK_FITS", bad[c].fits, 1);
         kdt_engine *e = NULL;
