@@ -193,6 +193,102 @@ static void test_plain_vs_reference(void) {
     }
 }
 
+/* Several streams' prefill chunks in one call (kdt_model_prefill_many) == each segment alone
+ * (kdt_model_prefill), bitwise: every row's logits and taps, the last rows' argmax (last_only), the
+ * cache rows and a decode step after; in each form, auto mixing plain first chunks with an absorbed
+ * 3-row chunk after a 70-token prefix. Bad segment lists are refused with nothing changed. */
+static void test_prefill_many(void) {
+    tm_spec sp = tm_default_spec();
+    enum { NS = 3, PRE = 70 };
+    static const int n_seg[NS] = {40, 3, 17}, prefix[NS] = {0, PRE, 0};
+    static const int forms[3] = {KDT_PREFILL_AUTO, KDT_PREFILL_ABSORBED, KDT_PREFILL_PLAIN};
+    const int V = sp.vocab;
+    int32_t toks[NS][PRE + 40];
+    uint64_t rng = 77;
+    for (int k = 0; k < NS; k++)
+        for (int i = 0; i < PRE + 40; i++) toks[k][i] = t_rand_int(&rng, V);
+    const int rows = n_seg[0] + n_seg[1] + n_seg[2];
+    for (int f = 0; f < 3; f++) {
+        char dir[600];
+        kdt_model *m = load_spec_form(&sp, 0, forms[f], dir, sizeof dir);
+        CHECK(m != NULL);
+        if (!m) continue;
+        const int D = m->cfg.hidden_size;
+        if (f == 0)
+            CHECK_MSG(kdt_prefill_takes_plain(&m->cfg, KDT_PREFILL_AUTO, n_seg[0], 0) &&
+                          !kdt_prefill_takes_plain(&m->cfg, KDT_PREFILL_AUTO, n_seg[1], PRE),
+                      "the default spec no longer mixes the forms in this test's pass");
+        kdt_kv_cache *k1 = new_cache(m, 8, NS), *kn = new_cache(m, 8, NS), *kl = new_cache(m, 8, NS);
+        float *ref = malloc((size_t)rows * V * 4), *got = malloc((size_t)rows * V * 4);
+        float *tref = malloc((size_t)rows * D * 4), *tgot = malloc((size_t)rows * D * 4);
+        float *dref = malloc((size_t)NS * V * 4), *dgot = malloc((size_t)NS * V * 4);
+        const int32_t tap_layer[1] = {0};
+        int32_t am[64], last_ref[NS], last_got[NS];
+        kdt_kv_cache *kc[3] = {k1, kn, kl};
+        for (int i = 0; i < 3; i++) CHECK_EQ_INT(kdt_model_prefill(m, kc[i], 1, toks[1], PRE, NULL), KDT_OK);
+        kdt_model_outputs o = {0};
+        o.n_taps = 1;
+        o.tap_layers = tap_layer;
+        int row = 0;
+        for (int k = 0; k < NS; k++) {
+            o.logits = ref + (size_t)row * V;
+            o.argmax = am;
+            o.taps = tref + (size_t)row * D;
+            CHECK_EQ_INT(kdt_model_prefill(m, k1, k, toks[k] + prefix[k], n_seg[k], &o), KDT_OK);
+            last_ref[k] = am[n_seg[k] - 1];
+            row += n_seg[k];
+        }
+        kdt_prefill_segment sg[NS];
+        for (int k = 0; k < NS; k++) sg[k] = (kdt_prefill_segment){k, toks[k] + prefix[k], n_seg[k]};
+        o.logits = got;
+        o.argmax = NULL;
+        o.taps = tgot;
+        CHECK_EQ_INT(kdt_model_prefill_many(m, kn, NS, sg, &o), KDT_OK);
+        CHECK_MSG(!memcmp(got, ref, (size_t)rows * V * 4), "form %d: logits of the shared pass differ", forms[f]);
+        CHECK_MSG(!memcmp(tgot, tref, (size_t)rows * D * 4), "form %d: taps of the shared pass differ", forms[f]);
+        kdt_model_outputs ol = {0};
+        ol.argmax = last_got;
+        ol.last_only = 1;
+        CHECK_EQ_INT(kdt_model_prefill_many(m, kl, NS, sg, &ol), KDT_OK);
+        CHECK_MSG(!memcmp(last_got, last_ref, sizeof last_ref), "form %d: last_only argmax differs", forms[f]);
+        for (int k = 0; k < NS; k++)
+            for (int l = 0; l < sp.layers; l++)
+                for (int t = 0; t < prefix[k] + n_seg[k]; t++)
+                    CHECK(!memcmp(kdt_kv_row(k1, l, k, t), kdt_kv_row(kn, l, k, t), (size_t)k1->row_elems * 4));
+        int32_t next[NS];
+        for (int k = 0; k < NS; k++) next[k] = toks[(k + 1) % NS][k];
+        kdt_model_outputs od = {0};
+        od.logits = dref;
+        CHECK_EQ_INT(kdt_model_decode(m, k1, NS, NULL, next, &od), KDT_OK);
+        od.logits = dgot;
+        CHECK_EQ_INT(kdt_model_decode(m, kl, NS, NULL, next, &od), KDT_OK);
+        CHECK_MSG(!memcmp(dgot, dref, (size_t)NS * V * 4), "form %d: decode after the shared pass differs", forms[f]);
+        if (f == 0) { /* refused, nothing changed */
+            int32_t len0[NS];
+            for (int k = 0; k < NS; k++) len0[k] = kn->length[k];
+            kdt_prefill_segment twice[2] = {{0, toks[0], 4}, {0, toks[0], 4}};
+            CHECK_EQ_INT(kdt_model_prefill_many(m, kn, 2, twice, NULL), KDT_ERR_INVALID_ARG);
+            CHECK(strstr(kdt_last_error(), "stream 0 in segments 0 and 1") != NULL);
+            kdt_prefill_segment big[1] = {{2, toks[2], m->opt.prefill_chunk + 1}};
+            CHECK_EQ_INT(kdt_model_prefill_many(m, kn, 1, big, NULL), KDT_ERR_INVALID_ARG);
+            CHECK(strstr(kdt_last_error(), "prefill_chunk") != NULL);
+            int32_t bad_tok[4] = {1, 2, V, 3};
+            kdt_prefill_segment badt[2] = {{0, toks[0], 4}, {2, bad_tok, 4}};
+            CHECK_EQ_INT(kdt_model_prefill_many(m, kn, 2, badt, NULL), KDT_ERR_INVALID_ARG);
+            CHECK(strstr(kdt_last_error(), "tokens[2]") != NULL);
+            CHECK_EQ_INT(kdt_model_prefill_many(m, kn, 0, sg, NULL), KDT_ERR_INVALID_ARG);
+            kdt_prefill_segment far[1] = {{NS, toks[0], 4}};
+            CHECK_EQ_INT(kdt_model_prefill_many(m, kn, 1, far, NULL), KDT_ERR_INVALID_ARG);
+            CHECK_EQ_INT(kdt_model_prefill_many(m, kn, 1, NULL, NULL), KDT_ERR_INVALID_ARG);
+            for (int k = 0; k < NS; k++) CHECK_EQ_INT(kn->length[k], len0[k]);
+        }
+        free(ref), free(got), free(tref), free(tgot), free(dref), free(dgot);
+        kdt_kv_cache_free(k1); kdt_kv_cache_free(kn); kdt_kv_cache_free(kl);
+        kdt_model_free(m);
+        tm_rmdir(dir);
+    }
+}
+
 /* The plain form's own invariances, bitwise: any prefill chunk size, one call or a prefix then the
  * rest, and a stream prefilled beside another. Against the absorbed form: the same function (a
  * few ulps apart), and decoding after either prefill continues alike. */
@@ -891,6 +987,7 @@ int main(void) {
     T_RUN(test_prefill_decode_bitwise);
     T_RUN(test_plain_vs_reference);
     T_RUN(test_plain_prefill_chunks);
+    T_RUN(test_prefill_many);
     T_RUN(test_prefill_auto);
     T_RUN(test_prefill_chunk_rule);
     T_RUN(test_latent_shift_same_model);

@@ -126,9 +126,8 @@ typedef struct kdt_engine_stats {
     int32_t last_budget;         /* budget chosen by auto in the last round */
     uint64_t plain_rounds;       /* rounds auto ran without the drafter (plain decoding measured
                                     faster at that batch size; see docs/engine.md) */
-    uint64_t prefill_passes;     /* prefill passes: a pass holds up to one chunk of each waiting
-                                    stream, run as one forward on the GPU, one model call per
-                                    chunk on the CPU */
+    uint64_t prefill_passes;     /* prefill passes: one forward over up to one chunk of each
+                                    waiting stream (CPU and GPU alike) */
 } kdt_engine_stats;
 
 kdt_status kdt_engine_create(const kdt_engine_options *opt, kdt_engine **out);

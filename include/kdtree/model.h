@@ -260,6 +260,22 @@ typedef struct kdt_model_outputs {
 kdt_status kdt_model_prefill(const kdt_model *m, kdt_kv_cache *c, int32_t stream,
                              const int32_t *tokens, int32_t n, const kdt_model_outputs *out);
 
+/* One stream's rows of a multi-stream prefill pass: its next n prompt tokens. */
+typedef struct kdt_prefill_segment {
+    int32_t stream;
+    const int32_t *tokens; /* [n] */
+    int32_t n;             /* >= 1 */
+} kdt_prefill_segment;
+/* Several streams' prefill chunks in one pass: segment k's rows follow segment k - 1's, each
+ * causal over its own stream; a stream appears at most once; each segment at most the model's
+ * prefill_chunk rows (one chunk of kdt_model_prefill's), the pass at most KDT_MAX_PREFILL_CHUNK.
+ * Each segment takes the attention form its own chunk would, so every row's outputs equal those of
+ * kdt_model_prefill of that segment alone, bitwise. out->last_only: output row k is segment k's
+ * last row; else output row i is the pass's row i; taps cover every row. The GPU form is
+ * kdt_gpu_stage_prefill_many. */
+kdt_status kdt_model_prefill_many(const kdt_model *m, kdt_kv_cache *c, int32_t n_segments,
+                                  const kdt_prefill_segment *segs, const kdt_model_outputs *out);
+
 /* One token per stream: tokens[s] is appended to cache stream stream_ids[s] (NULL = s).
  * Stream ids must be distinct. */
 kdt_status kdt_model_decode(const kdt_model *m, kdt_kv_cache *c, int32_t n_streams,
@@ -429,12 +445,6 @@ kdt_status kdt_gpu_kv_fill_random(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t stre
  * token i; decode: stream s; verify: stream-major over each tree's nodes). */
 kdt_status kdt_gpu_stage_prefill(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t stream,
                                  const int32_t *tokens, int32_t n, int32_t last_only);
-/* One stream's rows of a multi-stream prefill pass: its next n prompt tokens. */
-typedef struct kdt_prefill_segment {
-    int32_t stream;
-    const int32_t *tokens; /* [n] */
-    int32_t n;             /* >= 1 */
-} kdt_prefill_segment;
 /* Several streams' prefill rows in one pass (a MoE layer streams its experts once for all of
  * them): segment k's rows follow segment k - 1's, each row causal over its own stream's slots. A
  * stream appears at most once; the rows together fit max_rows. Each segment takes the attention

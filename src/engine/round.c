@@ -20,11 +20,6 @@
 #include <string.h>
 #include <time.h>
 
-/* prompt tokens per kdt_model_prefill call, about: bounds the taps buffer. A call is a whole number
- * of the model's prefill chunks (the model splits a call into chunks from the call's start, so
- * every chunk starts at a multiple of the chunk size whatever the calls are), at least one. */
-#define PREFILL_CALL_ROWS 256
-
 double kdt_engine_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -78,58 +73,6 @@ void kdt_round_event(kdt_stream_event *events, int32_t *n_ev, const eng_stream *
 
 /* ---- prefill ------------------------------------------------------------------------------- */
 
-/* CPU: prefills prompt rows [s->prefix_len, s->prefix_len + n_rows) of the stream in `slot` (while
- * it waits, prefix_len counts the prompt tokens already in the KV cache); when they end the prompt,
- * its first token goes to *first_token. */
-static kdt_status prefill_rows(kdt_engine *e, int32_t slot, int32_t n_rows, int32_t *first_token) {
-    eng_stream *s = &e->streams[slot];
-    const int32_t from = s->prefix_len, end = from + n_rows;
-    const int32_t V = e->mc->vocab_size, D = e->mc->hidden_size;
-    const int want_taps = s->drafts && e->drafter && e->n_taps > 0;
-    const int greedy = !(s->params.temperature > 0.0f);
-    kdt_status st = KDT_OK;
-    int32_t amax = -1;
-    if (!greedy) {
-        st = kdt_round_grow_f32(&e->logits, &e->logits_cap, V, "prefill logits");
-        if (st != KDT_OK) return st;
-    }
-    const int32_t q = e->prefill_quantum, C = q * (PREFILL_CALL_ROWS / q > 1 ? PREFILL_CALL_ROWS / q : 1);
-    if (want_taps) {
-        st = kdt_round_grow_f32(&e->taps, &e->taps_cap, (int64_t)C * e->n_taps * D, "prefill taps");
-        if (st != KDT_OK) return st;
-    }
-    for (int32_t off = from; off < end; off += C) {
-        const int32_t n = end - off < C ? end - off : C;
-        const int last = off + n == s->n_prompt;
-        kdt_model_outputs out = {0};
-        if (last) {
-            out.last_only = 1;
-            out.argmax = greedy ? &amax : NULL;
-            out.logits = greedy ? NULL : e->logits;
-        }
-        if (want_taps) {
-            out.n_taps = e->n_taps;
-            out.tap_layers = e->tap_layers;
-            out.taps = e->taps;
-        }
-        st = kdt_model_prefill(e->model, e->kv, slot, s->tokens + off, n, &out);
-        if (st != KDT_OK) return st;
-        if (want_taps) {
-            st = kdt_dflash_ctx_append(e->drafter, s->dctx, e->taps, n);
-            if (st != KDT_OK) return st;
-        }
-    }
-    s->prefix_len = end;
-    if (end < s->n_prompt) return KDT_OK; /* the rest in a later step */
-    if (greedy) {
-        *first_token = amax;
-    } else {
-        kdt_sampler_params sp = kdt_round_sampler_of(s);
-        *first_token = kdt_sample_token(e->logits, V, &sp, kdt_rng_uniform(&s->rng), &e->sampler);
-    }
-    return KDT_OK;
-}
-
 int32_t kdt_prefill_place(int32_t cap, int32_t n_chunks, const int32_t *stream, const int32_t *rows, int32_t *pass,
                           int32_t *pass_rows) {
     int32_t n_pass = 0;
@@ -144,17 +87,51 @@ int32_t kdt_prefill_place(int32_t cap, int32_t n_chunks, const int32_t *stream, 
     return n_pass;
 }
 
-/* CPU: a pass's chunks, one model call each (the CPU forward computes only the experts its rows
- * route to, so sharing a call would save little). */
+/* CPU: a pass as one kdt_model_prefill_many call (slot k's rows [from[k], from[k] + n_rows[k]),
+ * from[k] its prefix_len); first_token[k] where they end the prompt, else -1. */
 static kdt_status prefill_pass_cpu(kdt_engine *e, int32_t n, const int32_t *slots, const int32_t *from,
                                    const int32_t *n_rows, int32_t *first_token) {
+    const int32_t V = e->mc->vocab_size, D = e->mc->hidden_size;
+    kdt_prefill_segment sg[KDT_ENGINE_MAX_STREAMS];
+    int32_t rows = 0, any_taps = 0, any_sampled = 0, any_greedy = 0;
     for (int32_t k = 0; k < n; k++) {
         const eng_stream *s = &e->streams[slots[k]];
-        if (from[k] != s->prefix_len)
-            return kdt_fail(KDT_ERR_INTERNAL, "engine prefill: slot %d rows from %d, %d done", slots[k], from[k],
-                            s->prefix_len);
+        if (from[k] != s->prefix_len || n_rows[k] < 1 || from[k] + n_rows[k] > s->n_prompt)
+            return kdt_fail(KDT_ERR_INTERNAL, "engine prefill: slot %d rows %d..%d of a %d-token prompt (%d done)",
+                            slots[k], from[k], from[k] + n_rows[k], s->n_prompt, s->prefix_len);
+        sg[k] = (kdt_prefill_segment){slots[k], s->tokens + from[k], n_rows[k]};
+        rows += n_rows[k];
+        any_taps |= s->drafts && e->drafter && e->n_taps > 0;
+        any_sampled |= from[k] + n_rows[k] == s->n_prompt && s->params.temperature > 0.0f;
+        any_greedy |= from[k] + n_rows[k] == s->n_prompt && !(s->params.temperature > 0.0f);
+    }
+    kdt_model_outputs out = {0};
+    out.last_only = 1; /* output row k: segment k's last row (read where it ends the prompt) */
+    out.argmax = any_greedy ? e->argmax : NULL;
+    if (any_sampled) {
+        KDT_TRY(kdt_round_grow_f32(&e->logits, &e->logits_cap, (int64_t)n * V, "prefill logits"));
+        out.logits = e->logits;
+    }
+    if (any_taps) {
+        KDT_TRY(kdt_round_grow_f32(&e->taps, &e->taps_cap, (int64_t)rows * e->n_taps * D, "prefill taps"));
+        out.n_taps = e->n_taps;
+        out.tap_layers = e->tap_layers;
+        out.taps = e->taps;
+    }
+    KDT_TRY(kdt_model_prefill_many(e->model, e->kv, n, sg, &out));
+    for (int32_t k = 0, row = 0; k < n; row += n_rows[k], k++) {
+        eng_stream *s = &e->streams[slots[k]];
+        if (s->drafts && e->drafter && e->n_taps > 0) /* its rows join its drafter context */
+            KDT_TRY(kdt_dflash_ctx_append(e->drafter, s->dctx, e->taps + (int64_t)row * e->n_taps * D, n_rows[k]));
+        s->prefix_len = from[k] + n_rows[k];
         first_token[k] = -1;
-        KDT_TRY(prefill_rows(e, slots[k], n_rows[k], &first_token[k]));
+        if (s->prefix_len < s->n_prompt) continue;
+        if (s->params.temperature > 0.0f) {
+            kdt_sampler_params sp = kdt_round_sampler_of(s);
+            first_token[k] = kdt_sample_token(e->logits + (int64_t)k * V, V, &sp, kdt_rng_uniform(&s->rng), &e->sampler);
+        } else {
+            first_token[k] = e->argmax[k];
+        }
     }
     return KDT_OK;
 }

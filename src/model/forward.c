@@ -517,8 +517,9 @@ typedef struct plain_job {
     const kdt_model *m;
     const kdt_kv_cache *kv;
     int32_t l;
-    const row_desc *rows;
+    const row_desc *rows;   /* the segment's rows (one stream's consecutive slots) */
     int32_t R, T;           /* rows; keys 0..T-1 (the last row's visible slots) */
+    int32_t row0;           /* the segment's first row in the chunk (its q and heads rows) */
     run_state *rs;
 } plain_job;
 
@@ -551,11 +552,11 @@ static void plain_piece(void *ctx, int worker, int64_t b, int64_t e) {
         }
         for (int32_t r0 = 0; r0 < j->R; r0 += ATTN_GROUP) {
             const int32_t nq = j->R - r0 < ATTN_GROUP ? j->R - r0 : ATTN_GROUP, nk = j->rows[r0 + nq - 1].n_prefix;
-            kdt_cpu_scores(keys, nk, dqk, c->softmax_scale, nq, rs->q + (int64_t)r0 * H * dqk + h * dqk, (int64_t)H * dqk,
-                           p, qt);
+            kdt_cpu_scores(keys, nk, dqk, c->softmax_scale, nq, rs->q + (int64_t)(j->row0 + r0) * H * dqk + h * dqk,
+                           (int64_t)H * dqk, p, qt);
             for (int32_t g = 0; g < nq; g++) {
                 const int32_t n = j->rows[r0 + g].n_prefix;
-                float *s = p + (int64_t)g * nk, *o = rs->heads + (int64_t)(r0 + g) * H * dv + h * dv;
+                float *s = p + (int64_t)g * nk, *o = rs->heads + (int64_t)(j->row0 + r0 + g) * H * dv + h * dv;
                 const float lsum = kdt_cpu_softmax_weights(s, n);
                 kdt_cpu_weighted_sum(s, vrows, n, dv, o);
                 for (int32_t v = 0; v < dv; v++) o[v] /= lsum;
@@ -564,18 +565,18 @@ static void plain_piece(void *ctx, int worker, int64_t b, int64_t e) {
     }
 }
 
-/* Stage 2 in the plain form for a prefill chunk rows[0..R) of one stream (consecutive slots,
- * row r seeing slots 0..n_prefix-1): the visible latent rows gathered once, then the heads cut
- * among the CPU threads. */
+/* Stage 2 in the plain form for a prefill segment: the chunk's rows row0 .. row0 + R - 1 (rows
+ * points at the first), one stream's consecutive slots, row r seeing slots 0..n_prefix-1: the
+ * visible latent rows gathered once, then the heads cut among the CPU threads. */
 static void attn_rows_plain(const kdt_model *m, const kdt_kv_cache *kv, int32_t l, const row_desc *rows, int32_t R,
-                            run_state *rs) {
+                            int32_t row0, run_state *rs) {
     const kdt_model_config *c = &m->cfg;
     const int32_t dc = c->kv_lora_rank, T = rows[R - 1].n_prefix;
     for (int32_t t = 0; t < T; t++)
         memcpy(rs->ckv + (int64_t)t * dc, kdt_kv_row(kv, l, rows[0].stream, t), (size_t)dc * sizeof(float));
     const double cost = (double)T * dc * (c->qk_nope_head_dim + c->v_head_dim) +
                         (double)R * T * (c->qk_nope_head_dim + c->qk_rope_head_dim + c->v_head_dim);
-    plain_job j = {m, kv, l, rows, R, T, rs};
+    plain_job j = {m, kv, l, rows, R, T, row0, rs};
     kdt_parallel_for(c->n_heads, 1, cost, rs->n_workers, plain_piece, &j);
 }
 
@@ -639,10 +640,17 @@ static void lm_head_rows(const kdt_model *m, const row_desc *rows, int32_t R, ru
     }
 }
 
+/* A prefill segment that takes the plain attention form: rows row0 .. row0 + n - 1 of a chunk. */
+typedef struct plain_seg {
+    int32_t row0, n;
+} plain_seg;
+
 /* Runs rows[0..R) through the whole model: per layer, every row's projections and KV row, then
- * every row's attention, then o_proj and the MLP over all rows. */
-static void forward_chunk(const kdt_model *m, kdt_kv_cache *kv, const row_desc *rows, int32_t R, int plain,
-                          const kdt_model_outputs *out, run_state *rs) {
+ * every row's attention, then o_proj and the MLP over all rows. The attention: the absorbed form
+ * over every row where `absorbed`, then the plain form for each of the n_plain segments (their
+ * heads overwritten; rows are independent, so each row gets what its form gives it alone). */
+static void forward_chunk(const kdt_model *m, kdt_kv_cache *kv, const row_desc *rows, int32_t R, int absorbed,
+                          const plain_seg *plain, int32_t n_plain, const kdt_model_outputs *out, run_state *rs) {
     const kdt_model_config *c = &m->cfg;
     const int32_t D = c->hidden_size, half = c->qk_rope_head_dim / 2;
     const int64_t dh = (int64_t)c->n_heads * c->v_head_dim;
@@ -657,8 +665,8 @@ static void forward_chunk(const kdt_model *m, kdt_kv_cache *kv, const row_desc *
     for (int32_t l = 0; l < c->n_layers; l++) {
         const kdt_layer_weights *L = &m->layers[l];
         attn_project_rows(m, kv, l, rows, R, rs);
-        if (plain) attn_rows_plain(m, kv, l, rows, R, rs);
-        else attn_rows(m, kv, l, rows, R, rs);
+        if (absorbed) attn_rows(m, kv, l, rows, R, rs);
+        for (int32_t k = 0; k < n_plain; k++) attn_rows_plain(m, kv, l, rows + plain[k].row0, plain[k].n, plain[k].row0, rs);
         kdt_weight_matmul(&L->o_proj, rs->heads, dh, R, rs->tmp, D, 0, D);
         for (int32_t r = 0; r < R; r++) {
             float *x = rs->x + (int64_t)r * D;
@@ -743,7 +751,9 @@ static kdt_status run_rows(const kdt_model *m, kdt_kv_cache *kv, const row_desc 
     if (st != KDT_OK) return st;
     for (int64_t i = 0; i < n; i += chunk) {
         const int32_t R = (int32_t)(n - i < chunk ? n - i : chunk);
-        forward_chunk(m, kv, rows + i, R, prefill && chunk_plain(m, R, rows[i].slot), out, &rs);
+        const plain_seg whole = {0, R};
+        const int plain = prefill && chunk_plain(m, R, rows[i].slot);
+        forward_chunk(m, kv, rows + i, R, !plain, &whole, plain, out, &rs);
     }
     free(block);
     return KDT_OK;
@@ -782,6 +792,80 @@ kdt_status kdt_model_prefill(const kdt_model *m, kdt_kv_cache *kv, int32_t strea
     st = run_rows(m, kv, rows, n, 1, out);
     free(rows);
     if (st == KDT_OK) kv->length[stream] = kv->written[stream] = len + n;
+    return st;
+}
+
+kdt_status kdt_model_prefill_many(const kdt_model *m, kdt_kv_cache *kv, int32_t n_segments,
+                                  const kdt_prefill_segment *segs, const kdt_model_outputs *out) {
+    static const char fn[] = "kdt_model_prefill_many";
+    kdt_status st = check_common(fn, m, kv, out);
+    if (st != KDT_OK) return st;
+    KDT_CHECK_ARG(segs, "%s: segments is NULL", fn);
+    KDT_CHECK_ARG(n_segments >= 1 && n_segments <= kv->max_streams, "%s: n_segments = %d (1..%d, the cache's streams)",
+                  fn, n_segments, kv->max_streams);
+    /* every check before any state changes: a refused call leaves the cache as it was */
+    int64_t total = 0;
+    int32_t max_keys = 1;
+    for (int32_t k = 0; k < n_segments; k++) {
+        const kdt_prefill_segment *sg = &segs[k];
+        KDT_CHECK_ARG(sg->stream >= 0 && sg->stream < kv->max_streams, "%s: segment %d: stream %d (0..%d)", fn, k,
+                      sg->stream, kv->max_streams - 1);
+        for (int32_t j = 0; j < k; j++)
+            KDT_CHECK_ARG(segs[j].stream != sg->stream, "%s: stream %d in segments %d and %d", fn, sg->stream, j, k);
+        KDT_CHECK_ARG(sg->tokens, "%s: segment %d: tokens is NULL", fn, k);
+        /* one chunk of kdt_model_prefill's, so that the rows get its bits */
+        KDT_CHECK_ARG(sg->n >= 1 && sg->n <= m->opt.prefill_chunk,
+                      "%s: segment %d: n = %d (1..%d, the model's prefill_chunk)", fn, k, sg->n, m->opt.prefill_chunk);
+        for (int32_t i = 0; i < sg->n; i++)
+            if ((st = check_token(fn, m, sg->tokens[i], "tokens", i)) != KDT_OK) return st;
+        const int32_t len = kv->length[sg->stream];
+        if ((int64_t)len + sg->n > m->cfg.max_position_embeddings)
+            return kdt_fail(KDT_ERR_CAPACITY, "%s: stream %d: %d + %d tokens exceed max_position_embeddings %d", fn,
+                            sg->stream, len, sg->n, m->cfg.max_position_embeddings);
+        total += sg->n;
+        if (len + sg->n > max_keys) max_keys = len + sg->n;
+    }
+    KDT_CHECK_ARG(total <= KDT_MAX_PREFILL_CHUNK, "%s: %lld rows in %d segments (at most %d in a pass)", fn,
+                  (long long)total, n_segments, KDT_MAX_PREFILL_CHUNK);
+    const int32_t R = (int32_t)total;
+    int32_t *ids = malloc((size_t)n_segments * 2 * sizeof(int32_t));
+    row_desc *rows = malloc((size_t)R * sizeof *rows);
+    plain_seg *plain = malloc((size_t)n_segments * sizeof *plain);
+    void *block = NULL;
+    if (!ids || !rows || !plain) {
+        st = kdt_fail(KDT_ERR_OUT_OF_MEMORY, "%s: %d rows", fn, R);
+        goto done;
+    }
+    int32_t *need = ids + n_segments;
+    for (int32_t k = 0; k < n_segments; k++) {
+        ids[k] = segs[k].stream;
+        need[k] = kv->length[segs[k].stream] + segs[k].n;
+    }
+    if ((st = kdt_kv_reserve_many(kv, n_segments, ids, need)) != KDT_OK) goto done;
+    int32_t row = 0, n_plain = 0, absorbed = 0;
+    for (int32_t k = 0; k < n_segments; k++) {
+        const int32_t len = kv->length[segs[k].stream], n = segs[k].n;
+        for (int32_t i = 0; i < n; i++, row++) {
+            row_desc *r = &rows[row];
+            memset(r, 0, sizeof *r);
+            r->stream = segs[k].stream;
+            r->token = segs[k].tokens[i];
+            r->pos = r->slot = len + i;
+            r->n_prefix = len + i + 1; /* causal: itself and everything before */
+            fill_outputs(m, out, out && out->last_only ? (i == n - 1 ? k : -1) : row, row, r);
+        }
+        if (chunk_plain(m, n, len)) plain[n_plain++] = (plain_seg){row - n, n};
+        else absorbed = 1;
+    }
+    run_state rs = {0};
+    if ((st = run_state_alloc(m, R, max_keys, n_plain > 0, &rs, &block)) != KDT_OK) goto done;
+    forward_chunk(m, kv, rows, R, absorbed, plain, n_plain, out, &rs);
+    for (int32_t k = 0; k < n_segments; k++) kv->length[segs[k].stream] = kv->written[segs[k].stream] = need[k];
+done:
+    free(block);
+    free(ids);
+    free(rows);
+    free(plain);
     return st;
 }
 

@@ -178,7 +178,7 @@ int srv_metrics_render(srv_metrics *m, const srv_sched_snapshot *snap, double no
                  "Rounds the auto mode ran without the drafter (plain decoding measured faster).",
                  (double)es->plain_rounds);
     rc |= scalar(o, "kdtree_engine_prefill_passes_total", "counter",
-                 "Prefill forward passes (on the GPU one pass holds a chunk of each waiting prompt).",
+                 "Prefill forward passes (one pass holds a chunk of each waiting prompt).",
                  (double)es->prefill_passes);
     rc |= scalar(o, "kdtree_draining", "gauge", "1 while the server shuts down.", snap->draining);
     rc |= scalar(o, "kdtree_engine_failed", "gauge",
