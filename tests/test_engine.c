@@ -45,6 +45,7 @@ static void setup(void) {
 
 static int32_t g_prefill_chunk;      /* the engines' prefill_chunk (0: the default) */
 static int32_t g_max_prefill_tokens; /* and max_prefill_tokens (0: no limit) */
+static int32_t g_prefill_attention;  /* and prefill_attention (0: absorbed) */
 
 static kdt_engine *make_engine(int32_t max_streams, int32_t max_context) {
     kdt_engine_options o;
@@ -52,6 +53,7 @@ static kdt_engine *make_engine(int32_t max_streams, int32_t max_context) {
     o.device = KDT_DEVICE_CPU; /* the reference is the CPU model */
     o.prefill_chunk = g_prefill_chunk;
     o.max_prefill_tokens = g_max_prefill_tokens;
+    o.prefill_attention = g_prefill_attention;
     o.model_dir = ET_FIXTURE;
     o.max_streams = max_streams;
     o.max_budget = 64;
@@ -278,6 +280,50 @@ static void test_prefill_place(void) {
         CHECK_MSG(!bad, "plan %d (cap %d, %d chunks): a rule broken", t, cap, n);
         if (bad) break;
     }
+}
+
+/* Shared prefill passes in the plain and auto forms (the first chunks plain, later short chunks
+ * absorbed; 8-row chunks, with and without a 24-token step budget): every prompt decoded alone
+ * gives what it gave beside the seven others, whose chunks shared its passes. */
+static void test_shared_passes_forms(void) {
+    static const int32_t forms[2] = {KDT_PREFILL_AUTO, KDT_PREFILL_PLAIN}, budgets[2] = {0, 24};
+    for (int f = 0; f < 2; f++)
+        for (int b = 0; b < 2; b++) {
+            g_prefill_attention = forms[f];
+            g_prefill_chunk = 8;
+            g_max_prefill_tokens = budgets[b];
+            kdt_engine *e = make_engine(8, 0);
+            g_prefill_attention = g_prefill_chunk = g_max_prefill_tokens = 0;
+            if (!e) return;
+            kdt_gen_params p[N_PROMPTS];
+            for (int i = 0; i < N_PROMPTS; i++) {
+                kdt_gen_params_default(&p[i]);
+                p[i].spec = KDT_SPEC_DDTREE;
+                p[i].budget = 8;
+                p[i].max_new_tokens = g_new[i];
+            }
+            kdt_engine_stats s0, s1;
+            kdt_engine_get_stats(e, &s0);
+            et_run all;
+            CHECK_EQ_INT(et_run_batch(e, N_PROMPTS, g_prompts, g_n_prompt, p, &all), KDT_OK);
+            kdt_engine_get_stats(e, &s1);
+            for (int i = 0; i < N_PROMPTS; i++) {
+                et_run one;
+                CHECK_EQ_INT(et_run_batch(e, 1, &g_prompts[i], &g_n_prompt[i], &p[i], &one), KDT_OK);
+                CHECK_MSG(one.n_out[0] == all.n_out[i] &&
+                              !memcmp(one.out[0], all.out[i], sizeof(int32_t) * (size_t)one.n_out[0]),
+                          "form %d, budget %d: prompt %d alone differs from the batch", forms[f], budgets[b], i);
+                et_run_free(&one);
+            }
+            /* the 8 prompts (1 .. 40 tokens) are 21 chunks of at most 8 rows: fewer passes once
+             * prompts share them */
+            const unsigned long long passes = (unsigned long long)(s1.prefill_passes - s0.prefill_passes);
+            CHECK_MSG(passes < 21, "form %d, budget %d: %llu passes for 21 chunks", forms[f], budgets[b], passes);
+            printf("  form %d, budget %d: 21 chunks in %llu passes; each prompt alone == in the batch\n", forms[f],
+                   budgets[b], passes);
+            et_run_free(&all);
+            kdt_engine_free(e);
+        }
 }
 
 /* 8 streams, each with its own mode / budget, half of them joining while others run. */
@@ -562,6 +608,7 @@ int main(void) {
     T_RUN(test_prefill_chunk);
     T_RUN(test_prefill_budget);
     T_RUN(test_prefill_place);
+    T_RUN(test_shared_passes_forms);
     T_RUN(test_mixed_batch_and_joins);
     T_RUN(test_stop_and_length);
     T_RUN(test_cancel);
