@@ -211,6 +211,21 @@ void kdt_round_event(kdt_stream_event *events, int32_t *n_ev, const eng_stream *
 int32_t kdt_prefill_place(int32_t cap, int32_t n_chunks, const int32_t *stream, const int32_t *rows, int32_t *pass,
                           int32_t *pass_rows);
 
+/* One prefill pass (CPU and GPU alike): its segments checked against the plan's rules (slot k's
+ * rows [from[k], from[k] + n_rows[k]), from[k] its prefix_len and a multiple of prefill_quantum,
+ * the rows together at most that) and listed in sg; info says what the pass must produce. */
+typedef struct round_pass {
+    int32_t rows;                    /* the pass's rows */
+    int32_t any_greedy, any_sampled; /* some stream's prompt ends in it, greedy / sampled */
+    int32_t any_taps;                /* some stream drafts: its rows' taps join its drafter context */
+} round_pass;
+kdt_status kdt_round_pass_segments(const kdt_engine *e, int32_t n, const int32_t *slots, const int32_t *from,
+                                   const int32_t *n_rows, kdt_prefill_segment *sg, round_pass *info);
+/* After the pass: each stream's prefix_len advanced; first_token[k] its first token where its rows
+ * end the prompt (sampled from logits row k, or argmax[k]), else -1. */
+void kdt_round_pass_finish(kdt_engine *e, int32_t n, const int32_t *slots, const int32_t *from, const int32_t *n_rows,
+                           const float *logits, const int32_t *argmax, int32_t *first_token);
+
 /* engine.c: releases a stream's KV pages, drafter context and admission pages (state unchanged) */
 void kdt_engine_release_stream(kdt_engine *e, int32_t slot);
 

@@ -87,52 +87,74 @@ int32_t kdt_prefill_place(int32_t cap, int32_t n_chunks, const int32_t *stream, 
     return n_pass;
 }
 
-/* CPU: a pass as one kdt_model_prefill_many call (slot k's rows [from[k], from[k] + n_rows[k]),
- * from[k] its prefix_len); first_token[k] where they end the prompt, else -1. */
+kdt_status kdt_round_pass_segments(const kdt_engine *e, int32_t n, const int32_t *slots, const int32_t *from,
+                                   const int32_t *n_rows, kdt_prefill_segment *sg, round_pass *info) {
+    const int32_t q = e->prefill_quantum;
+    memset(info, 0, sizeof *info);
+    if (n < 1 || n > e->max_streams) return kdt_fail(KDT_ERR_INTERNAL, "engine prefill: %d segments", n);
+    for (int32_t k = 0; k < n; k++) {
+        const eng_stream *s = &e->streams[slots[k]];
+        const int32_t end = from[k] + n_rows[k];
+        if (from[k] % q || n_rows[k] < 1 || n_rows[k] > q || end > s->n_prompt || from[k] != s->prefix_len)
+            return kdt_fail(KDT_ERR_INTERNAL,
+                            "engine prefill: slot %d rows %d..%d of a %d-token prompt (%d done) in %d-row passes",
+                            slots[k], from[k], end, s->n_prompt, s->prefix_len, q);
+        sg[k] = (kdt_prefill_segment){slots[k], s->tokens + from[k], n_rows[k]};
+        info->rows += n_rows[k];
+        if (end == s->n_prompt) {
+            if (s->params.temperature > 0.0f) info->any_sampled = 1;
+            else info->any_greedy = 1;
+        }
+        if (s->drafts && e->drafter && e->n_taps > 0) info->any_taps = 1;
+    }
+    if (info->rows > q) return kdt_fail(KDT_ERR_INTERNAL, "engine prefill: %d rows in a %d-row pass", info->rows, q);
+    return KDT_OK;
+}
+
+void kdt_round_pass_finish(kdt_engine *e, int32_t n, const int32_t *slots, const int32_t *from, const int32_t *n_rows,
+                           const float *logits, const int32_t *argmax, int32_t *first_token) {
+    const int32_t V = e->mc->vocab_size;
+    for (int32_t k = 0; k < n; k++) {
+        eng_stream *s = &e->streams[slots[k]];
+        s->prefix_len = from[k] + n_rows[k];
+        first_token[k] = -1;
+        if (s->prefix_len < s->n_prompt) continue; /* the rest in a later pass or step */
+        if (s->params.temperature > 0.0f) {
+            kdt_sampler_params sp = kdt_round_sampler_of(s);
+            first_token[k] = kdt_sample_token(logits + (int64_t)k * V, V, &sp, kdt_rng_uniform(&s->rng), &e->sampler);
+        } else {
+            first_token[k] = argmax[k];
+        }
+    }
+}
+
+/* CPU: a pass as one kdt_model_prefill_many call. */
 static kdt_status prefill_pass_cpu(kdt_engine *e, int32_t n, const int32_t *slots, const int32_t *from,
                                    const int32_t *n_rows, int32_t *first_token) {
     const int32_t V = e->mc->vocab_size, D = e->mc->hidden_size;
     kdt_prefill_segment sg[KDT_ENGINE_MAX_STREAMS];
-    int32_t rows = 0, any_taps = 0, any_sampled = 0, any_greedy = 0;
-    for (int32_t k = 0; k < n; k++) {
-        const eng_stream *s = &e->streams[slots[k]];
-        if (from[k] != s->prefix_len || n_rows[k] < 1 || from[k] + n_rows[k] > s->n_prompt)
-            return kdt_fail(KDT_ERR_INTERNAL, "engine prefill: slot %d rows %d..%d of a %d-token prompt (%d done)",
-                            slots[k], from[k], from[k] + n_rows[k], s->n_prompt, s->prefix_len);
-        sg[k] = (kdt_prefill_segment){slots[k], s->tokens + from[k], n_rows[k]};
-        rows += n_rows[k];
-        any_taps |= s->drafts && e->drafter && e->n_taps > 0;
-        any_sampled |= from[k] + n_rows[k] == s->n_prompt && s->params.temperature > 0.0f;
-        any_greedy |= from[k] + n_rows[k] == s->n_prompt && !(s->params.temperature > 0.0f);
-    }
+    round_pass info;
+    KDT_TRY(kdt_round_pass_segments(e, n, slots, from, n_rows, sg, &info));
     kdt_model_outputs out = {0};
     out.last_only = 1; /* output row k: segment k's last row (read where it ends the prompt) */
-    out.argmax = any_greedy ? e->argmax : NULL;
-    if (any_sampled) {
+    out.argmax = info.any_greedy ? e->argmax : NULL;
+    if (info.any_sampled) {
         KDT_TRY(kdt_round_grow_f32(&e->logits, &e->logits_cap, (int64_t)n * V, "prefill logits"));
         out.logits = e->logits;
     }
-    if (any_taps) {
-        KDT_TRY(kdt_round_grow_f32(&e->taps, &e->taps_cap, (int64_t)rows * e->n_taps * D, "prefill taps"));
+    if (info.any_taps) {
+        KDT_TRY(kdt_round_grow_f32(&e->taps, &e->taps_cap, (int64_t)info.rows * e->n_taps * D, "prefill taps"));
         out.n_taps = e->n_taps;
         out.tap_layers = e->tap_layers;
         out.taps = e->taps;
     }
     KDT_TRY(kdt_model_prefill_many(e->model, e->kv, n, sg, &out));
     for (int32_t k = 0, row = 0; k < n; row += n_rows[k], k++) {
-        eng_stream *s = &e->streams[slots[k]];
+        const eng_stream *s = &e->streams[slots[k]];
         if (s->drafts && e->drafter && e->n_taps > 0) /* its rows join its drafter context */
             KDT_TRY(kdt_dflash_ctx_append(e->drafter, s->dctx, e->taps + (int64_t)row * e->n_taps * D, n_rows[k]));
-        s->prefix_len = from[k] + n_rows[k];
-        first_token[k] = -1;
-        if (s->prefix_len < s->n_prompt) continue;
-        if (s->params.temperature > 0.0f) {
-            kdt_sampler_params sp = kdt_round_sampler_of(s);
-            first_token[k] = kdt_sample_token(e->logits + (int64_t)k * V, V, &sp, kdt_rng_uniform(&s->rng), &e->sampler);
-        } else {
-            first_token[k] = e->argmax[k];
-        }
     }
+    kdt_round_pass_finish(e, n, slots, from, n_rows, e->logits, e->argmax, first_token);
     return KDT_OK;
 }
 

@@ -380,31 +380,15 @@ kdt_status kdt_engine_gpu_prefill_pass(kdt_engine *e, int32_t n, const int32_t *
     eng_gpu *g = e->gpu;
     const int32_t C = e->prefill_quantum;
     kdt_prefill_segment sg[KDT_ENGINE_MAX_STREAMS];
-    int32_t rows = 0, any_greedy = 0, any_sampled = 0, any_taps = 0;
-    if (n < 1 || n > e->max_streams || n > KDT_ENGINE_MAX_STREAMS)
-        return kdt_fail(KDT_ERR_INTERNAL, "engine GPU prefill: %d segments", n);
-    for (int32_t k = 0; k < n; k++) {
-        const eng_stream *s = &e->streams[slots[k]];
-        const int32_t end = from[k] + n_rows[k];
-        if (from[k] % C || n_rows[k] < 1 || n_rows[k] > C || end > s->n_prompt || from[k] != s->prefix_len)
-            return kdt_fail(KDT_ERR_INTERNAL, "engine GPU prefill: slot %d rows %d..%d of a %d-token prompt (%d done) in %d-row passes",
-                            slots[k], from[k], end, s->n_prompt, s->prefix_len, C);
-        sg[k] = (kdt_prefill_segment){slots[k], s->tokens + from[k], n_rows[k]};
-        rows += n_rows[k];
-        if (end == s->n_prompt) {
-            if (s->params.temperature > 0.0f) any_sampled = 1;
-            else any_greedy = 1;
-        }
-        if (s->drafts && g->draft && e->n_taps > 0) any_taps = 1;
-    }
-    if (rows > C) return kdt_fail(KDT_ERR_INTERNAL, "engine GPU prefill: %d rows in a %d-row pass", rows, C);
+    round_pass info;
+    KDT_TRY(kdt_round_pass_segments(e, n, slots, from, n_rows, sg, &info));
     for (int32_t k = 0; k < n; k++)
         if (from[k] == 0 && g->pend_n) g->pend_n[slots[k]] = 0; /* a new context: nothing parked from a former stream */
     /* output row k = segment k's last row (used where it ends its prompt) */
     KDT_TRY(kdt_gpu_stage_prefill_many(g->run, g->kv, n, sg, 1));
-    kdt_gpu_run_config rc = {rows, any_sampled, any_greedy, any_taps ? e->n_taps : 0, e->tap_layers};
+    kdt_gpu_run_config rc = {info.rows, info.any_sampled, info.any_greedy, info.any_taps ? e->n_taps : 0, e->tap_layers};
     KDT_TRY(kdt_gpu_run(g->run, g->kv, &rc));
-    if (any_taps) { /* the drafting streams' rows join their drafter contexts (taps row = pass row) */
+    if (info.any_taps) { /* the drafting streams' rows join their drafter contexts (taps row = pass row) */
         int32_t *h = g->h_items, m = 0, row = 0;
         for (int32_t k = 0; k < n; k++) {
             const eng_stream *s = &e->streams[slots[k]];
@@ -422,28 +406,18 @@ kdt_status kdt_engine_gpu_prefill_pass(kdt_engine *e, int32_t n, const int32_t *
         KDT_TRY(kdt_dflash_gpu_append(g->draft, g->d_items, m, g->d_items + 1, g->d_items + 1 + C, g->d_items + 1 + 2 * C,
                                       g->outs.taps, (int64_t)g->outs.max_taps * g->D));
     }
-    if (any_greedy) CU(cudaMemcpyAsync(e->argmax, g->outs.argmax, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost,
-                                       g->stream), "prefill argmax");
-    if (any_sampled) {
+    if (info.any_greedy)
+        CU(cudaMemcpyAsync(e->argmax, g->outs.argmax, sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost, g->stream),
+           "prefill argmax");
+    if (info.any_sampled) {
         KDT_TRY(kdt_round_grow_f32(&e->logits, &e->logits_cap, (int64_t)n * g->V, "prefill logits"));
         CU(cudaMemcpyAsync(e->logits, g->outs.logits, sizeof(float) * (size_t)n * g->V, cudaMemcpyDeviceToHost, g->stream),
            "prefill logits");
     }
     CU(cudaStreamSynchronize(g->stream), "prefill"); /* h_items and the outputs are reused by the next pass */
-    for (int32_t k = 0; k < n; k++) {
-        eng_stream *s = &e->streams[slots[k]];
-        s->prefix_len = from[k] + n_rows[k];
-        first_token[k] = -1;
-        if (s->prefix_len < s->n_prompt) continue; /* the rest in a later pass or step */
-        if (s->params.temperature > 0.0f) {
-            kdt_sampler_params sp = kdt_round_sampler_of(s);
-            first_token[k] = kdt_sample_token(e->logits + (int64_t)k * g->V, g->V, &sp, kdt_rng_uniform(&s->rng),
-                                              &e->sampler);
-        } else {
-            first_token[k] = e->argmax[k];
-        }
-        g->n_probe[slots[k]] = 0; /* a new stream: its first auto round uses its cap */
-    }
+    kdt_round_pass_finish(e, n, slots, from, n_rows, e->logits, e->argmax, first_token);
+    for (int32_t k = 0; k < n; k++)
+        if (first_token[k] >= 0) g->n_probe[slots[k]] = 0; /* a new stream: its first auto round uses its cap */
     return KDT_OK;
 }
 
