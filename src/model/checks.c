@@ -1,6 +1,6 @@
 /* checks.c - argument checks the CPU forward (forward.c) and the GPU forward (cuda/gpu_forward.c)
- * share, so both refuse the same input with the same message: stream ids, token ids and the
- * shape of a verify tree (model_internal.h). */
+ * share, so both refuse the same input with the same message: stream ids, token ids, the segments
+ * of a multi-stream prefill and the shape of a verify tree (model_internal.h). */
 #include "model_internal.h"
 
 #include <stdlib.h>
@@ -27,6 +27,35 @@ kdt_status kdt_check_token(const char *fn, const kdt_model_config *cfg, int32_t 
     if (tok < 0 || tok >= cfg->vocab_size)
         return kdt_fail(KDT_ERR_INVALID_ARG, "%s: %s[%lld] = %d is not a token id (vocab %d)", fn, what,
                         (long long)i, tok, cfg->vocab_size);
+    return KDT_OK;
+}
+
+kdt_status kdt_check_prefill_segments(const char *fn, const kdt_model_config *cfg, int32_t n_segments,
+                                      const kdt_prefill_segment *segs, int32_t max_streams, const int32_t *length,
+                                      int32_t seg_max, const char *seg_max_what, int32_t total_max,
+                                      const char *total_max_what) {
+    KDT_CHECK_ARG(segs, "%s: segments is NULL", fn);
+    KDT_CHECK_ARG(n_segments >= 1 && n_segments <= max_streams, "%s: n_segments = %d (1..%d, the cache's streams)",
+                  fn, n_segments, max_streams);
+    int64_t total = 0;
+    for (int32_t k = 0; k < n_segments; k++) {
+        const kdt_prefill_segment *sg = &segs[k];
+        KDT_CHECK_ARG(sg->stream >= 0 && sg->stream < max_streams, "%s: segment %d: stream %d (0..%d)", fn, k,
+                      sg->stream, max_streams - 1);
+        for (int32_t j = 0; j < k; j++)
+            KDT_CHECK_ARG(segs[j].stream != sg->stream, "%s: stream %d in segments %d and %d", fn, sg->stream, j, k);
+        KDT_CHECK_ARG(sg->tokens, "%s: segment %d: tokens is NULL", fn, k);
+        KDT_CHECK_ARG(sg->n >= 1 && sg->n <= seg_max, "%s: segment %d: n = %d (1..%d, %s)", fn, k, sg->n, seg_max,
+                      seg_max_what);
+        total += sg->n;
+        KDT_CHECK_ARG(total <= total_max, "%s: %lld rows in %d segments exceed %s %d", fn, (long long)total, k + 1,
+                      total_max_what, total_max);
+        for (int32_t i = 0; i < sg->n; i++) KDT_TRY(kdt_check_token(fn, cfg, sg->tokens[i], "tokens", i));
+        const int32_t len = length[sg->stream];
+        if ((int64_t)len + sg->n > cfg->max_position_embeddings)
+            return kdt_fail(KDT_ERR_CAPACITY, "%s: stream %d: %d + %d tokens exceed max_position_embeddings %d", fn,
+                            sg->stream, len, sg->n, cfg->max_position_embeddings);
+    }
     return KDT_OK;
 }
 

@@ -800,37 +800,20 @@ kdt_status kdt_model_prefill_many(const kdt_model *m, kdt_kv_cache *kv, int32_t 
     static const char fn[] = "kdt_model_prefill_many";
     kdt_status st = check_common(fn, m, kv, out);
     if (st != KDT_OK) return st;
-    KDT_CHECK_ARG(segs, "%s: segments is NULL", fn);
-    KDT_CHECK_ARG(n_segments >= 1 && n_segments <= kv->max_streams, "%s: n_segments = %d (1..%d, the cache's streams)",
-                  fn, n_segments, kv->max_streams);
-    /* every check before any state changes: a refused call leaves the cache as it was */
+    /* every check before any state changes: a refused call leaves the cache as it was; a segment
+     * is one chunk of kdt_model_prefill's, so that its rows get that call's bits */
+    KDT_TRY(kdt_check_prefill_segments(fn, &m->cfg, n_segments, segs, kv->max_streams, kv->length, m->opt.prefill_chunk,
+                                       "the model's prefill_chunk", KDT_MAX_PREFILL_CHUNK, "the most rows of a pass"));
     int64_t total = 0;
     int32_t max_keys = 1;
     for (int32_t k = 0; k < n_segments; k++) {
-        const kdt_prefill_segment *sg = &segs[k];
-        KDT_CHECK_ARG(sg->stream >= 0 && sg->stream < kv->max_streams, "%s: segment %d: stream %d (0..%d)", fn, k,
-                      sg->stream, kv->max_streams - 1);
-        for (int32_t j = 0; j < k; j++)
-            KDT_CHECK_ARG(segs[j].stream != sg->stream, "%s: stream %d in segments %d and %d", fn, sg->stream, j, k);
-        KDT_CHECK_ARG(sg->tokens, "%s: segment %d: tokens is NULL", fn, k);
-        /* one chunk of kdt_model_prefill's, so that the rows get its bits */
-        KDT_CHECK_ARG(sg->n >= 1 && sg->n <= m->opt.prefill_chunk,
-                      "%s: segment %d: n = %d (1..%d, the model's prefill_chunk)", fn, k, sg->n, m->opt.prefill_chunk);
-        for (int32_t i = 0; i < sg->n; i++)
-            if ((st = check_token(fn, m, sg->tokens[i], "tokens", i)) != KDT_OK) return st;
-        const int32_t len = kv->length[sg->stream];
-        if ((int64_t)len + sg->n > m->cfg.max_position_embeddings)
-            return kdt_fail(KDT_ERR_CAPACITY, "%s: stream %d: %d + %d tokens exceed max_position_embeddings %d", fn,
-                            sg->stream, len, sg->n, m->cfg.max_position_embeddings);
-        total += sg->n;
-        if (len + sg->n > max_keys) max_keys = len + sg->n;
+        total += segs[k].n;
+        if (kv->length[segs[k].stream] + segs[k].n > max_keys) max_keys = kv->length[segs[k].stream] + segs[k].n;
     }
-    KDT_CHECK_ARG(total <= KDT_MAX_PREFILL_CHUNK, "%s: %lld rows in %d segments (at most %d in a pass)", fn,
-                  (long long)total, n_segments, KDT_MAX_PREFILL_CHUNK);
     const int32_t R = (int32_t)total;
     int32_t *ids = malloc((size_t)n_segments * 2 * sizeof(int32_t));
     row_desc *rows = malloc((size_t)R * sizeof *rows);
-    plain_seg *plain = malloc((size_t)n_segments * sizeof *plain);
+    plain_seg *plain = calloc((size_t)n_segments, sizeof *plain);
     void *block = NULL;
     if (!ids || !rows || !plain) {
         st = kdt_fail(KDT_ERR_OUT_OF_MEMORY, "%s: %d rows", fn, R);

@@ -250,6 +250,14 @@ kdt_status kdt_resolve_stream_ids(const char *fn, const int32_t *stream_ids, int
                                   int32_t *ids);
 /* tok is a token id of the vocabulary; otherwise KDT_ERR_INVALID_ARG naming fn and what[i]. */
 kdt_status kdt_check_token(const char *fn, const kdt_model_config *cfg, int32_t tok, const char *what, int64_t i);
+/* The segments of a multi-stream prefill (kdt_model_prefill_many, kdt_gpu_stage_prefill_many): 1 ..
+ * max_streams of them, streams in range and distinct, tokens in the vocabulary, each 1 .. seg_max
+ * rows and all together at most total_max (the *_what strings name those bounds), every stream's
+ * length[] + n within max_position_embeddings. KDT_ERR_INVALID_ARG / KDT_ERR_CAPACITY naming fn. */
+kdt_status kdt_check_prefill_segments(const char *fn, const kdt_model_config *cfg, int32_t n_segments,
+                                      const kdt_prefill_segment *segs, int32_t max_streams, const int32_t *length,
+                                      int32_t seg_max, const char *seg_max_what, int32_t total_max,
+                                      const char *total_max_what);
 /* Tree stream s of a verify call for a stream of committed length P: 1..max_nodes nodes, parents
  * before children, depths and positions (P + depth) consistent and below max_position_embeddings,
  * tokens in the vocabulary, ancestor masks = {itself} + the parent's. KDT_ERR_MALFORMED_TREE /

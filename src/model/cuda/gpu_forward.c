@@ -452,30 +452,12 @@ kdt_status kdt_gpu_stage_prefill_many(kdt_gpu_runner *r, kdt_gpu_kv *c, int32_t 
                                       const kdt_prefill_segment *segs, int32_t last_only) {
     static const char fn[] = "kdt_gpu_stage_prefill_many";
     KDT_TRY(check_kv(fn, r, c));
-    KDT_CHECK_ARG(segs, "%s: segments is NULL", fn);
-    KDT_CHECK_ARG(n_segments >= 1 && n_segments <= c->max_streams, "%s: n_segments = %d (1..%d, the cache's streams)",
-                  fn, n_segments, c->max_streams);
     /* every check before any state changes: a refused call leaves the cache as it was */
-    int64_t total = 0;
+    KDT_TRY(kdt_check_prefill_segments(fn, &r->g->cfg, n_segments, segs, c->max_streams, c->length, r->opt.max_rows,
+                                       "the runner's max_rows", r->opt.max_rows, "the runner's max_rows"));
     for (int32_t k = 0; k < n_segments; k++) {
-        const kdt_prefill_segment *sg = &segs[k];
-        const int32_t stream = sg->stream, n = sg->n;
-        KDT_CHECK_ARG(stream >= 0 && stream < c->max_streams, "%s: segment %d: stream %d (0..%d)", fn, k, stream,
-                      c->max_streams - 1);
-        for (int32_t j = 0; j < k; j++)
-            KDT_CHECK_ARG(segs[j].stream != stream, "%s: stream %d in segments %d and %d", fn, stream, j, k);
-        KDT_CHECK_ARG(sg->tokens, "%s: segment %d: tokens is NULL", fn, k);
-        KDT_CHECK_ARG(n >= 1 && n <= r->opt.max_rows, "%s: segment %d: n = %d (1..%d, the runner's max_rows)", fn, k, n,
-                      r->opt.max_rows);
-        total += n;
-        KDT_CHECK_ARG(total <= r->opt.max_rows, "%s: %lld rows in %d segments exceed the runner's max_rows %d", fn,
-                      (long long)total, k + 1, r->opt.max_rows);
-        for (int32_t i = 0; i < n; i++) KDT_TRY(check_token(fn, r, sg->tokens[i], "tokens", i));
-        const int32_t len = c->length[stream];
-        if ((int64_t)len + n > r->g->cfg.max_position_embeddings)
-            return kdt_fail(KDT_ERR_CAPACITY, "%s: stream %d: %d + %d tokens exceed max_position_embeddings %d", fn,
-                            stream, len, n, r->g->cfg.max_position_embeddings);
-        KDT_TRY(check_reach(fn, r, stream, (int64_t)len + n - 1, (int64_t)len + n));
+        const int32_t len = c->length[segs[k].stream];
+        KDT_TRY(check_reach(fn, r, segs[k].stream, (int64_t)len + segs[k].n - 1, (int64_t)len + segs[k].n));
     }
     if (n_segments > r->cap_plain) {
         kdt_plain_seg *ps = realloc(r->plain_segs, (size_t)n_segments * sizeof *ps);
