@@ -108,12 +108,12 @@ if [ $EXPER = 1 ]; then
   # opt-in variants: correctness first (the model test's fixtures, bitwise contracts and greedy
   # runs with all GEMM variants on), then the probes, verify_attn, the layer bench per variant
   # ALL: every opt-in model variant at once (tiled experts forced: the small test models are
-  # row-major by default; the wgmma GEMMs from 2 rows; the plain attention on wgmma); OLD: session 7's defaults (2 CTAs per SM for the grouped GEMM,
+  # row-major by default; the wgmma GEMMs from 2 rows); OLD: session 7's defaults (2 CTAs per SM for the grouped GEMM,
   # row-major experts; dense launches of > 32 rows at 2 per SM and 64-row MoE items, as before
   # session 34); OLD8: session 8's (no programmatic dependent launch, 4 warps per 16-head
   # attention item, tiled experts everywhere, 3-stage grouped passes); OLD9: session 9's; kept
   # reachable for A/B runs
-  ALL="KDT_GPU_TILED_DENSE=1 KDT_GPU_TILED_EXPERTS=1 KDT_GEMM_WG_MIN=2 KDT_GPU_PLAIN_WG=1 ${KDT_EXP_ALL_EXTRA:-}"
+  ALL="KDT_GPU_TILED_DENSE=1 KDT_GPU_TILED_EXPERTS=1 KDT_GEMM_WG_MIN=2 ${KDT_EXP_ALL_EXTRA:-}"
   OLD="KDT_GEMM_GROUPED_PER_SM=2 KDT_GPU_TILED_EXPERTS=0 KDT_GEMM_WIDE3=0 KDT_GPU_ITEM_ROWS=64"
   OLD8="KDT_GPU_PDL=0 KDT_GPU_ATT_WARPS=4 KDT_GPU_TILED_EXPERTS=1 KDT_GEMM_GROUPED_CAP2=0"
   OLD9="KDT_GPU_PDL_ROWS=0 KDT_GPU_ROUTE_V1=1" # session 9's: GEMM-only PDL, the one-warp router
@@ -253,10 +253,12 @@ fi
 # rounds of each mode; racecheck 0 hazards in 291 s, session 23) and memcheck keeps the whole
 # tiny-pair test. SAN_PART_LIMIT: parts that need more than KDT_SAN_LIMIT seconds.
 # The model test's wgmma plain attention also gets a racecheck of its own (session 48: the quick
-# test_plain_prefill with it did not finish racecheck in 280 s on an H100).
+# test_plain_prefill with it did not finish racecheck in 280 s on an H100), of its kernels only
+# (SAN_PART_KERNEL: compute-sanitizer --kernel-name kns=...; 16 s on an H100, session 49).
 declare -A SAN_PARTS=([gpu_test_engine_gpu]="test_lossless_oracle test_tiny_pair:memcheck test_pair_brief test_random_ops_gpu"
                       [gpu_test_model_gpu]="- test_plain_wg:racecheck")
-declare -A SAN_PART_LIMIT=([test_pair_brief]=360 [test_random_ops_gpu]=300 [test_plain_wg]=300)
+declare -A SAN_PART_LIMIT=([test_pair_brief]=360 [test_random_ops_gpu]=300 [test_plain_wg]=120)
+declare -A SAN_PART_KERNEL=([test_plain_wg]=plain_attn_wg)
 SAN_ROWS=()
 if [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
   for t in "${TESTS[@]}"; do
@@ -272,7 +274,9 @@ if [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
         if [ $left -lt 20 ]; then r="skipped"; else
           cap=${SAN_PART_LIMIT[${only:--}]:-$SAN_LIMIT}
           lim=$(( left < cap ? left : cap ))
-          KDT_TEST_ONLY=$only KDT_TEST_QUICK=1 timeout $lim compute-sanitizer --tool $tool --error-exitcode 86 "$t" \
+          kern=${SAN_PART_KERNEL[${only:--}]:-}
+          KDT_TEST_ONLY=$only KDT_TEST_QUICK=1 timeout $lim compute-sanitizer --tool $tool --error-exitcode 86 \
+            ${kern:+--kernel-name kns=$kern} "$t" \
             >"$LOG/${row//:/.}.$tool.log" 2>&1
           rc=$?
           if [ $rc = 0 ]; then r=clean; elif [ $rc = 124 ]; then r="timeout"; else r=ERRORS; fail=1; fi

@@ -1020,8 +1020,12 @@ static int plain_runners_agree(const gmodel *m, kdt_gpu_runner *const *r, const 
 static void plain_blocks_same(const char *dir, const char *label, int n) {
     gmodel m;
     if (!gmodel_open_checked(&m, dir, label)) return;
-    kdt_gpu_runner *r[4] = {new_runner_form(m.g, 128, KDT_PREFILL_PLAIN), NULL, NULL, NULL};
+    /* the mma.sync kernel (the one 99 KB parts and the A100 run; one stage is its option), also
+     * on a device where the default is the wgmma one, which test_plain_wg holds to these bits */
     char *sb = env_save("KDT_GPU_PLAIN_BLOCK_KEYS"), *ss = env_save("KDT_GPU_PLAIN_STAGES");
+    char *sw = env_save("KDT_GPU_PLAIN_WG");
+    setenv("KDT_GPU_PLAIN_WG", "0", 1);
+    kdt_gpu_runner *r[4] = {new_runner_form(m.g, 128, KDT_PREFILL_PLAIN), NULL, NULL, NULL};
     setenv("KDT_GPU_PLAIN_BLOCK_KEYS", "64", 1);
     r[1] = new_runner_form(m.g, 128, KDT_PREFILL_PLAIN);
     r[2] = new_runner_form(m.g, 7, KDT_PREFILL_PLAIN);
@@ -1029,6 +1033,7 @@ static void plain_blocks_same(const char *dir, const char *label, int n) {
     r[3] = new_runner_form(m.g, 128, KDT_PREFILL_PLAIN);
     env_restore("KDT_GPU_PLAIN_STAGES", ss);
     env_restore("KDT_GPU_PLAIN_BLOCK_KEYS", sb);
+    env_restore("KDT_GPU_PLAIN_WG", sw);
     static const char *const what[4] = {"one block", "64-key blocks in 128-row chunks", "64-key blocks in 7-row chunks",
                                         "64-key blocks in 128-row chunks, one stage"};
     CHECK_MSG(r[0] && r[0]->plain_cap >= n && !r[0]->plain_state, "%s: the one-block runner", label);
@@ -1040,10 +1045,11 @@ static void plain_blocks_same(const char *dir, const char *label, int n) {
     gmodel_close(&m);
 }
 
-/* The plain attention on wgmma (plain_attn_wg, KDT_GPU_PLAIN_WG=1) against the mma.sync kernel:
- * bitwise the same logits in 128-row chunks, also with 64-key blocks (the state carried between
- * them). On a device that runs wgmma code with d_v padded to 64 or 128 the wgmma runner must have
- * taken it; elsewhere the check says so and compares two mma.sync runs. */
+/* The plain attention on wgmma (plain_attn_wg, the default; KDT_GPU_PLAIN_WG=0 turns it off)
+ * against the mma.sync kernel: bitwise the same logits in 128-row chunks, also with 64-key blocks
+ * (the state carried between them). On a device that runs wgmma code with d_v padded to 64 or 128
+ * the default runner must have taken it; elsewhere the check says so and compares two mma.sync
+ * runs. */
 static void plain_wg_same(const char *dir, const char *label, int n) {
     gmodel m;
     if (!gmodel_open_checked(&m, dir, label)) return;
@@ -1051,9 +1057,10 @@ static void plain_wg_same(const char *dir, const char *label, int n) {
     const int dqk_p = (c->qk_nope_head_dim + c->qk_rope_head_dim + 15) / 16 * 16;
     const size_t wsm = kdt_ap_plain_wg_smem(dqk_p, kdt_ap_plain_dv_pad(c->v_head_dim));
     const int expect = wsm > 0 && wsm <= m.g->smem_optin && kdt_plain_wg_device();
-    kdt_gpu_runner *r[3] = {new_runner_form(m.g, 128, KDT_PREFILL_PLAIN), NULL, NULL};
     char *sw = env_save("KDT_GPU_PLAIN_WG"), *sb = env_save("KDT_GPU_PLAIN_BLOCK_KEYS");
-    setenv("KDT_GPU_PLAIN_WG", "1", 1);
+    setenv("KDT_GPU_PLAIN_WG", "0", 1);
+    kdt_gpu_runner *r[3] = {new_runner_form(m.g, 128, KDT_PREFILL_PLAIN), NULL, NULL};
+    unsetenv("KDT_GPU_PLAIN_WG"); /* the default: wgmma where the device runs it */
     r[1] = new_runner_form(m.g, 128, KDT_PREFILL_PLAIN);
     setenv("KDT_GPU_PLAIN_BLOCK_KEYS", "64", 1);
     r[2] = new_runner_form(m.g, 128, KDT_PREFILL_PLAIN);

@@ -15,6 +15,11 @@
  *      and from random accumulators. The GPU model's attention (src/model/cuda/gpu_attn.cu) forms
  *      its 64-head scores with the first and its 16-head ones with the second, and its batch
  *      invariance (decode == tree verify, bitwise) rests on this.
+ *   4. O = alpha O + P V as the model's 64-head attention forms it for a 32-key tile: P [64][32] bf16
+ *      row-major in shared memory (ldmatrix into the register A operand), V the first 512 columns
+ *      of 32 key rows in 32-row slabs read N-major, 2 k16 steps of wgmma m64n256k16 per 256
+ *      columns, from random accumulators; against the same steps as mma.sync m16n8k16 (fragments
+ *      from global): bitwise, as check 3, on normal and spread inputs.
  * On a GPU that is not sm_90 it prints "skip" and exits 0; on an sm_90 GPU without sm_90a code in
  * the binary it fails. Built by CMake as gpu_test_wgmma_sm90 (label gpu). */
 #include "gpu_mma.cuh"
@@ -297,6 +302,98 @@ long chain_bits(int trials, uint64_t *st, long *compared) {
     return differ;
 }
 
+/* 4: O [64][512] from c0, P [64][32] (bf16), V = the first 512 columns of KV [32][576]. */
+constexpr int PK = 32, PPS = PK + 8; /* keys; P's shared row stride (bf16), as the attention's PS */
+constexpr size_t PSMEM = (size_t)SLABS * PK * 128 + 1024 + (size_t)ROWS * PPS * 2;
+__global__ void __launch_bounds__(128, 1)
+    pv_kernel(const uint16_t *p, const uint16_t *kv, const float *c0, float *out_wg, float *out_mma) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#if KDT_HAS_WGMMA
+    extern __shared__ unsigned char smem_raw[];
+    unsigned char *sv = reinterpret_cast<unsigned char *>(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint16_t *sp = reinterpret_cast<uint16_t *>(sv + SLABS * PK * 128);
+    for (int i = threadIdx.x; i < PK * (DQK / 8); i += blockDim.x) {
+        const int r = i / (DQK / 8), c = i % (DQK / 8);
+        *reinterpret_cast<uint4 *>(sv + (c / 8) * PK * 128 + wg::sw128_offset(r, (c % 8) * 8)) =
+            *reinterpret_cast<const uint4 *>(kv + (size_t)r * DQK + c * 8);
+    }
+    for (int i = threadIdx.x; i < ROWS * PK; i += blockDim.x) sp[(i / PK) * PPS + i % PK] = p[i];
+    wg::fence_proxy_async();
+    __syncthreads();
+    const uint32_t vb = (uint32_t)__cvta_generic_to_shared(sv);
+    uint32_t pf[PK / 16][4];
+    for (int kk = 0; kk < PK / 16; kk++) kg::ldsm_x4(pf[kk], sp + (16 * warp + (lane & 15)) * PPS + kk * 16 + (lane >> 4) * 8);
+    for (int half = 0; half < 2; half++) {
+        float d[128];
+        for (int j = 0; j < 32; j++)
+            for (int e = 0; e < 4; e++)
+                d[4 * j + e] = c0[(16 * warp + g + 8 * (e >> 1)) * DV + 256 * half + 8 * j + 2 * t + (e & 1)];
+        wg::fence();
+        for (int kk = 0; kk < PK / 16; kk++)
+            wg::mma_m64n256k16_rs_tb(d, pf[kk], wg::desc_v(vb, PK, 4 * half, kk, PK * 128, 1024), 1);
+        wg::commit();
+        wg::wait<0>();
+        for (int j = 0; j < 32; j++)
+            for (int e = 0; e < 4; e++)
+                out_wg[(16 * warp + g + 8 * (e >> 1)) * DV + 256 * half + 8 * j + 2 * t + (e & 1)] = d[4 * j + e];
+    }
+#endif
+    auto pk = [](uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); };
+    const int r0 = 16 * warp;
+    for (int n = 0; n < DV / 8; n++) {
+        float c[4];
+        for (int e = 0; e < 4; e++) c[e] = c0[(r0 + g + 8 * (e >> 1)) * DV + 8 * n + 2 * t + (e & 1)];
+        for (int kk = 0; kk < PK / 16; kk++) {
+            const uint16_t *pa0 = p + (r0 + g) * PK + 16 * kk, *pa1 = p + (r0 + g + 8) * PK + 16 * kk;
+            const uint32_t a[4] = {pk(pa0[2 * t], pa0[2 * t + 1]), pk(pa1[2 * t], pa1[2 * t + 1]),
+                                   pk(pa0[2 * t + 8], pa0[2 * t + 9]), pk(pa1[2 * t + 8], pa1[2 * t + 9])};
+            auto vat = [&](int k) { return kv[(size_t)(16 * kk + k) * DQK + 8 * n + g]; };
+            kg::mma16816(c, a, pk(vat(2 * t), vat(2 * t + 1)), pk(vat(2 * t + 8), vat(2 * t + 9)));
+        }
+        for (int e = 0; e < 4; e++) out_mma[(r0 + g + 8 * (e >> 1)) * DV + 8 * n + 2 * t + (e & 1)] = c[e];
+    }
+}
+
+/* Runs test 4 over `trials` fresh draws; returns the number of outputs whose bits differ. */
+long pv_bits(int trials, uint64_t *st, long *compared) {
+    std::vector<uint16_t> p(ROWS * PK), kv(PK * DQK);
+    std::vector<float> c0((size_t)ROWS * DV), ow(c0.size()), om(c0.size());
+    uint16_t *dp, *dkv;
+    float *dc, *dw, *dm;
+    CUDA_OK(cudaMalloc(&dp, 2 * p.size()));
+    CUDA_OK(cudaMalloc(&dkv, 2 * kv.size()));
+    CUDA_OK(cudaMalloc(&dc, 4 * c0.size()));
+    CUDA_OK(cudaMalloc(&dw, 4 * c0.size()));
+    CUDA_OK(cudaMalloc(&dm, 4 * c0.size()));
+    long differ = 0;
+    for (int trial = 0; trial < trials; trial++) {
+        const int mode = trial % 3; /* 0: P in [0, 1] (a softmax's), normal V; 1: V spread; 2: P spread too */
+        auto spread = [&](bool on) { return on ? ldexp(1.0, (int)(splitmix(st) % 17) - 8) : 1.0; };
+        for (auto &x : p) x = f32_to_bf16((float)(fabs(normal(st)) / 3.0 * spread(mode == 2)));
+        for (auto &x : kv) x = f32_to_bf16((float)(normal(st) * spread(mode >= 1)));
+        for (auto &x : c0) x = (float)(normal(st) * ldexp(1.0, (int)(splitmix(st) % 9) - 2));
+        CUDA_OK(cudaMemcpy(dp, p.data(), 2 * p.size(), cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(dkv, kv.data(), 2 * kv.size(), cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(dc, c0.data(), 4 * c0.size(), cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemset(dw, 0xff, 4 * c0.size()));
+        pv_kernel<<<1, 128, PSMEM>>>(dp, dkv, dc, dw, dm);
+        CUDA_OK(cudaGetLastError());
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(ow.data(), dw, 4 * ow.size(), cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(om.data(), dm, 4 * om.size(), cudaMemcpyDeviceToHost));
+        long d = 0;
+        size_t first = ow.size();
+        for (size_t i = 0; i < ow.size(); i++)
+            if (memcmp(&ow[i], &om[i], 4)) d++, first = first < i ? first : i;
+        if (d) printf("# P V, draw %d (mode %d): %ld of %zu outputs differ, e.g. [%zu] wgmma %.9g mma.sync %.9g\n", trial,
+                      mode, d, ow.size(), first, ow[first], om[first]);
+        differ += d;
+        *compared += (long)ow.size();
+    }
+    cudaFree(dp), cudaFree(dkv), cudaFree(dc), cudaFree(dw), cudaFree(dm);
+    return differ;
+}
+
 } // namespace
 
 int main() {
@@ -309,6 +406,7 @@ int main() {
     }
     CUDA_OK(cudaFuncSetAttribute(qk_pv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SMEM));
     CUDA_OK(cudaFuncSetAttribute(chains_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)CSMEM));
+    CUDA_OK(cudaFuncSetAttribute(pv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PSMEM));
     std::vector<uint16_t> q(ROWS * DQK), kv(KEYS * DQK);
     uint64_t st = 0x9e3779b97f4a7c15ull;
     for (auto &x : q) x = f32_to_bf16((float)normal(&st));
@@ -348,6 +446,11 @@ int main() {
     printf("%s - wgmma m64n32k16 chains == mma.sync m16n8k16 chains, bitwise: %ld of %ld results differ\n",
            differ == 0 && compared > 0 ? "ok" : "FAIL", differ, compared);
     fails += !(differ == 0 && compared > 0);
-    printf("%d passed, %d failed\n", 3 - fails, fails);
+    long pv_compared = 0;
+    const long pv_differ = pv_bits(getenv("KDT_TEST_QUICK") ? 30 : 300, &st, &pv_compared);
+    printf("%s - wgmma m64n256k16 P V (P via ldmatrix, V N-major 32-row slabs) == mma.sync, bitwise: %ld of %ld "
+           "outputs differ\n", pv_differ == 0 && pv_compared > 0 ? "ok" : "FAIL", pv_differ, pv_compared);
+    fails += !(pv_differ == 0 && pv_compared > 0);
+    printf("%d passed, %d failed\n", 4 - fails, fails);
     return fails ? 1 : 0;
 }

@@ -143,9 +143,10 @@ static kdt_status plain_setup(kdt_gpu_runner *r) {
     r->plain_dqk = dqk_p;
     r->plain_dv = dv_p;
     r->plain_stages = stages;
-    /* the wgmma attention: opt-in (KDT_GPU_PLAIN_WG=1) until it has run on a device */
+    /* the wgmma attention where the device runs it (mma.sync's bits; session 49's racecheck was
+     * clean); KDT_GPU_PLAIN_WG=0 keeps the mma.sync kernel */
     const size_t wg_smem = kdt_ap_plain_wg_smem(dqk_p, dv_p);
-    r->plain_wg = kdt_g_env_is("KDT_GPU_PLAIN_WG", '1') && wg_smem > 0 && wg_smem <= g->smem_optin &&
+    r->plain_wg = !kdt_g_env_is("KDT_GPU_PLAIN_WG", '0') && wg_smem > 0 && wg_smem <= g->smem_optin &&
                   kdt_plain_wg_device();
     KDT_TRY(kdt_plain_init(dqk_p, dv_p, stages, r->plain_wg));
     const size_t n = (size_t)c->n_heads * r->plain_cap;

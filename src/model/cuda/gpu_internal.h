@@ -35,9 +35,18 @@ static inline int kdt_g_env_is(const char *name, char c) {
 #define KDT_G_ITEM_ROWS_MIN 32 /* smallest item of the MoE plan (sizes the item list) */
 #define KDT_G_GU_BLOCK 32     /* gate/up interleave: 32 gate rows then 32 up rows per 64 */
 #define KDT_G_ATT_TILE 32     /* keys per attention tile */
+/* The attention's split rule (gpu_attn.cu split_keys) sets every GPU result's bits, so it is fixed
+ * at build time; the #ifndef lets a measurement build (-D...) try another rule. */
+#ifndef KDT_G_ATT_SPLIT
 #define KDT_G_ATT_SPLIT 512   /* most keys per attention split of rows with 4097..32768 keys */
+#endif
+#ifndef KDT_G_ATT_SPLIT_SHORT
 #define KDT_G_ATT_SPLIT_SHORT 128 /* keys per split of rows with <= KDT_G_ATT_SHORT_KEYS keys: short
                                      rows get more CTAs (a decode row is otherwise one serial CTA) */
+#endif
+#ifndef KDT_G_ATT_TARGET_SPLITS
+#define KDT_G_ATT_TARGET_SPLITS 32 /* splits a row of KDT_G_ATT_SHORT_KEYS.. keys aims at */
+#endif
 #define KDT_G_ATT_SHORT_KEYS 4096
 #define KDT_G_ATT_MAX_SPLITS 64
 #define KDT_GPU_TREE_STREAMS 64 /* streams of one device-staged verify pass */
@@ -246,9 +255,9 @@ struct kdt_gpu_runner {
     /* the plain prefill form (gpu_plain.cu): scratch when opt.prefill_attention allows it */
     uint16_t *plain_k, *plain_v;    /* [2][H][plain_cap][plain_dqk], [2][H][plain_cap][plain_dv]: hi, lo */
     int32_t plain_cap, plain_dqk, plain_dv, plain_stages;
-    int32_t plain_wg;               /* the attention on wgmma (plain_attn_wg): KDT_GPU_PLAIN_WG=1 on
-                                       a device that runs it, d_v padded to 64 or 128, its shared
-                                       memory allowed (opt-in until run) */
+    int32_t plain_wg;               /* the attention on wgmma (plain_attn_wg): on a device that
+                                       runs it, d_v padded to 64 or 128, its shared memory allowed,
+                                       unless KDT_GPU_PLAIN_WG=0 */
     float *plain_state;             /* [max_rows][H][plain_dv + 8] softmax states between key blocks
                                        (only when max_keys > plain_cap) */
     /* the staged pass's attention forms: the absorbed one over every row (decode, verify, and
