@@ -36,7 +36,8 @@ static inline int kdt_g_env_is(const char *name, char c) {
 #define KDT_G_GU_BLOCK 32     /* gate/up interleave: 32 gate rows then 32 up rows per 64 */
 #define KDT_G_ATT_TILE 32     /* keys per attention tile */
 /* The attention's split rule (gpu_attn.cu split_keys) sets every GPU result's bits, so it is fixed
- * at build time; the #ifndef lets a measurement build (-D...) try another rule. */
+ * at build time; the #ifndef lets a measurement build try another rule (pass the -D to both
+ * CMAKE_C_FLAGS and CMAKE_CUDA_FLAGS: gpu_forward.c sizes the partials with them too). */
 #ifndef KDT_G_ATT_SPLIT
 #define KDT_G_ATT_SPLIT 512   /* most keys per attention split of rows with 4097..32768 keys */
 #endif
