@@ -639,7 +639,17 @@ kdt_status kdt_plain_init(int32_t dqk_p, int32_t dv_p, int32_t stages, int32_t w
     }
 }
 
+/* Whether the current device runs plain_attn_wg's wgmma code: a synchronous probe (never during a
+ * capture), once per device and process, since every runner with the plain form asks (the default
+ * since session 49) */
 int kdt_plain_wg_device(void) {
+    static int known[16]; /* 0: not asked yet, 1: yes, 2: no (a race only repeats the probe) */
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) {
+        cudaGetLastError();
+        return 0;
+    }
+    if (known[dev]) return known[dev] == 1;
     int *d = nullptr, h = 0;
     cudaError_t e = cudaMalloc(&d, sizeof(int));
     if (e == cudaSuccess) {
@@ -649,7 +659,8 @@ int kdt_plain_wg_device(void) {
     if (e == cudaSuccess) e = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost);
     if (d) cudaFree(d);
     cudaGetLastError(); /* a failure here only means no wgmma */
-    return e == cudaSuccess && h == 1;
+    known[dev] = e == cudaSuccess && h == 1 ? 1 : 2;
+    return known[dev] == 1;
 }
 
 kdt_status kdt_plain_launch(const kdt_plain_args *a, const kdt_gmat *uk_t, const kdt_gmat *uv, cudaStream_t s) {
