@@ -200,6 +200,10 @@ double kdt_round_surrogate(const kdt_engine *e, const kdt_tree *tree, int32_t s)
 /* Grows a host float buffer (engine-owned, e.g. e->logits) to at least `need` floats. */
 kdt_status kdt_round_grow_f32(float **buf, int64_t *cap, int64_t need, const char *what);
 kdt_sampler_params kdt_round_sampler_of(const eng_stream *s);
+/* whether stream s's prefill rows produce taps for its drafter context */
+static inline int kdt_round_prefill_taps(const kdt_engine *e, const eng_stream *s) {
+    return s->drafts && e->drafter && e->n_taps > 0;
+}
 int32_t kdt_round_emit(eng_stream *s, const int32_t *toks, int32_t n, int32_t *ev);
 void kdt_round_event(kdt_stream_event *events, int32_t *n_ev, const eng_stream *s, const int32_t *toks,
                      int32_t n, int32_t tau);

@@ -105,7 +105,7 @@ kdt_status kdt_round_pass_segments(const kdt_engine *e, int32_t n, const int32_t
             if (s->params.temperature > 0.0f) info->any_sampled = 1;
             else info->any_greedy = 1;
         }
-        if (s->drafts && e->drafter && e->n_taps > 0) info->any_taps = 1;
+        if (kdt_round_prefill_taps(e, s)) info->any_taps = 1;
     }
     if (info->rows > q) return kdt_fail(KDT_ERR_INTERNAL, "engine prefill: %d rows in a %d-row pass", info->rows, q);
     return KDT_OK;
@@ -151,7 +151,7 @@ static kdt_status prefill_pass_cpu(kdt_engine *e, int32_t n, const int32_t *slot
     KDT_TRY(kdt_model_prefill_many(e->model, e->kv, n, sg, &out));
     for (int32_t k = 0, row = 0; k < n; row += n_rows[k], k++) {
         const eng_stream *s = &e->streams[slots[k]];
-        if (s->drafts && e->drafter && e->n_taps > 0) /* its rows join its drafter context */
+        if (kdt_round_prefill_taps(e, s)) /* its rows join its drafter context */
             KDT_TRY(kdt_dflash_ctx_append(e->drafter, s->dctx, e->taps + (int64_t)row * e->n_taps * D, n_rows[k]));
     }
     kdt_round_pass_finish(e, n, slots, from, n_rows, e->logits, e->argmax, first_token);

@@ -804,13 +804,8 @@ kdt_status kdt_model_prefill_many(const kdt_model *m, kdt_kv_cache *kv, int32_t 
      * is one chunk of kdt_model_prefill's, so that its rows get that call's bits */
     KDT_TRY(kdt_check_prefill_segments(fn, &m->cfg, n_segments, segs, kv->max_streams, kv->length, m->opt.prefill_chunk,
                                        "the model's prefill_chunk", KDT_MAX_PREFILL_CHUNK, "the most rows of a pass"));
-    int64_t total = 0;
-    int32_t max_keys = 1;
-    for (int32_t k = 0; k < n_segments; k++) {
-        total += segs[k].n;
-        if (kv->length[segs[k].stream] + segs[k].n > max_keys) max_keys = kv->length[segs[k].stream] + segs[k].n;
-    }
-    const int32_t R = (int32_t)total;
+    int32_t R = 0, max_keys = 1; /* the check bounds the rows by KDT_MAX_PREFILL_CHUNK */
+    for (int32_t k = 0; k < n_segments; k++) R += segs[k].n;
     int32_t *ids = malloc((size_t)n_segments * 2 * sizeof(int32_t));
     row_desc *rows = malloc((size_t)R * sizeof *rows);
     plain_seg *plain = calloc((size_t)n_segments, sizeof *plain);
@@ -823,6 +818,7 @@ kdt_status kdt_model_prefill_many(const kdt_model *m, kdt_kv_cache *kv, int32_t 
     for (int32_t k = 0; k < n_segments; k++) {
         ids[k] = segs[k].stream;
         need[k] = kv->length[segs[k].stream] + segs[k].n;
+        if (need[k] > max_keys) max_keys = need[k];
     }
     if ((st = kdt_kv_reserve_many(kv, n_segments, ids, need)) != KDT_OK) goto done;
     int32_t row = 0, n_plain = 0, absorbed = 0;

@@ -56,14 +56,15 @@ constexpr int TPR = 8;         /* softmax threads per head row, TILE / TPR keys 
 constexpr int QCH = 4;         /* k-step chains of one S element */
 constexpr int MAX_ST = 3;      /* deepest KV ring */
 
-/* Keys per split: 128 up to KDT_G_ATT_SHORT_KEYS keys; then about 32 (KDT_G_ATT_TARGET_SPLITS) splits (a multiple of the
- * tile) while that is at most KDT_G_ATT_SPLIT keys, so a long decode row still gets ~32 CTAs per
- * head group instead of 9..32 serial 512-key splits; then KDT_G_ATT_SPLIT up to 64 splits; then
- * 64 splits. A function of n_keys alone; n_splits <= KDT_G_ATT_MAX_SPLITS. */
+/* Keys per split: 128 (KDT_G_ATT_SPLIT_SHORT) up to KDT_G_ATT_SHORT_KEYS keys; then about 32
+ * (KDT_G_ATT_TARGET_SPLITS) splits, a multiple of the tile, while that is at most KDT_G_ATT_SPLIT
+ * keys, so a long decode row still gets ~32 CTAs per head group instead of 9..32 serial 512-key
+ * splits; then KDT_G_ATT_SPLIT up to 64 splits; then 64 splits. A function of n_keys alone;
+ * n_splits <= KDT_G_ATT_MAX_SPLITS. */
 __host__ __device__ inline int split_keys(int n_keys) {
     if (n_keys <= KDT_G_ATT_SHORT_KEYS) return KDT_G_ATT_SPLIT_SHORT;
-    const int per32 = ((n_keys + KDT_G_ATT_TARGET_SPLITS - 1) / KDT_G_ATT_TARGET_SPLITS + TILE - 1) / TILE * TILE;
-    if (per32 <= KDT_G_ATT_SPLIT) return per32;
+    const int even = ((n_keys + KDT_G_ATT_TARGET_SPLITS - 1) / KDT_G_ATT_TARGET_SPLITS + TILE - 1) / TILE * TILE;
+    if (even <= KDT_G_ATT_SPLIT) return even;
     if (n_keys <= 64 * KDT_G_ATT_SPLIT) return KDT_G_ATT_SPLIT;
     const int per = (n_keys + KDT_G_ATT_MAX_SPLITS - 1) / KDT_G_ATT_MAX_SPLITS;
     return (per + TILE - 1) / TILE * TILE;
