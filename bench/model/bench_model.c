@@ -39,7 +39,9 @@
  * (A) and n times with them set (B), in the order A B B A A B ..., every graph captured afresh
  * (the forward reads its switches at capture; those read at weight upload, KDT_GPU_TILED_*, do
  * not change); rows of B are marked "+ab". A process builds the weights once, so an A/B costs one
- * model build instead of one per reading. */
+ * model build instead of one per reading.
+ * KDT_BENCH_MODEL_ATT_KB=n: the prefill runner's attention-partials budget in KiB (default 512 MiB:
+ * a 2,048-row chunk's absorbed attention then runs in windows of rows; a large n, one launch). */
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -203,7 +205,7 @@ static void bench_tiny(const char *name) {
     const int Ss[3] = {1, 8, 64};
     for (int k = 0; k < 3; k++) {
         const int S = Ss[k];
-        kdt_gpu_runner_options ro = {S > ctx ? S : ctx, 0, 0, 0, 0, 0, NULL, KDT_PREFILL_ABSORBED};
+        kdt_gpu_runner_options ro = {S > ctx ? S : ctx, 0, 0, 0, 0, 0, NULL, KDT_PREFILL_ABSORBED, 0, 0};
         kdt_gpu_runner *r;
         BENCH_OK(kdt_gpu_runner_create(g, &ro, &r));
         kdt_kv_cache_options ko = {S * 4 + 4, S, 0};
@@ -640,7 +642,7 @@ static void bench_kimi(double copy_gbps) {
            wb.routed_expert / 1e6, wb.shared_expert / 1e6);
     const int V = c->vocab_size, E = c->n_routed_experts, Smax = 64, Nmax = 65;
     const double row_bytes = (double)(c->kv_lora_rank + c->qk_rope_head_dim) * 2;
-    kdt_gpu_runner_options ro = {Nmax, bench_prefix + Nmax + 1, Nmax, 0, 0, 0, NULL, KDT_PREFILL_ABSORBED};
+    kdt_gpu_runner_options ro = {Nmax, bench_prefix + Nmax + 1, Nmax, 0, 0, 0, NULL, KDT_PREFILL_ABSORBED, 0, 0};
     kdt_gpu_runner *r;
     BENCH_OK(kdt_gpu_runner_create(g, &ro, &r));
     kdt_kv_cache_options ko = {Smax * ((bench_prefix + Nmax + 63) / 64 + 1), Smax, 0};
@@ -653,7 +655,11 @@ static void bench_kimi(double copy_gbps) {
     kdt_gpu_kv *kvp = NULL;
     if (shape_mode == 0 || shape_mode == 3) {
         kdt_gpu_runner_options po = {KIMI_PREFILL_MAX, prefill_prefix + KIMI_PREFILL_MAX + 1, 0, 0, 0, 0, NULL,
-                                     KDT_PREFILL_AUTO};
+                                     KDT_PREFILL_AUTO, 0, 0};
+        /* KDT_BENCH_MODEL_ATT_KB=n: the attention partials' budget (attn_workspace_kb; an A/B of the
+         * windows a long chunk's absorbed attention runs in) */
+        const char *ak = getenv("KDT_BENCH_MODEL_ATT_KB");
+        if (ak && atoi(ak) > 0) po.attn_workspace_kb = atoi(ak);
         kdt_kv_cache_options pk = {prefill_streams * ((prefill_prefix + KIMI_PREFILL_MAX) / 64 + 2), prefill_streams, 0};
         if (kdt_gpu_runner_create(g, &po, &rp) != KDT_OK || kdt_gpu_kv_create(g, &pk, &kvp) != KDT_OK) {
             printf("  prefill rows skipped: %s\n", kdt_last_error());

@@ -401,6 +401,17 @@ typedef struct kdt_gpu_runner_options {
                                same bits). Plain needs d_n + d_r <= 256,
                                d_v <= 256 and the shared memory for them (else
                                KDT_ERR_UNSUPPORTED; auto then stays absorbed). */
+    int32_t max_tree_rows;  /* the most rows of a device-staged verify pass
+                               (kdt_gpu_stage_verify_device: streams x max_nodes); 0 = max_nodes.
+                               Such a pass runs its attention in one launch, so the partial
+                               workspace holds its worst case (max_tree_rows x the splits of a
+                               max_keys row) whatever attn_workspace_kb says */
+    int32_t attn_workspace_kb; /* the absorbed attention's split partials, KiB (0 = 524288, i.e.
+                               512 MiB; at least what max_tree_rows needs). A host-staged pass
+                               whose rows need more (a long prefill chunk over a long prefix:
+                               2,048 rows x 64 splits of a Kimi row are 17 GB) runs its attention
+                               in windows of consecutive rows that fit; a row's bits do not
+                               depend on the windows */
 } kdt_gpu_runner_options;
 #define KDT_GPU_PLAIN_MAX_KEYS 16384
 

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <vector>
 #include <algorithm>
+#include <string>
 
 extern "C" kdt_status kdt_fail(kdt_status s, const char *fmt, ...) {
     va_list ap;
@@ -677,6 +678,32 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
             }
             cudaFree(h1);
             cudaFree(h2);
+            /* the runner's launch (kdt_grouped_launch_ws): split, ss and v2 kernels, of which the
+             * plan's rows per item let one run (KDT_GEMM_SS_ITEM_ROWS 1: ss; 100000: v2) */
+            char *was_rows = getenv("KDT_GEMM_SS_ITEM_ROWS"), *was_pairs = getenv("KDT_GEMM_WG_PAIRS");
+            std::string keep_rows = was_rows ? was_rows : "", keep_pairs = was_pairs ? was_pairs : "";
+            setenv("KDT_GEMM_WG_PAIRS", "1", 1);
+            for (int pick = 0; pick < 2; pick++) {
+                setenv("KDT_GEMM_SS_ITEM_ROWS", pick ? "100000" : "1", 1);
+                kdt_grouped_args ad = at, bd = bt;
+                ad.max_item_rows = bd.max_item_rows = 64;
+                ad.n_pairs_hint = bd.n_pairs_hint = std::max(pairs, 1);
+                poison(y2, b0);
+                poison(z2, b1);
+                if (kdt_grouped_launch_ws(&ad, g_stages, 0, ws_x, (int64_t)2 * xrows * ld_d, d_xm, xrows, d_pe, ld_d) !=
+                        KDT_OK ||
+                    kdt_grouped_launch_ws(&bd, g_stages, 0, ws_h, (int64_t)2 * std::max(pairs, 1) * ld_i, d_xm, xrows,
+                                          d_pe, ld_i) != KDT_OK)
+                    n_fail++;
+                CK(cudaGetLastError());
+                CK(cudaDeviceSynchronize());
+                snprintf(what, sizeof what, "tiled weights, the runner's two-kernel launch (%s runs)", pick ? "v2" : "ss");
+                same_gu_down(what);
+            }
+            if (was_rows) setenv("KDT_GEMM_SS_ITEM_ROWS", keep_rows.c_str(), 1);
+            else unsetenv("KDT_GEMM_SS_ITEM_ROWS");
+            if (was_pairs) setenv("KDT_GEMM_WG_PAIRS", keep_pairs.c_str(), 1);
+            else unsetenv("KDT_GEMM_WG_PAIRS");
         }
         for (auto q : tbufs) cudaFree(q);
         cudaFree(tmp);

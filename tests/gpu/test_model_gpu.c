@@ -23,7 +23,8 @@
  *   verify -> accept -> kdt_gpu_kv_commit -> decode == decoding the accepted path;
  *   CUDA-graph replay == eager run, for decode and verify, on the captured batch and on new ones;
  *   64 vs 16 heads per attention item, and 4 vs 8 warps per 16-head item (Kimi dimensions), give
- *   the same bits.
+ *   the same bits;
+ *   the absorbed attention in windows of rows (a pass past the partials' budget) == one launch.
  * Bad inputs: clear errors, nothing changed. Device outputs are poisoned before every call and
  * every produced row is checked (finite logits, argmax in range, padding rows untouched).
  * Random small specs (tm_random_spec, the CPU test's generator; rope widened where d_c + rope is
@@ -70,7 +71,7 @@ static kdt_gpu_model *to_gpu(const kdt_model *m) {
 }
 
 static kdt_gpu_runner *new_runner(const kdt_gpu_model *g, int max_rows, int max_nodes, int max_taps, int hg) {
-    kdt_gpu_runner_options o = {max_rows, 0, max_nodes, max_taps, 1, hg, NULL, KDT_PREFILL_ABSORBED};
+    kdt_gpu_runner_options o = {max_rows, 0, max_nodes, max_taps, 1, hg, NULL, KDT_PREFILL_ABSORBED, 0, 0};
     kdt_gpu_runner *r = NULL;
     if (kdt_gpu_runner_create(g, &o, &r) != KDT_OK) fprintf(stderr, "  runner: %s\n", kdt_last_error());
     return r;
@@ -778,7 +779,7 @@ static void env_restore(const char *name, char *saved) {
 
 
 static kdt_gpu_runner *new_runner_form(const kdt_gpu_model *g, int max_rows, int form) {
-    kdt_gpu_runner_options o = {max_rows, 0, 0, 0, 1, 0, NULL, form};
+    kdt_gpu_runner_options o = {max_rows, 0, 0, 0, 1, 0, NULL, form, 0, 0};
     kdt_gpu_runner *r = NULL;
     if (kdt_gpu_runner_create(g, &o, &r) != KDT_OK) fprintf(stderr, "  runner (form %d): %s\n", form, kdt_last_error());
     return r;
@@ -936,7 +937,7 @@ static void plain_graph_and_switch(void) {
     CHECK_EQ_INT(kdt_gpu_runner_set_prefill_attention(ra, KDT_PREFILL_PLAIN), KDT_ERR_INVALID_ARG);
     CHECK_EQ_INT(kdt_gpu_runner_set_prefill_attention(rp, KDT_PREFILL_AUTO), KDT_OK);
     CHECK_EQ_INT(kdt_gpu_runner_set_prefill_attention(rp, 7), KDT_ERR_INVALID_ARG);
-    kdt_gpu_runner_options bad = {8, 0, 0, 0, 0, 0, NULL, 5};
+    kdt_gpu_runner_options bad = {8, 0, 0, 0, 0, 0, NULL, 5, 0, 0};
     kdt_gpu_runner *rb = NULL;
     CHECK_EQ_INT(kdt_gpu_runner_create(m.g, &bad, &rb), KDT_ERR_INVALID_ARG);
     kdt_gpu_kv_free(kv);
@@ -1464,6 +1465,98 @@ static void test_graph_replay(void) {
     gmodel_close(&m);
 }
 
+/* The absorbed attention in windows of rows (a pass whose splits exceed the partials' budget,
+ * attn_workspace_kb) gives every row the bits of one launch: a runner whose budget holds 8 splits
+ * (windows of 4-8 rows over 100-180 keys) against one with the default budget, on the logits of
+ * every prefill row, the KV rows and a decode step after. A graph captured on a windowed pass
+ * replays it and refuses a pass of other windows; device-staged trees above max_tree_rows and bad
+ * budgets are refused at once. */
+static void test_attn_windows(void) {
+    gmodel m;
+    if (!gmodel_open_fixture(&m, "kimi_tiny")) return;
+    const kdt_model_config *c = &m.cpu->cfg;
+    const int V = c->vocab_size, dq = c->kv_lora_rank + c->qk_rope_head_dim, n = quick ? 90 : 180;
+    int32_t toks[181];
+    uint64_t rng = 41;
+    for (int i = 0; i < 181; i++) toks[i] = t_rand_int(&rng, V); /* the graph case reads 105 */
+    kdt_gpu_runner_options ow = {64, 0, 1, 0, 1, 0, NULL, KDT_PREFILL_ABSORBED, 1, 1};
+    kdt_gpu_runner *rw = NULL, *r1 = new_runner(m.g, 64, 0, 0, 0);
+    CHECK_EQ_INT(kdt_gpu_runner_create(m.g, &ow, &rw), KDT_OK);
+    kdt_gpu_kv *kw = new_gkv(m.g, 4, 1), *k1 = new_gkv(m.g, 4, 1);
+    float *a = xmalloc((size_t)181 * V * 4), *b = xmalloc((size_t)181 * V * 4); /* n rows, and 104 below */
+    fill_nan(a, (size_t)n * V);
+    fill_nan(b, (size_t)n * V);
+    kdt_model_outputs oa = {a, NULL, 0, 0, NULL, NULL}, ob = {b, NULL, 0, 0, NULL, NULL};
+    if (rw && r1) {
+        CHECK_EQ_INT(kdt_gpu_prefill(rw, kw, 0, toks, n, &oa), KDT_OK); /* chunks of 64 */
+        CHECK(rw->max_splits_total == 8 && rw->n_windows > 1);
+        CHECK_EQ_INT(kdt_gpu_prefill(r1, k1, 0, toks, n, &ob), KDT_OK);
+        CHECK_EQ_INT(r1->n_windows, 1);
+        CHECK(all_finite(a, (size_t)n * V));
+        CHECK_MSG(memcmp(a, b, (size_t)n * V * 4) == 0, "prefill logits differ with attention windows (%d of them)",
+                  rw->n_windows);
+        for (int t = 0; t < n; t++) CHECK(rows_equal(kw, 0, t, k1, 0, t, c->n_layers, dq));
+        oa.logits = a;
+        ob.logits = b;
+        CHECK_EQ_INT(kdt_gpu_decode(rw, kw, 1, NULL, toks + n, &oa), KDT_OK);
+        CHECK_EQ_INT(kdt_gpu_decode(r1, k1, 1, NULL, toks + n, &ob), KDT_OK);
+        CHECK(memcmp(a, b, (size_t)V * 4) == 0);
+        /* a graph of a windowed pass: replays the same staging, refuses a one-window pass */
+        kdt_gpu_kv *kg = new_gkv(m.g, 4, 1);
+        const kdt_gpu_run_config rc = {64, 1, 1, 0, NULL};
+        kdt_gpu_graph *gr = NULL;
+        CHECK_EQ_INT(kdt_gpu_prefill(rw, kg, 0, toks, 64, NULL), KDT_OK);
+        CHECK_EQ_INT(kdt_gpu_stage_prefill(rw, kg, 0, toks + 64, 40, 0), KDT_OK);
+        const int nw = rw->n_windows;
+        CHECK(nw > 1);
+        CHECK_EQ_INT(kdt_gpu_graph_capture(rw, kg, &rc, &gr), KDT_OK);
+        if (gr) {
+            poison_device(rw);
+            CHECK_EQ_INT(kdt_gpu_graph_launch(gr), KDT_OK);
+            read_outputs(rw, 40, a, NULL);
+            kdt_gpu_kv *kr = new_gkv(m.g, 4, 1);
+            fill_nan(b, (size_t)n * V);
+            ob.logits = b;
+            CHECK_EQ_INT(kdt_gpu_prefill(r1, kr, 0, toks, 104, &ob), KDT_OK);
+            CHECK_MSG(memcmp(a, b + (size_t)64 * V, (size_t)40 * V * 4) == 0,
+                      "a graph of a windowed pass differs from one launch");
+            CHECK_EQ_INT(kdt_gpu_stage_decode(rw, kg, 1, NULL, toks + 104), KDT_OK);
+            CHECK_EQ_INT(kdt_gpu_graph_launch(gr), KDT_ERR_INVALID_ARG);
+            CHECK(strstr(kdt_last_error(), "window") != NULL);
+            kdt_gpu_kv_free(kr);
+        }
+        kdt_gpu_graph_free(gr);
+        kdt_gpu_kv_free(kg);
+    }
+    /* a device-staged tree of more rows than max_tree_rows (r1: max_nodes 64, so 64) is refused
+     * before the device tree is read */
+    kdt_gpu_kv *k2 = new_gkv(m.g, 4, 2);
+    if (r1 && k2) {
+        int32_t dummy[2] = {0, 0};
+        uint64_t dmask[2] = {0, 0};
+        const kdt_tree dt = {2, 64, dummy, dummy, NULL, NULL, NULL, NULL, dummy, NULL, dmask};
+        const int32_t ids[2] = {0, 1}, nb[2] = {1, 1}, db[2] = {0, 0};
+        CHECK_EQ_INT(kdt_gpu_stage_verify_device(r1, k2, &dt, ids, nb, db), KDT_ERR_INVALID_ARG);
+        CHECK(strstr(kdt_last_error(), "max_tree_rows") != NULL);
+        CHECK_EQ_INT(kdt_gpu_kv_stream_length(k2, 0), 0);
+    }
+    kdt_gpu_kv_free(k2);
+    /* option checks */
+    kdt_gpu_runner *rb = NULL;
+    kdt_gpu_runner_options bad = ow;
+    bad.max_tree_rows = 65;
+    CHECK_EQ_INT(kdt_gpu_runner_create(m.g, &bad, &rb), KDT_ERR_INVALID_ARG);
+    CHECK(strstr(kdt_last_error(), "max_tree_rows") != NULL);
+    bad = ow;
+    bad.attn_workspace_kb = -1;
+    CHECK_EQ_INT(kdt_gpu_runner_create(m.g, &bad, &rb), KDT_ERR_INVALID_ARG);
+    CHECK(rb == NULL);
+    free(a); free(b);
+    kdt_gpu_kv_free(kw); kdt_gpu_kv_free(k1);
+    kdt_gpu_runner_free(rw); kdt_gpu_runner_free(r1);
+    gmodel_close(&m);
+}
+
 static void test_bad_inputs(void) {
     gmodel m;
     if (!gmodel_open_fixture(&m, "kimi_tiny")) return;
@@ -1488,7 +1581,7 @@ static void test_bad_inputs(void) {
     int32_t dup[2] = {0, 0}, tk[2] = {1, 2};
     CHECK_EQ_INT(kdt_gpu_decode(r, kv, 2, dup, tk, NULL), KDT_ERR_INVALID_ARG);
     /* outputs the runner has no buffer for */
-    kdt_gpu_runner_options ro = {4, 0, 0, 0, 0, 0, NULL, KDT_PREFILL_ABSORBED};
+    kdt_gpu_runner_options ro = {4, 0, 0, 0, 0, 0, NULL, KDT_PREFILL_ABSORBED, 0, 0};
     kdt_gpu_runner *r0 = NULL;
     CHECK_EQ_INT(kdt_gpu_runner_create(m.g, &ro, &r0), KDT_OK);
     float lg[1024];
@@ -1528,7 +1621,7 @@ static void test_bad_inputs(void) {
     /* commit without its arrays */
     CHECK_EQ_INT(kdt_gpu_kv_commit(r, kv, 1, NULL, NULL, NULL), KDT_ERR_INVALID_ARG);
     /* keys beyond the runner's max_keys */
-    kdt_gpu_runner_options rk = {16, 40, 8, 0, 0, 0, NULL, KDT_PREFILL_ABSORBED};
+    kdt_gpu_runner_options rk = {16, 40, 8, 0, 0, 0, NULL, KDT_PREFILL_ABSORBED, 0, 0};
     kdt_gpu_runner *rs = NULL;
     CHECK_EQ_INT(kdt_gpu_runner_create(m.g, &rk, &rs), KDT_OK);
     kdt_gpu_kv *k2 = new_gkv(m.g, 2, 1);
@@ -1877,7 +1970,7 @@ static void test_kimi_dims(void) {
     decode_invariance(&m, 20, 31);
     verify_vs_decode(&m, 3, 24, 0, 32);
     const int cc_major = gpu_test_cc_major();
-    kdt_gpu_runner_options o64 = {3 * 40, 0, 40, 0, 1, 64, NULL, KDT_PREFILL_ABSORBED};
+    kdt_gpu_runner_options o64 = {3 * 40, 0, 40, 0, 1, 64, NULL, KDT_PREFILL_ABSORBED, 0, 0};
     kdt_gpu_runner *r64 = NULL;
     if (kdt_gpu_runner_create(m.g, &o64, &r64) == KDT_OK) {
         verify_vs_decode(&m, 3, 6, 64, 33); /* verify == decode with either setting forced */
@@ -2006,6 +2099,7 @@ int main(void) {
     T_RUN(test_commit_then_decode);
     T_RUN(test_graph_replay);
     T_RUN(test_bad_inputs);
+    T_RUN(test_attn_windows);
     T_RUN(test_router_wide);
     T_RUN(test_fused_swiglu);
     T_RUN(test_shared_apart);

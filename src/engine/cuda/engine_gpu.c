@@ -282,6 +282,7 @@ static kdt_status create_runner(kdt_engine *e, eng_gpu *g) {
     ro.max_rows = g->MS * g->MN > C ? g->MS * g->MN : C;
     ro.max_keys = e->max_context + g->MN;
     ro.max_nodes = g->MN;
+    ro.max_tree_rows = g->MS * g->MN; /* a round's verify pass (device-staged) */
     ro.max_taps = e->n_taps;
     ro.logits = 1; /* T > 0 streams sample from the logits */
     ro.prefill_attention = e->prefill_attention; /* auto: per chunk, gpu_forward.c */

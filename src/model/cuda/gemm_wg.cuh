@@ -391,10 +391,19 @@ __device__ __forceinline__ void split8(const float *xr, int k0, int kx, uint16_t
     *reinterpret_cast<uint4 *>(lo) = make_uint4(l[0], l[1], l[2], l[3]);
 }
 
+/* A grouped launch of two kernels (kdt_grouped_args::ss_min_rows > 0): whether the plan (device
+ * counts: items, pairs) takes the ss kernel, whose CTAs pay for 64-row items, or v2. */
+__device__ __forceinline__ bool ss_takes(const int32_t *counts, int min_rows) {
+    return counts[1] >= min_rows * counts[0];
+}
+
 /* X (a's rows: gathered through x_rows, rows < *m_dev) into hl's planes [m_max][ld], plane
  * elements apart; one thread per 8 columns of a row. Rows past the device's count are not written
- * (no GEMM loads them). Not for batched launches. */
-__global__ void wg_split_kernel(const kdt_gemm_args a, uint16_t *hl, int64_t plane, int ld) {
+ * (no GEMM loads them). Not for batched launches. gate (a grouped two-kernel launch's counts, or
+ * NULL): nothing to do when its plan takes v2. */
+__global__ void wg_split_kernel(const kdt_gemm_args a, uint16_t *hl, int64_t plane, int ld,
+                                const int32_t *gate = nullptr, int gate_rows = 0) {
+    if (gate && !ss_takes(gate, gate_rows)) return;
     const int M = clamp_m(a.m_dev, a.m_max), cpr = ld / 8;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)M * cpr) return;
@@ -407,6 +416,7 @@ __global__ void wg_split_kernel(const kdt_gemm_args a, uint16_t *hl, int64_t pla
  * zero past experts[pair_expert[p]].inter (the register kernel's load_x4 zeroes per item) */
 __global__ void wg_split_pairs_kernel(const kdt_grouped_args a, const int32_t *pair_expert, int max_pairs,
                                       uint16_t *hl, int64_t plane, int ld) {
+    if (a.ss_min_rows > 0 && !ss_takes(a.n_items, a.ss_min_rows)) return;
     const int P = min(a.n_items[1], max_pairs), cpr = ld / 8;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t)P * cpr) return;
@@ -508,6 +518,7 @@ __global__ void __launch_bounds__(THREADS, 1) wg_gemm_ss_kernel(const kdt_gemm_a
 __global__ void __launch_bounds__(THREADS, 1) wg_grouped_ss_kernel(const kdt_grouped_args a, const uint16_t *hl,
                                                                     int64_t plane, int ld) {
 #if KDT_HAS_WGMMA
+    if (a.ss_min_rows > 0 && !ss_takes(a.n_items, a.ss_min_rows)) return; /* v2 runs this plan */
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char *ring = ring_base(smem_raw);
     const int n0 = blockIdx.x * GS_BN;

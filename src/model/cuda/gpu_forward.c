@@ -94,6 +94,7 @@ void kdt_gpu_runner_free(kdt_gpu_runner *r) {
     for (int32_t i = 0; i < r->n_allocs; i++) cudaFree(r->allocs[i]);
     free(r->allocs);
     free(r->plain_segs);
+    free(r->win_row);
     for (int i = 0; i < 2; i++) {
         if (r->h_stage[i]) cudaFreeHost(r->h_stage[i]);
         if (r->stage_done[i]) cudaEventDestroy(r->stage_done[i]);
@@ -177,6 +178,11 @@ kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_op
                   "kdt_gpu_runner_create: attn_heads_per_item = %d (0, 16 or 64)", o.attn_heads_per_item);
     KDT_CHECK_ARG(o.prefill_attention >= KDT_PREFILL_ABSORBED && o.prefill_attention <= KDT_PREFILL_AUTO,
                   "kdt_gpu_runner_create: prefill_attention = %d (0 absorbed, 1 plain, 2 auto)", o.prefill_attention);
+    KDT_CHECK_ARG(o.max_tree_rows >= 0 && o.max_tree_rows <= o.max_rows,
+                  "kdt_gpu_runner_create: max_tree_rows = %d (0 = max_nodes, or up to max_rows %d)", o.max_tree_rows,
+                  o.max_rows);
+    KDT_CHECK_ARG(o.attn_workspace_kb >= 0, "kdt_gpu_runner_create: attn_workspace_kb = %d (0 = 512 MiB)",
+                  o.attn_workspace_kb);
     if (o.attn_heads_per_item == 64 && !hg64_supported(g))
         return kdt_fail(KDT_ERR_UNSUPPORTED,
                         "kdt_gpu_runner_create: 64 heads per attention item do not fit this device's shared memory "
@@ -209,7 +215,30 @@ kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_op
     STEP(kdt_attn_init(16, dc, dq));
     if (hg64_supported(g)) STEP(kdt_attn_init(64, dc, dq));
 
-    /* staging layout: header | rows | head rows | block-table updates | tree streams | mask rows */
+    /* the attention's split partials: what a device-staged pass needs in one launch, else what
+     * the pass's rows could need, up to the workspace budget (host-staged passes past it run in
+     * windows: stage_end) */
+    const int32_t row_splits = max_row_splits(o.max_keys);
+    r->tree_rows = o.max_tree_rows > 0 ? o.max_tree_rows : (o.max_nodes < R ? o.max_nodes : R);
+    {
+        const int64_t split_bytes = (int64_t)H * (dc + 2) * (int64_t)sizeof(float);
+        const int64_t budget = (o.attn_workspace_kb > 0 ? (int64_t)o.attn_workspace_kb : 524288) * 1024 / split_bytes;
+        const int64_t all = (int64_t)R * row_splits, one = (int64_t)r->tree_rows * row_splits;
+        int64_t cap = all < budget ? all : budget;
+        if (cap < one) cap = one;
+        r->max_splits_total = (int32_t)cap; /* <= 2^16 rows x 64 splits */
+        /* a window closes only when the next row does not fit, so it holds more than cap -
+         * row_splits splits: this many windows at most (and never more than rows) */
+        const int64_t w = cap >= all ? 1 : 1 + all / (cap - row_splits + 1);
+        r->max_windows = (int32_t)(w < R ? w : R);
+    }
+    r->win_row = malloc(((size_t)r->max_windows * 2 + 1) * sizeof(int32_t));
+    if (!r->win_row) st = kdt_fail(KDT_ERR_OUT_OF_MEMORY, "kdt_gpu_runner_create: attention windows");
+    else r->win_splits = r->win_row + r->max_windows + 1;
+    r->n_windows = 1;
+
+    /* staging layout: header | rows | head rows | block-table updates | tree streams | attention
+     * window headers | mask rows */
     r->mask_words_max = KDT_MASK_WORDS(o.max_nodes);
     const int32_t cap_updates = 4 * R + 1024;
     r->cap_updates = cap_updates;
@@ -218,7 +247,8 @@ kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_op
     r->off_head = align16(r->off_rows + (size_t)R * sizeof(kdt_grow));
     r->off_updates = align16(r->off_head + (size_t)R * sizeof(int32_t));
     r->off_streams = align16(r->off_updates + (size_t)cap_updates * 2 * sizeof(int32_t));
-    r->off_masks = align16(r->off_streams + (size_t)KDT_GPU_TREE_STREAMS * 3 * sizeof(int32_t));
+    r->off_windows = align16(r->off_streams + (size_t)KDT_GPU_TREE_STREAMS * 3 * sizeof(int32_t));
+    r->off_masks = align16(r->off_windows + (size_t)r->max_windows * sizeof(kdt_gstage_hdr));
     r->stage_bytes = align16(r->off_masks + (size_t)R * r->mask_words_max * sizeof(uint64_t));
     for (int i = 0; i < 2 && st == KDT_OK; i++) {
         if ((e = cudaHostAlloc((void **)&r->h_stage[i], r->stage_bytes, cudaHostAllocDefault)) != cudaSuccess ||
@@ -238,7 +268,6 @@ kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_op
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) part = max_partials(part, mats[i], R);
     }
     r->part_floats = part;
-    r->max_splits_total = R * max_row_splits(o.max_keys);
     const int32_t E_tot = E + g->has_shared;
     r->max_pairs = E > 0 ? R * K + (g->has_shared ? R : 0) : 0;
     r->max_items = E > 0 ? E_tot + (r->max_pairs + KDT_G_ITEM_ROWS_MIN - 1) / KDT_G_ITEM_ROWS_MIN + 1 : 0;
@@ -384,18 +413,37 @@ static kdt_status stage_begin(kdt_gpu_runner *r, stage_view *v) {
     return KDT_OK;
 }
 
-/* Finishes the row list (attention split offsets, head rows), takes the pending block-table
- * entries, and enqueues the copy plus the table update. */
+/* Finishes the row list (attention windows and split offsets, head rows), takes the pending
+ * block-table entries, and enqueues the copy plus the table update. The attention windows:
+ * consecutive rows while their splits fit the partials (r->max_splits_total), each window's
+ * split offsets from 0 and its header in the staging; a row's splits are its own (n_keys), so the
+ * windows never change a bit. */
 static kdt_status stage_end(kdt_gpu_runner *r, kdt_gpu_kv *c, stage_view *v, int32_t n_rows, size_t mask_words) {
-    int32_t splits = 0, n_head = 0;
+    int32_t splits = 0, n_head = 0, nw = 0, w_splits = 0;
+    kdt_gstage_hdr *wh = (kdt_gstage_hdr *)((unsigned char *)v->hdr + r->off_windows);
+    r->win_row[0] = 0;
     for (int32_t i = 0; i < n_rows; i++) {
-        v->rows[i].split_off = splits;
-        splits += kdt_attn_n_splits(v->rows[i].n_keys);
+        const int32_t ns = kdt_attn_n_splits(v->rows[i].n_keys);
+        if (ns > r->max_splits_total || (w_splits + ns > r->max_splits_total && nw + 1 >= r->max_windows))
+            return kdt_fail(KDT_ERR_INTERNAL, "GPU staging: row %d's %d attention splits do not fit the workspace "
+                            "(%d splits, %d windows)", i, ns, r->max_splits_total, r->max_windows);
+        if (w_splits + ns > r->max_splits_total) { /* row i opens the next window */
+            memset(&wh[nw], 0, sizeof wh[nw]);
+            wh[nw].n_rows = i - r->win_row[nw];
+            wh[nw].total_splits = r->win_splits[nw] = w_splits;
+            r->win_row[++nw] = i;
+            w_splits = 0;
+        }
+        v->rows[i].split_off = w_splits;
+        w_splits += ns;
+        splits += ns;
         if (v->rows[i].out_index >= 0) v->head[n_head++] = i;
     }
-    if (splits > r->max_splits_total)
-        return kdt_fail(KDT_ERR_INTERNAL, "GPU staging: %d attention splits exceed the workspace (%d)", splits,
-                        r->max_splits_total);
+    memset(&wh[nw], 0, sizeof wh[nw]);
+    wh[nw].n_rows = n_rows - r->win_row[nw];
+    wh[nw].total_splits = r->win_splits[nw] = w_splits;
+    r->win_row[++nw] = n_rows;
+    r->n_windows = nw;
     v->hdr->n_rows = n_rows;
     v->hdr->n_head = n_head;
     v->hdr->total_splits = splits;
@@ -651,8 +699,9 @@ kdt_status kdt_gpu_stage_verify_device(kdt_gpu_runner *r, kdt_gpu_kv *c, const k
     KDT_CHECK_ARG(N >= 1 && N <= r->opt.max_nodes, "%s: max_nodes = %d, the runner was made for %d", fn, N,
                   r->opt.max_nodes);
     KDT_CHECK_ARG(node_bound && depth_bound, "%s: node_bound or depth_bound is NULL", fn);
-    KDT_CHECK_ARG((int64_t)S * N <= r->opt.max_rows, "%s: %d streams x max_nodes %d exceed the runner's max_rows %d",
-                  fn, S, N, r->opt.max_rows);
+    KDT_CHECK_ARG((int64_t)S * N <= r->tree_rows,
+                  "%s: %d streams x max_nodes %d exceed the runner's max_tree_rows %d (its attention runs in one "
+                  "launch; kdt_gpu_runner_options.max_tree_rows)", fn, S, N, r->tree_rows);
     KDT_CHECK_ARG(d_tree->n_nodes && d_tree->token && d_tree->position && d_tree->anc_mask,
                   "%s: a tree array (n_nodes, token, position, anc_mask) is NULL", fn);
     int32_t ids[KDT_GPU_TREE_STREAMS], need[KDT_GPU_TREE_STREAMS];
@@ -774,7 +823,6 @@ static kdt_status attention(pass *p, int32_t l) {
     int32_t hg = r->opt.attn_heads_per_item;
     if (hg == 0) hg = (hg64_supported(g) && c->n_heads >= 64 && p->M >= 16) ? 64 : 16;
     const int32_t n_hg = (c->n_heads + hg - 1) / hg;
-    const int64_t bound = (int64_t)p->M * max_row_splits(r->opt.max_keys) * n_hg;
     const int64_t cap = (int64_t)g->n_sm * (hg == 16 ? 2 : 1);
     kdt_attn_args a;
     memset(&a, 0, sizeof a);
@@ -797,10 +845,30 @@ static kdt_status attention(pass *p, int32_t l) {
     a.dq = c->kv_lora_rank + c->qk_rope_head_dim;
     a.scale_log2 = c->softmax_scale * LOG2E;
     a.heads_per_item = hg;
-    a.grid = (int32_t)(bound < cap ? bound : cap);
-    a.max_rows = p->M;
     if (step_cut(p, "attention")) return KDT_OK;
-    return kdt_attn_launch(&a, p->s);
+    if (r->n_windows <= 1) { /* the pass's rows in one launch, off the main header */
+        const int64_t bound = (int64_t)p->M * max_row_splits(r->opt.max_keys) * n_hg;
+        a.grid = (int32_t)(bound < cap ? bound : cap);
+        a.max_rows = p->M;
+        return kdt_attn_launch(&a, p->s);
+    }
+    /* windows (stage_end): each launch sees its rows as a pass of those rows alone (row, query
+     * and output pointers moved, the window's header) and reuses the partials from slot 0 */
+    const kdt_gstage_hdr *wh = (const kdt_gstage_hdr *)((const unsigned char *)p->hdr + r->off_windows);
+    const float *q_abs = a.q_abs;
+    const kdt_grow *rows = a.rows;
+    float *o_lat = a.o_lat;
+    for (int32_t w = 0; w < r->n_windows; w++) {
+        const int64_t r0 = r->win_row[w], bound = (int64_t)r->win_splits[w] * n_hg;
+        a.hdr = wh + w;
+        a.rows = rows + r0;
+        a.q_abs = q_abs + r0 * a.H * a.dq;
+        a.o_lat = o_lat + r0 * a.H * a.dc;
+        a.grid = (int32_t)(bound < cap ? (bound > 0 ? bound : 1) : cap);
+        a.max_rows = r->win_row[w + 1] - r->win_row[w];
+        KDT_TRY(kdt_attn_launch(&a, p->s));
+    }
+    return KDT_OK;
 }
 
 /* The shared expert apart (the default; KDT_GPU_SHARED_APART=0, read per pass, keeps it as the
@@ -1219,6 +1287,15 @@ kdt_status kdt_gpu_graph_capture(kdt_gpu_runner *r, kdt_gpu_kv *c, const kdt_gpu
         }
         memcpy(gr->plain, r->plain_segs, (size_t)r->n_plain * sizeof *gr->plain);
     }
+    gr->n_windows = r->n_windows;
+    if (r->n_windows > 1) {
+        gr->win_row = malloc(((size_t)r->n_windows + 1) * sizeof *gr->win_row);
+        if (!gr->win_row) {
+            kdt_gpu_graph_free(gr);
+            return kdt_fail(KDT_ERR_OUT_OF_MEMORY, "kdt_gpu_graph_capture");
+        }
+        memcpy(gr->win_row, r->win_row, ((size_t)r->n_windows + 1) * sizeof *gr->win_row);
+    }
     *out = gr;
     return KDT_OK;
 }
@@ -1235,6 +1312,12 @@ kdt_status kdt_gpu_graph_launch(kdt_gpu_graph *g) {
                   "kdt_gpu_graph_launch: the graph was captured for %s, the staged pass is %s",
                   g->n_plain ? "a plain-form prefill chunk" : "an absorbed-form pass",
                   r->n_plain ? "another plain-form prefill chunk" : "an absorbed-form pass");
+    /* the attention's windows are launches with their rows baked in */
+    KDT_CHECK_ARG(g->n_windows == r->n_windows &&
+                      (g->n_windows == 1 || !memcmp(g->win_row, r->win_row, ((size_t)g->n_windows + 1) * sizeof(int32_t))),
+                  "kdt_gpu_graph_launch: the graph was captured for %d attention window(s), the staged pass has %d "
+                  "or other bounds (its rows' splits exceed the attention workspace: recapture, or raise "
+                  "attn_workspace_kb)", g->n_windows, r->n_windows);
     const cudaError_t e = cudaGraphLaunch(g->exec, g->r->stream);
     return e == cudaSuccess ? KDT_OK : cuda_fail(e, "kdt_gpu_graph_launch");
 }
@@ -1244,6 +1327,7 @@ void kdt_gpu_graph_free(kdt_gpu_graph *g) {
     if (g->exec) cudaGraphExecDestroy(g->exec);
     if (g->graph) cudaGraphDestroy(g->graph);
     free(g->plain);
+    free(g->win_row);
     free(g);
 }
 

@@ -881,6 +881,9 @@ __global__ void __launch_bounds__(THREADS, WIDE ? 4 : MINB) v2_grouped_kernel(co
     constexpr bool BULK = WL == W_BULK;
     extern __shared__ __align__(16) unsigned char smem[];
     const int n0 = blockIdx.x * BN;
+    /* a two-kernel launch whose plan the ss kernel runs: down's counts are complete already (as
+     * for its prefetch below), gate/up's after the wait */
+    if (a.ss_min_rows > 0 && a.which == 1 && wgg::ss_takes(a.n_items, a.ss_min_rows)) return;
     int n_items = a.which == 1 ? *a.n_items : 0; /* gate/up: after the wait */
     const uint64_t pol = evict_first_policy();
     float acc[V2_MT][2][4];
@@ -900,6 +903,7 @@ __global__ void __launch_bounds__(THREADS, WIDE ? 4 : MINB) v2_grouped_kernel(co
     }
     pdl::wait();
     if (a.which != 1) n_items = *a.n_items;
+    if (a.ss_min_rows > 0 && a.which != 1 && wgg::ss_takes(a.n_items, a.ss_min_rows)) return;
     for (int it = blockIdx.y; it < n_items; it += gridDim.y) {
         const int e = a.items[3 * it], p0 = a.items[3 * it + 1], rows = a.items[3 * it + 2];
         const kdt_gpu_expert ex = a.experts[e];
@@ -1517,14 +1521,20 @@ bool wg_dev_ready() {
 bool wg_wanted(const kdt_gemm_args *a, bool ss) {
     return wg_on() && !use_v1() && a->m_max >= wg_min_rows(ss) && wg_dev_ready();
 }
-/* the grouped form: passes of at least KDT_GEMM_WG_PAIRS (token, expert) pairs (default 8 x the
- * row bound: a Kimi pass of 64 rows at top-8 for the ss form) whose items may hold 32 rows or
- * more. The host knows the pass's pairs, not how they spread over the experts (a correlated
- * tree's 65 rows fill ~11 experts' items, a random one's ~284): session 47's A/B found 512 neutral
- * for random trees and decode and a gain for correlated trees, 72 a loss at 9 and 17 rows. */
+/* the grouped form: passes of at least KDT_GEMM_WG_PAIRS (token, expert) pairs whose items may
+ * hold 32 rows or more: 256 for the ss form, 8 x the row bound (1,024) for the register form. The
+ * host knows the pass's pairs, not how they spread over the experts (a correlated tree's 65 rows
+ * fill ~11 experts' items, a random one's ~284), so the runner's launches leave the last word to
+ * the plan on the device (kdt_grouped_launch_ws, ss_item_rows). Session 47 (ss always once the
+ * bound is met): 512 neutral for random trees and decode on an H100, a gain for correlated trees,
+ * 72 a loss at 9 and 17 rows. Session 50 (H200, with the device's choice): 256 takes a correlated
+ * 33-node verify (264 pairs, ~15 rows per item) to ss, 914.8 / 915.9 -> 863.9 / 863.3 us per layer,
+ * a random one (~1.4 per item, v2 either way) 3,996.6 / 3,992.6 -> 4,014.8 / 4,015.9. */
 int wg_min_pairs(bool ss) {
     const int v = env_int("KDT_GEMM_WG_PAIRS", 1, 1 << 30);
-    return v ? v : 8 * wg_min_rows(ss);
+    if (v) return v;
+    if (!ss || env_int("KDT_GEMM_WG_MIN", 1, 1 << 30)) return 8 * wg_min_rows(ss); /* KDT_GEMM_WG_MIN moves it */
+    return 256;
 }
 bool wg_grouped_wanted(int max_item_rows, int n_pairs, bool ss) {
     return wg_on() && !use_v1() && max_item_rows >= KDT_G_ITEM_ROWS_MIN && n_pairs >= wg_min_pairs(ss) &&
@@ -1940,19 +1950,44 @@ static kdt_status swiglu_args_ok(const kdt_grouped_args *a) {
     return KDT_OK;
 }
 
+static kdt_status grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s, bool tiled_v2_only);
+
+/* Rows per item, on average over the plan, from which a launch that may take the ss kernel takes
+ * it (the device decides: the counts come from the plan kernel). Its CTA runs an item as one
+ * 64-row tile of 256 columns, 1 per SM; v2 streams small items at 4-5 CTAs per SM. H200, session
+ * 50, Kimi layer (4 layers), in-process A B B A against ss whenever the bounds take it
+ * (KDT_GEMM_SS_ITEM_ROWS=0, session 47's rule), us per layer: random 65-node verify (~1.8 rows
+ * per item) 6,087.7 / 6,094.8 vs 7,097.8 / 7,099.7; decode S 64 6,087.6 / 6,088.6 vs 7,234.9 /
+ * 7,164.3; prefill 512 (~10.7) 9,666.3 / 9,742.0 vs 10,770.5 / 10,830.1; prefill 128 7,306.2 /
+ * 7,306.4 vs 8,600.6 / 8,603.7; prefill 2,048 (~43: ss either way) within 2 %; a correlated
+ * 65-node verify (~33: ss either way) 1,201.1 / 1,202.6 vs 1,177.7 / 1,185.0, the v2 grid's
+ * returning CTAs. Session 47 (H100): ss lost at ~5 and ~9 rows per item (corr N 9, N 17) and
+ * gained at ~15. KDT_GEMM_SS_ITEM_ROWS=n (read per launch) sets it. */
+static int ss_item_rows() {
+    const char *e = getenv("KDT_GEMM_SS_ITEM_ROWS");
+    if (!e || !*e) return 12;
+    const int v = atoi(e);
+    return v < 0 ? 0 : v;
+}
+
 /* The grouped launch with a workspace (unless KDT_GEMM_WG_SS=0): where the ss bounds take the
  * wgmma kernel, X is split into ws's planes first (gate/up: xn's m_max rows, of which
  * *m_dev exist; down: h's pairs, each zero past its expert's inter, by pair_expert), then the
- * A-from-shared-memory kernel. The same bits. */
-extern "C" kdt_status kdt_grouped_launch_ws(const kdt_grouped_args *a, int32_t stages, cudaStream_t s, uint16_t *ws,
+ * A-from-shared-memory kernel. Over tiled experts v2 is launched after them as well, and the
+ * plan's rows per item pick, on the device, which of the two runs (ss_item_rows; the others
+ * return at once). The same bits either way. */
+extern "C" kdt_status kdt_grouped_launch_ws(const kdt_grouped_args *a_in, int32_t stages, cudaStream_t s, uint16_t *ws,
                                             int64_t ws_elems, const int32_t *m_dev, int32_t m_max,
                                             const int32_t *pair_expert, int32_t ld) {
-    const int64_t rows = a->which == 0 ? m_max : a->n_pairs_hint;
+    const int64_t rows = a_in->which == 0 ? m_max : a_in->n_pairs_hint;
     const int64_t plane = rows * ld;
-    if (!ws || !wg_ss_on() || rows < 1 || ld % BK || 2 * plane > ws_elems || (a->which == 1 && !pair_expert) ||
-        !wg_grouped_wanted(a->max_item_rows, a->n_pairs_hint, true))
-        return kdt_grouped_launch(a, stages, s);
-    KDT_TRY(swiglu_args_ok(a));
+    if (!ws || !wg_ss_on() || rows < 1 || ld % BK || 2 * plane > ws_elems || (a_in->which == 1 && !pair_expert) ||
+        !wg_grouped_wanted(a_in->max_item_rows, a_in->n_pairs_hint, true))
+        return kdt_grouped_launch(a_in, stages, s);
+    KDT_TRY(swiglu_args_ok(a_in));
+    kdt_grouped_args dual = *a_in;
+    dual.ss_min_rows = a_in->tiled ? ss_item_rows() : 0;
+    const kdt_grouped_args *a = &dual;
     const int64_t chunks = rows * (ld / 8);
     const unsigned sg = (unsigned)((chunks + 255) / 256);
     if (a->which == 0) {
@@ -1963,24 +1998,27 @@ extern "C" kdt_status kdt_grouped_launch_ws(const kdt_grouped_args *a, int32_t s
         x.kx = a->kd;
         x.m_dev = m_dev;
         x.m_max = m_max;
-        wgg::wg_split_kernel<<<sg, 256, 0, s>>>(x, ws, plane, ld);
+        wgg::wg_split_kernel<<<sg, 256, 0, s>>>(x, ws, plane, ld, a->ss_min_rows > 0 ? a->n_items : nullptr,
+                                                a->ss_min_rows);
     } else {
         wgg::wg_split_pairs_kernel<<<sg, 256, 0, s>>>(*a, pair_expert, (int)rows, ws, plane, ld);
     }
     KDT_TRY(launch_error("GPU grouped GEMM (wgmma): X split"));
     const dim3 gw((unsigned)((a->n_max + wgg::GS_BN - 1) / wgg::GS_BN), (unsigned)(a->grid_items > 0 ? a->grid_items : 1));
     wgg::wg_grouped_ss_kernel<<<gw, wgg::THREADS, (size_t)wgg::GS_SMEM, s>>>(*a, ws, plane, ld);
-    return launch_error("GPU grouped GEMM (wgmma, A from shared memory)");
+    KDT_TRY(launch_error("GPU grouped GEMM (wgmma, A from shared memory)"));
+    return a->ss_min_rows > 0 ? grouped_launch(a, stages, s, true) : KDT_OK;
 }
 
 extern "C" int32_t kdt_gemm_wg_item_rows(int32_t n_pairs) {
     return wg_grouped_wanted(KDT_G_BM, n_pairs, wg_ss_on()) ? KDT_G_BM : 0;
 }
 
-extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s) {
+/* v2 over tiled experts (or, unless `tiled_v2_only`, the other forms the launch asks for) */
+static kdt_status grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s, bool tiled_v2_only) {
     const dim3 grid((unsigned)((a->n_max + BN - 1) / BN), (unsigned)(a->grid_items > 0 ? a->grid_items : 1));
     KDT_TRY(swiglu_args_ok(a));
-    if (wg_grouped_wanted(a->max_item_rows, a->n_pairs_hint, false)) { /* many rows on wgmma (gemm_wg.cuh): the same bits */
+    if (!tiled_v2_only && wg_grouped_wanted(a->max_item_rows, a->n_pairs_hint, false)) { /* many rows on wgmma (gemm_wg.cuh): the same bits */
         const dim3 gw((unsigned)((a->n_max + wgg::BN - 1) / wgg::BN), grid.y);
         wgg::wg_grouped_kernel<<<gw, wgg::G_THREADS, (size_t)wgg::G_SMEM, s>>>(*a);
         return launch_error("GPU grouped GEMM (wgmma)");
@@ -2000,6 +2038,7 @@ extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stag
         else launch_v2(v2_grouped_kernel<0, W_TILED>, grid, (size_t)c.pool, s, pdl, *a, c);
         return launch_error("GPU grouped GEMM");
     }
+    if (tiled_v2_only) return kdt_fail(KDT_ERR_INTERNAL, "GPU grouped GEMM: v2 only for tiled experts");
     if (use_v1()) {
         const size_t smem = (size_t)(stages < 2 ? 2 : (stages > 4 ? 4 : stages)) * v1::STAGE_BYTES;
         switch (stages) {
@@ -2021,6 +2060,10 @@ extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stag
         }
     }
     return launch_error("GPU grouped GEMM");
+}
+
+extern "C" kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s) {
+    return grouped_launch(a, stages, s, false);
 }
 
 namespace {

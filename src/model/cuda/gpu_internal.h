@@ -198,13 +198,20 @@ struct kdt_gpu_runner {
     cudaEvent_t stage_done[2];
     int32_t stage_idx;
     unsigned char *d_stage;
-    size_t off_rows, off_head, off_updates, off_streams, off_masks, stage_bytes;
+    size_t off_rows, off_head, off_updates, off_streams, off_windows, off_masks, stage_bytes;
     int32_t cap_updates, mask_words_max;
     int32_t staged_rows;            /* rows of the last staged pass (host copy) */
     kdt_tree dtree;                 /* kdt_gpu_stage_verify_device: the device tree whose rows */
     int32_t dtree_pending;          /* kdt_gpu_run numbers first (1 until the next staging) */
     int32_t stages;                 /* GEMM pipeline depth for this device */
     int32_t max_splits_total;       /* attention partial slots */
+    int32_t tree_rows;              /* opt.max_tree_rows resolved: device-staged passes' rows */
+    /* attention windows of the staged pass (stage_end): consecutive rows whose splits fit the
+     * partials; window w is rows [win_row[w], win_row[w + 1]), its header (n_rows, total_splits)
+     * at off_windows + w in the staging. One window runs off the main header, as before. */
+    int32_t n_windows, max_windows;
+    int32_t *win_row;               /* [max_windows + 1] (host) */
+    int32_t *win_splits;            /* [max_windows] (host) */
     /* activations and scratch (device) */
     float *x, *xn;                  /* [max_rows][D] */
     float *qa;                      /* [max_rows][q_lora] */
@@ -279,6 +286,8 @@ struct kdt_gpu_graph {
     int32_t max_rows;               /* the captured launch bound */
     int32_t absorbed, n_plain;      /* captured for these attention forms and plain segments */
     kdt_plain_seg *plain;
+    int32_t n_windows;              /* and these attention windows (row bounds: win_row) */
+    int32_t *win_row;
 };
 
 /* 1 when the forward's row kernels, attention, router and gate/up GEMM go out with programmatic
@@ -338,9 +347,12 @@ typedef struct kdt_grouped_args {
     float *h; int64_t ldh;      /* gate/up with h != NULL: the CTAs write h = SwiGLU(gate, up)
                                    [pair][ldh] (columns < the expert's inter) instead of y, the
                                    bits k_swiglu would write (kdt_grouped_fuses_swiglu) */
+    int32_t ss_min_rows;        /* set by kdt_grouped_launch_ws for its two-kernel launches: > 0,
+                                   the wgmma ss kernel runs when the plan's pairs >= ss_min_rows x
+                                   its items (n_items[1], n_items[0]), the v2 kernel otherwise */
 } kdt_grouped_args;
 kdt_status kdt_grouped_launch(const kdt_grouped_args *a, int32_t stages, cudaStream_t s);
-/* with a workspace for the wgmma kernel's A planes (as kdt_gemm_launch_ws; pairs >= 8 x the row bound): X
+/* with a workspace for the wgmma kernel's A planes (as kdt_gemm_launch_ws; pairs >= 256): X
  * (gate/up: xn, m_max rows of which *m_dev exist; down: h, n_pairs_hint rows, each zero past
  * experts[pair_expert[p]].inter) split into planes of ld (>= every expert's ld_d, resp. ld_i) */
 kdt_status kdt_grouped_launch_ws(const kdt_grouped_args *a, int32_t stages, cudaStream_t s, uint16_t *ws,
