@@ -420,13 +420,24 @@ static kdt_status stage_begin(kdt_gpu_runner *r, stage_view *v) {
  * windows never change a bit. */
 static kdt_status stage_end(kdt_gpu_runner *r, kdt_gpu_kv *c, stage_view *v, int32_t n_rows, size_t mask_words) {
     int32_t splits = 0, n_head = 0, nw = 0, w_splits = 0;
+    /* first the windows' count, so a refusal leaves the last staged pass's windows as they were
+     * (the runner's bounds make it unreachable: check_reach bounds n_keys, max_windows the count) */
+    for (int32_t i = 0; i < n_rows; i++) {
+        const int32_t ns = kdt_attn_n_splits(v->rows[i].n_keys);
+        if (w_splits + ns > r->max_splits_total) {
+            nw++;
+            w_splits = 0;
+        }
+        if (ns > r->max_splits_total || nw >= r->max_windows)
+            return kdt_fail(KDT_ERR_INTERNAL, "GPU staging: row %d's %d attention splits do not fit the workspace "
+                            "(%d splits, %d windows)", i, ns, r->max_splits_total, r->max_windows);
+        w_splits += ns;
+    }
+    nw = w_splits = 0;
     kdt_gstage_hdr *wh = (kdt_gstage_hdr *)((unsigned char *)v->hdr + r->off_windows);
     r->win_row[0] = 0;
     for (int32_t i = 0; i < n_rows; i++) {
         const int32_t ns = kdt_attn_n_splits(v->rows[i].n_keys);
-        if (ns > r->max_splits_total || (w_splits + ns > r->max_splits_total && nw + 1 >= r->max_windows))
-            return kdt_fail(KDT_ERR_INTERNAL, "GPU staging: row %d's %d attention splits do not fit the workspace "
-                            "(%d splits, %d windows)", i, ns, r->max_splits_total, r->max_windows);
         if (w_splits + ns > r->max_splits_total) { /* row i opens the next window */
             memset(&wh[nw], 0, sizeof wh[nw]);
             wh[nw].n_rows = i - r->win_row[nw];
