@@ -12,6 +12,8 @@
 #include "model/cuda/attn_plan.h"
 #include "t.h"
 
+#include <string.h>
+
 enum { OPT_HOPPER = 232448, OPT_A100 = 166912, OPT_99K = 101376 };
 
 /* Kimi K2 / DeepSeek-V3: d_c 512 + rope 64. Sizes by hand, 2 stages (qs = 576 + 8 = 584):
@@ -159,7 +161,73 @@ static void test_plain_sizes(void) {
     CHECK_EQ_INT(kdt_ap_plain_dv_pad(257), 0);
 }
 
+/* The absorbed attention's partial slots and windows (gpu_forward.c's runner and stage_end).
+ * Sizes by hand for a Kimi prefill runner, then a fuzz over random rows, split counts and caps:
+ * the windows cover the rows in order, none is empty or past cap, each is greedy (its next row
+ * would not fit), the split offsets restart at 0 and count up, and the count never passes
+ * kdt_ap_max_windows (the runner's staging holds that many headers). Refusals write nothing. */
+static void test_windows(void) {
+    /* Kimi: 2,048 rows x 64 splits, 64 device-staged rows, 512 MiB of 64 x 514 x 4-byte slots */
+    const long long budget = 512LL * 1024 * 1024 / (64 * 514 * 4);
+    CHECK_EQ_INT((int)budget, 4080);
+    CHECK_EQ_INT((int)kdt_ap_partial_slots(2048, 64, 64, budget), 4096); /* 64 rows x 64 in one launch */
+    CHECK_EQ_INT((int)kdt_ap_max_windows(2048, 64, 4096), 33);            /* 1 + 131,072 / 4,033 */
+    CHECK_EQ_INT((int)kdt_ap_partial_slots(64, 8, 64, budget), 512);    /* small runners: every row */
+    CHECK_EQ_INT((int)kdt_ap_max_windows(64, 8, 512), 1);
+    CHECK_EQ_INT((int)kdt_ap_max_windows(64, 8, 8), 64); /* cap = one row: at most a window per row */
+    int ns[8] = {3, 3, 2, 4, 1, 1, 1, 4}, row[9], sp[8];
+    CHECK_EQ_INT(kdt_ap_cut_windows(ns, 8, 6, 8, row, sp), 4); /* {3 3} {2 4} {1 1 1} {4} */
+    CHECK(row[0] == 0 && row[1] == 2 && row[2] == 4 && row[3] == 7 && row[4] == 8);
+    CHECK(sp[0] == 6 && sp[1] == 6 && sp[2] == 3 && sp[3] == 4);
+    CHECK(ns[0] == 0 && ns[1] == 3 && ns[2] == 0 && ns[3] == 2 && ns[4] == 0 && ns[5] == 1 && ns[6] == 2 && ns[7] == 0);
+    int bad[3] = {2, 7, 1}, keep[3] = {2, 7, 1};
+    row[0] = -5;
+    CHECK_EQ_INT(kdt_ap_cut_windows(bad, 3, 6, 8, row, sp), -1); /* a row past cap */
+    CHECK(!memcmp(bad, keep, sizeof bad) && row[0] == -5);
+    int many[4] = {5, 5, 5, 5};
+    CHECK_EQ_INT(kdt_ap_cut_windows(many, 4, 6, 3, row, sp), -2); /* 4 windows, 3 headers */
+    CHECK(many[1] == 5 && row[0] == -5);
+    CHECK_EQ_INT(kdt_ap_cut_windows(many, 0, 6, 1, row, sp), 1); /* no rows: one empty window */
+    CHECK(row[0] == 0 && row[1] == 0 && sp[0] == 0);
+
+    uint64_t rng = t_fuzz_seed(50);
+    int *v = xmalloc(600 * sizeof(int)), *off = xmalloc(600 * sizeof(int));
+    int *wr = xmalloc(602 * sizeof(int)), *ws = xmalloc(601 * sizeof(int));
+    const int iters = t_fuzz_iters(3000);
+    for (int it = 0; it < iters; it++) {
+        const int rows = 1 + t_rand_int(&rng, 600), rs = 1 + t_rand_int(&rng, 64);
+        const long long cap = rs + t_rand_int(&rng, 4 * rs + 2);
+        const long long mw = kdt_ap_max_windows(rows, rs, cap);
+        for (int i = 0; i < rows; i++) /* mostly the worst case, as a long prefix gives */
+            v[i] = off[i] = t_rand_int(&rng, 4) ? rs : 1 + t_rand_int(&rng, rs);
+        const int w = kdt_ap_cut_windows(off, rows, cap, (int)mw, wr, ws);
+        if (w < 1 || w > mw) {
+            CHECK_MSG(0, "rows %d, row splits %d, cap %lld: %d windows, bound %lld", rows, rs, cap, w, mw);
+            break;
+        }
+        int ok = wr[0] == 0 && wr[w] == rows;
+        for (int k = 0; k < w && ok; k++) {
+            long long sum = 0;
+            ok = wr[k + 1] > wr[k];
+            for (int i = wr[k]; i < wr[k + 1] && ok; i++) {
+                ok = off[i] == sum;
+                sum += v[i];
+            }
+            ok = ok && sum == ws[k] && sum <= cap && (k + 1 == w || sum + v[wr[k + 1]] > cap);
+        }
+        if (!ok) {
+            CHECK_MSG(0, "rows %d, row splits %d, cap %lld: a window is wrong", rows, rs, cap);
+            break;
+        }
+    }
+    free(v);
+    free(off);
+    free(wr);
+    free(ws);
+}
+
 int main(void) {
+    T_RUN(test_windows);
     T_RUN(test_sizes_by_hand);
     T_RUN(test_plain_sizes);
     T_RUN(test_choices);

@@ -142,4 +142,60 @@ KDT_AP_FN size_t kdt_ap_plain_wg_smem(int dqk_p, int dv_p) {
            2 * (2 * (size_t)((dqk_p + 63) / 64) + 2 * (size_t)(dv_p / 64)) * slab;
 }
 
+/* ---- the absorbed attention's split partials and their windows (gpu_forward.c) --------------
+ * A row has up to row_splits splits (its key count decides them), each with a slot of partials.
+ * The runner holds cap slots: what a device-staged pass needs in one launch (tree_rows rows), else
+ * every row's worst case up to the budget. A host-staged pass whose splits exceed cap runs its
+ * attention in windows: consecutive rows, each window as many as fit (greedy), split offsets
+ * from 0 in each. Host code (loops and writes), so plain static inline, not KDT_AP_FN. */
+static inline long long kdt_ap_partial_slots(long long rows, int row_splits, long long tree_rows,
+                                             long long budget_slots) {
+    const long long all = rows * row_splits, one = tree_rows * row_splits;
+    const long long cap = all < budget_slots ? all : budget_slots;
+    return cap > one ? cap : one;
+}
+/* The most windows a pass of `rows` rows can need with cap >= row_splits slots: a window closes
+ * only when the next row does not fit, so it holds more than cap - row_splits splits. */
+static inline long long kdt_ap_max_windows(long long rows, int row_splits, long long cap) {
+    const long long all = rows * row_splits;
+    if (cap >= all) return 1;
+    const long long w = 1 + all / (cap - row_splits + 1);
+    return w < rows ? w : rows;
+}
+/* Cuts n rows whose split counts are ns[0..n) into windows of at most cap splits. On success
+ * returns the window count w and, where the arrays are given, rewrites ns[i] into row i's split
+ * offset within its window, win_row[0..w] (window k is rows win_row[k] .. win_row[k + 1] - 1) and
+ * win_splits[0..w) (its splits). -1: a row has more than cap splits (or fewer than 1); -2: more
+ * than max_windows windows. A refusal writes nothing. n = 0: one empty window. */
+static inline int kdt_ap_cut_windows(int *ns, int n, long long cap, int max_windows, int *win_row, int *win_splits) {
+    long long used = 0;
+    int w = 0;
+    for (int i = 0; i < n; i++) {
+        if (ns[i] < 1 || ns[i] > cap) return -1;
+        if (used + ns[i] > cap) {
+            w++;
+            used = 0;
+        }
+        used += ns[i];
+    }
+    if (w + 1 > max_windows) return -2;
+    if (!win_row) return w + 1;
+    used = 0;
+    w = 0;
+    win_row[0] = 0;
+    for (int i = 0; i < n; i++) {
+        const int k = ns[i];
+        if (used + k > cap) { /* row i opens the next window */
+            if (win_splits) win_splits[w] = (int)used;
+            win_row[++w] = i;
+            used = 0;
+        }
+        ns[i] = (int)used;
+        used += k;
+    }
+    if (win_splits) win_splits[w] = (int)used;
+    win_row[++w] = n;
+    return w;
+}
+
 #endif

@@ -223,18 +223,21 @@ kdt_status kdt_gpu_runner_create(const kdt_gpu_model *g, const kdt_gpu_runner_op
     {
         const int64_t split_bytes = (int64_t)H * (dc + 2) * (int64_t)sizeof(float);
         const int64_t budget = (o.attn_workspace_kb > 0 ? (int64_t)o.attn_workspace_kb : 524288) * 1024 / split_bytes;
-        const int64_t all = (int64_t)R * row_splits, one = (int64_t)r->tree_rows * row_splits;
-        int64_t cap = all < budget ? all : budget;
-        if (cap < one) cap = one;
+        const long long cap = kdt_ap_partial_slots(R, row_splits, r->tree_rows, budget);
         r->max_splits_total = (int32_t)cap; /* <= 2^16 rows x 64 splits */
-        /* a window closes only when the next row does not fit, so it holds more than cap -
-         * row_splits splits: this many windows at most (and never more than rows) */
-        const int64_t w = cap >= all ? 1 : 1 + all / (cap - row_splits + 1);
-        r->max_windows = (int32_t)(w < R ? w : R);
+        r->max_windows = (int32_t)kdt_ap_max_windows(R, row_splits, cap);
     }
-    r->win_row = malloc(((size_t)r->max_windows * 2 + 1) * sizeof(int32_t));
-    if (!r->win_row) st = kdt_fail(KDT_ERR_OUT_OF_MEMORY, "kdt_gpu_runner_create: attention windows");
-    else r->win_splits = r->win_row + r->max_windows + 1;
+    const size_t mw = (size_t)r->max_windows;
+    r->win_row = malloc((4 * mw + 2 + (size_t)R) * sizeof(int));
+    if (!r->win_row) {
+        st = kdt_fail(KDT_ERR_OUT_OF_MEMORY, "kdt_gpu_runner_create: attention windows");
+    } else {
+        r->win_splits = r->win_row + mw + 1;
+        r->cut_row = r->win_splits + mw;
+        r->cut_splits = r->cut_row + mw + 1;
+        r->row_splits = r->cut_splits + mw;
+        r->win_row[0] = r->win_row[1] = 0;
+    }
     r->n_windows = 1;
 
     /* staging layout: header | rows | head rows | block-table updates | tree streams | attention
@@ -419,42 +422,25 @@ static kdt_status stage_begin(kdt_gpu_runner *r, stage_view *v) {
  * split offsets from 0 and its header in the staging; a row's splits are its own (n_keys), so the
  * windows never change a bit. */
 static kdt_status stage_end(kdt_gpu_runner *r, kdt_gpu_kv *c, stage_view *v, int32_t n_rows, size_t mask_words) {
-    int32_t splits = 0, n_head = 0, nw = 0, w_splits = 0;
-    /* first the windows' count, so a refusal leaves the last staged pass's windows as they were
-     * (the runner's bounds make it unreachable: check_reach bounds n_keys, max_windows the count) */
+    int32_t splits = 0, n_head = 0;
     for (int32_t i = 0; i < n_rows; i++) {
-        const int32_t ns = kdt_attn_n_splits(v->rows[i].n_keys);
-        if (w_splits + ns > r->max_splits_total) {
-            nw++;
-            w_splits = 0;
-        }
-        if (ns > r->max_splits_total || nw >= r->max_windows)
-            return kdt_fail(KDT_ERR_INTERNAL, "GPU staging: row %d's %d attention splits do not fit the workspace "
-                            "(%d splits, %d windows)", i, ns, r->max_splits_total, r->max_windows);
-        w_splits += ns;
-    }
-    nw = w_splits = 0;
-    kdt_gstage_hdr *wh = (kdt_gstage_hdr *)((unsigned char *)v->hdr + r->off_windows);
-    r->win_row[0] = 0;
-    for (int32_t i = 0; i < n_rows; i++) {
-        const int32_t ns = kdt_attn_n_splits(v->rows[i].n_keys);
-        if (w_splits + ns > r->max_splits_total) { /* row i opens the next window */
-            memset(&wh[nw], 0, sizeof wh[nw]);
-            wh[nw].n_rows = i - r->win_row[nw];
-            wh[nw].total_splits = r->win_splits[nw] = w_splits;
-            r->win_row[++nw] = i;
-            w_splits = 0;
-        }
-        v->rows[i].split_off = w_splits;
-        w_splits += ns;
-        splits += ns;
+        splits += r->row_splits[i] = kdt_attn_n_splits(v->rows[i].n_keys);
         if (v->rows[i].out_index >= 0) v->head[n_head++] = i;
     }
-    memset(&wh[nw], 0, sizeof wh[nw]);
-    wh[nw].n_rows = n_rows - r->win_row[nw];
-    wh[nw].total_splits = r->win_splits[nw] = w_splits;
-    r->win_row[++nw] = n_rows;
-    r->n_windows = nw;
+    /* the runner's bounds make a refusal unreachable (check_reach bounds n_keys, max_windows the
+     * count); the pass's windows become the runner's once its copy is enqueued */
+    const int nw = kdt_ap_cut_windows(r->row_splits, n_rows, r->max_splits_total, r->max_windows, r->cut_row,
+                                      r->cut_splits);
+    if (nw < 0)
+        return kdt_fail(KDT_ERR_INTERNAL, "GPU staging: the rows' attention splits do not fit the workspace (%d "
+                        "splits, %d windows)", r->max_splits_total, r->max_windows);
+    kdt_gstage_hdr *wh = (kdt_gstage_hdr *)((unsigned char *)v->hdr + r->off_windows);
+    for (int k = 0; k < nw; k++) {
+        memset(&wh[k], 0, sizeof wh[k]);
+        wh[k].n_rows = r->cut_row[k + 1] - r->cut_row[k];
+        wh[k].total_splits = r->cut_splits[k];
+    }
+    for (int32_t i = 0; i < n_rows; i++) v->rows[i].split_off = r->row_splits[i];
     v->hdr->n_rows = n_rows;
     v->hdr->n_head = n_head;
     v->hdr->total_splits = splits;
@@ -474,6 +460,9 @@ static kdt_status stage_end(kdt_gpu_runner *r, kdt_gpu_kv *c, stage_view *v, int
     if (e != cudaSuccess) return cuda_fail(e, "GPU staging copy");
     r->stage_idx = i;
     r->staged_rows = n_rows;
+    r->n_windows = nw;
+    memcpy(r->win_row, r->cut_row, ((size_t)nw + 1) * sizeof(int));
+    memcpy(r->win_splits, r->cut_splits, (size_t)nw * sizeof(int));
     r->dtree_pending = 0;
     if (nu > 0)
         KDT_TRY(kdt_op_scatter(c->d_block_table, (const int32_t *)(r->d_stage + r->off_updates),
@@ -1325,7 +1314,7 @@ kdt_status kdt_gpu_graph_launch(kdt_gpu_graph *g) {
                   r->n_plain ? "another plain-form prefill chunk" : "an absorbed-form pass");
     /* the attention's windows are launches with their rows baked in */
     KDT_CHECK_ARG(g->n_windows == r->n_windows &&
-                      (g->n_windows == 1 || !memcmp(g->win_row, r->win_row, ((size_t)g->n_windows + 1) * sizeof(int32_t))),
+                      (g->n_windows == 1 || !memcmp(g->win_row, r->win_row, ((size_t)g->n_windows + 1) * sizeof(int))),
                   "kdt_gpu_graph_launch: the graph was captured for %d attention window(s), the staged pass has %d "
                   "or other bounds (its rows' splits exceed the attention workspace: recapture, or raise "
                   "attn_workspace_kb)", g->n_windows, r->n_windows);

@@ -210,8 +210,10 @@ struct kdt_gpu_runner {
      * partials; window w is rows [win_row[w], win_row[w + 1]), its header (n_rows, total_splits)
      * at off_windows + w in the staging. One window runs off the main header, as before. */
     int32_t n_windows, max_windows;
-    int32_t *win_row;               /* [max_windows + 1] (host) */
-    int32_t *win_splits;            /* [max_windows] (host) */
+    int *win_row;                   /* [max_windows + 1] (host) */
+    int *win_splits;                /* [max_windows] (host) */
+    int *cut_row, *cut_splits;      /* the same for the pass being staged (stage_end), and */
+    int *row_splits;                /* [max_rows] its rows' splits, then their offsets */
     /* activations and scratch (device) */
     float *x, *xn;                  /* [max_rows][D] */
     float *qa;                      /* [max_rows][q_lora] */
@@ -287,7 +289,7 @@ struct kdt_gpu_graph {
     int32_t absorbed, n_plain;      /* captured for these attention forms and plain segments */
     kdt_plain_seg *plain;
     int32_t n_windows;              /* and these attention windows (row bounds: win_row) */
-    int32_t *win_row;
+    int *win_row;
 };
 
 /* 1 when the forward's row kernels, attention, router and gate/up GEMM go out with programmatic
