@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define CUDA_OK(call)                                                                          \
     do {                                                                                       \
@@ -38,6 +39,18 @@ static inline int gpu_test_cc_major(void) {
 static inline int gpu_test_smem_capped(void) {
     const char *e = getenv("KDT_GPU_SMEM_LIMIT");
     return e && atol(e) > 0;
+}
+
+/* A switch set for part of a test: env_save copies its value (NULL: unset), env_restore puts it
+ * back (or unsets it) and frees the copy. */
+static inline char *env_save(const char *name) {
+    const char *v = getenv(name);
+    return v ? strdup(v) : NULL;
+}
+static inline void env_restore(const char *name, char *saved) {
+    if (saved) setenv(name, saved, 1);
+    else unsetenv(name);
+    free(saved);
 }
 
 /* A device copy of host bytes (at least 4 bytes allocated, so a zero-size array is still a valid

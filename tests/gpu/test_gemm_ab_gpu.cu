@@ -19,7 +19,8 @@
 #include <string.h>
 #include <vector>
 #include <algorithm>
-#include <string>
+
+#include "gpu_test_util.h"
 
 extern "C" kdt_status kdt_fail(kdt_status s, const char *fmt, ...) {
     va_list ap;
@@ -274,7 +275,7 @@ static void dense_case(const DenseCase &dc, uint64_t seed) {
          * launch) 3 CTAs per SM and 48-row passes for a grid of 2-3 per SM and a bound of 33-48 or
          * 65-96 rows, with it off ("0") 2 per SM and 64-row passes */
         float *yl = dalloc<float>(ybytes / 4);
-        const char *was = getenv("KDT_GEMM_WIDE3");
+        char *was = env_save("KDT_GEMM_WIDE3");
         for (int w3 = 0; w3 < 2; w3++) {
             setenv("KDT_GEMM_WIDE3", w3 ? "1" : "0", 1);
             poison(yl, ybytes);
@@ -286,8 +287,7 @@ static void dense_case(const DenseCase &dc, uint64_t seed) {
             snprintf(wl, sizeof wl, "launcher, row-major, KDT_GEMM_WIDE3=%d: %s", w3, what);
             same(y1, yl, ybytes, wl);
         }
-        if (was) setenv("KDT_GEMM_WIDE3", was, 1);
-        else unsetenv("KDT_GEMM_WIDE3");
+        env_restore("KDT_GEMM_WIDE3", was);
         a.y = y2;
         cudaFree(yl);
     }
@@ -680,8 +680,7 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
             cudaFree(h2);
             /* the runner's launch (kdt_grouped_launch_ws): split, ss and v2 kernels, of which the
              * plan's rows per item let one run (KDT_GEMM_SS_ITEM_ROWS 1: ss; 100000: v2) */
-            char *was_rows = getenv("KDT_GEMM_SS_ITEM_ROWS"), *was_pairs = getenv("KDT_GEMM_WG_PAIRS");
-            std::string keep_rows = was_rows ? was_rows : "", keep_pairs = was_pairs ? was_pairs : "";
+            char *was_rows = env_save("KDT_GEMM_SS_ITEM_ROWS"), *was_pairs = env_save("KDT_GEMM_WG_PAIRS");
             setenv("KDT_GEMM_WG_PAIRS", "1", 1);
             for (int pick = 0; pick < 2; pick++) {
                 setenv("KDT_GEMM_SS_ITEM_ROWS", pick ? "100000" : "1", 1);
@@ -700,10 +699,8 @@ static void grouped_case(int D, int I, int E, const std::vector<int> &rows_per_e
                 snprintf(what, sizeof what, "tiled weights, the runner's two-kernel launch (%s runs)", pick ? "v2" : "ss");
                 same_gu_down(what);
             }
-            if (was_rows) setenv("KDT_GEMM_SS_ITEM_ROWS", keep_rows.c_str(), 1);
-            else unsetenv("KDT_GEMM_SS_ITEM_ROWS");
-            if (was_pairs) setenv("KDT_GEMM_WG_PAIRS", keep_pairs.c_str(), 1);
-            else unsetenv("KDT_GEMM_WG_PAIRS");
+            env_restore("KDT_GEMM_SS_ITEM_ROWS", was_rows);
+            env_restore("KDT_GEMM_WG_PAIRS", was_pairs);
         }
         for (auto q : tbufs) cudaFree(q);
         cudaFree(tmp);

@@ -767,15 +767,6 @@ static void test_random_specs_gpu(void) {
 
 /* ---- the plain prefill form ------------------------------------------------------------------ */
 
-static char *env_save(const char *name) {
-    const char *v = getenv(name);
-    return v ? strdup(v) : NULL;
-}
-static void env_restore(const char *name, char *saved) {
-    if (saved) setenv(name, saved, 1);
-    else unsetenv(name);
-    free(saved);
-}
 
 
 static kdt_gpu_runner *new_runner_form(const kdt_gpu_model *g, int max_rows, int form) {
@@ -1779,9 +1770,6 @@ static void test_router_wide(void) {
     router_case(8, 8, 2, 2, 15);    /* E == K */
     router_case(512, 32, 2, 4, 16); /* the limits */
 }
-
-/* A switch set for part of a test: env_save copies its value (NULL: unset), env_restore puts it
- * back (or unsets it) and frees the copy. */
 
 /* gmodel_open with KDT_GPU_TILED_EXPERTS (read at upload) set to `tiled` for this load only. */
 static int gmodel_open_tiled(gmodel *m, const char *dir, int tiled) {
