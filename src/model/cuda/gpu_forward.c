@@ -864,7 +864,7 @@ static kdt_status attention(pass *p, int32_t l) {
         a.rows = rows + r0;
         a.q_abs = q_abs + r0 * a.H * a.dq;
         a.o_lat = o_lat + r0 * a.H * a.dc;
-        a.grid = (int32_t)(bound < cap ? (bound > 0 ? bound : 1) : cap);
+        a.grid = (int32_t)(bound < cap ? bound : cap); /* a window has rows, each >= 1 split */
         a.max_rows = r->win_row[w + 1] - r->win_row[w];
         KDT_TRY(kdt_attn_launch(&a, p->s));
     }
